@@ -1,0 +1,48 @@
+"""forge_nb: interactive RL post-training from a Jupyter kernel on Monarch, vLLM, TorchTitan and TorchStore.
+
+Importing forge_nb has no side effects: monarch, torch and vLLM load the first time something needs
+them. ``%load_ext forge_nb`` registers the ``%forge_*`` magics.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (imported on first access)
+_EXPORTS = {
+    "ResourceError": "forge_nb.runtime",
+    "spawn_mesh": "forge_nb.runtime",
+    "meshes": "forge_nb.runtime",
+    "stop_all": "forge_nb.runtime",
+}
+
+__all__ = sorted([*_EXPORTS, "load_ipython_extension", "unload_ipython_extension", "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'forge_nb' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext forge_nb``: register the %forge_* magics."""
+    from forge_nb.magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from forge_nb.magics import unload_ipython_extension as unload
+
+    unload(ipython)

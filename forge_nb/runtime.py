@@ -1,0 +1,455 @@
+"""Process meshes from the notebook kernel: spawn, stop, registry, GPU checks, fault hook, clean-up.
+
+This is the only module that starts or stops Monarch processes. The kernel is the single
+controller: every mesh it spawns is recorded here, so that
+
+* a dead process is *recorded* for the mesh's owner instead of killing the kernel. Monarch's
+  default ``unhandled_fault_hook`` calls ``sys.exit(1)``, which reaches a notebook as a
+  KeyboardInterrupt in whatever cell is running. We replace it the first time a mesh is spawned.
+* a dead process is noticed within about half a second. Monarch's own supervision polls every 10 s
+  unless ``HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY`` is in the environment when monarch is
+  *imported* (setting it later has no effect; measured). We set it when we are first to import
+  monarch, and in any case a watchdog task on the kernel's loop checks the recorded pids every
+  ``WATCHDOG_PERIOD_S``, so detection never depends on import order.
+* nothing outlives the kernel. Spawned procs are children of the kernel with PR_SET_PDEATHSIG, so a
+  killed kernel takes them along; on a clean exit or restart an ``atexit`` handler kills whatever
+  is still running (``stop()`` through monarch needs an event loop that may be gone by then).
+
+Importing this module has no side effects; :func:`ensure_started` does the work, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import functools
+import inspect
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Environment defaults applied before monarch starts (a user's own values win).
+MONARCH_ENV_DEFAULTS = {
+    # Notice a dead process in ~1 s instead of ~10 s.
+    "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY": "1s",
+    # Weight dicts travel as single messages; torchstore sets the same on import.
+    "HYPERACTOR_CODEC_MAX_FRAME_LENGTH": "910737418240",
+}
+
+MeshState = str  # "running" | "failed" | "stopped"
+
+#: How often the watchdog looks at every recorded pid (a /proc read each).
+WATCHDOG_PERIOD_S = 0.25
+
+
+class ResourceError(RuntimeError):
+    """The machine cannot provide what a spawn asked for (GPUs, hosts). Nothing was spawned."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Failure:
+    """One process failure monarch reported for a mesh this kernel owns."""
+
+    mesh: str
+    actor_mesh: str
+    ranks: list[int]
+    message: str
+    time: float = field(default_factory=time.time)
+
+
+@dataclass(kw_only=True, slots=True)
+class MeshInfo:
+    """Plain-data view of a mesh, for tables and widgets."""
+
+    name: str
+    procs: int
+    with_gpus: bool
+    gpu_ids: list[int]
+    pids: list[int]
+    state: MeshState
+    owner: str | None
+    failures: int
+    age_s: float
+
+
+# ---------------------------------------------------------------------------------------------
+# Start-up, once per process
+
+
+_started = False
+_start_lock = threading.Lock()
+
+
+def ensure_started() -> None:
+    """Apply monarch's environment defaults and install our fault hook and exit handler, once."""
+    global _started
+    with _start_lock:
+        if _started:
+            return
+        if "monarch" in sys.modules:
+            late = [k for k in MONARCH_ENV_DEFAULTS if k not in os.environ]
+            if late:
+                logger.info(
+                    "monarch was imported before forge_nb started it, so %s does not apply; "
+                    "forge_nb's pid watchdog still notices dead procs, but in-flight monarch calls to "
+                    "them take ~10 s to fail. %%load_ext forge_nb first to avoid that.",
+                    ", ".join(late),
+                )
+        for key, value in MONARCH_ENV_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        import monarch.actor
+
+        monarch.actor.unhandled_fault_hook = _fault_hook
+        atexit.register(_kill_everything)
+        _started = True
+
+
+# ---------------------------------------------------------------------------------------------
+# GPUs
+
+
+def visible_gpus() -> int:
+    """How many CUDA devices this process can see (0 without CUDA). Does not initialise CUDA."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _allocate_gpus(procs: int, name: str) -> list[int]:
+    total = visible_gpus()
+    if total == 0:
+        raise ResourceError(
+            f"mesh {name!r} asks for {procs} GPU(s) (with_gpus=True) but this machine has no CUDA "
+            "device (torch.cuda.is_available() is False). Use with_gpus=False to run on CPU."
+        )
+    used = {g for m in _meshes.values() if m.state == "running" for g in m.gpu_ids}
+    free = [g for g in range(total) if g not in used]
+    if procs > len(free):
+        holders = ", ".join(f"{m.name}: {m.gpu_ids}" for m in _meshes.values() if m.gpu_ids)
+        raise ResourceError(
+            f"mesh {name!r} asks for {procs} GPU(s) but {len(free)} of the {total} visible are free"
+            + (f" (in use by {holders})" if holders else "")
+            + ". Ask for fewer procs, or stop a mesh first."
+        )
+    return free[:procs]
+
+
+# ---------------------------------------------------------------------------------------------
+# Meshes
+
+
+def _set_proc_env(env: dict[str, str]) -> None:
+    """Runs first in every spawned proc (monarch's ``bootstrap``)."""
+    os.environ.update(env)
+
+
+class Mesh:
+    """A process mesh this kernel spawned, with its pids, state, GPUs and failures."""
+
+    def __init__(self, name: str, procs: int, with_gpus: bool, gpu_ids: list[int], owner: str | None):
+        self.name = name
+        self.procs = procs
+        self.with_gpus = with_gpus
+        self.gpu_ids = gpu_ids
+        self.owner = owner
+        self.proc_mesh: Any = None
+        self.pids: list[int] = []
+        self.state: MeshState = "running"
+        self.failures: list[Failure] = []
+        self.created = time.time()
+        self._listeners: list[Callable[[Failure], None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._actor_names: list[str] = []
+
+    def __repr__(self) -> str:
+        return f"Mesh({self.name!r}, procs={self.procs}, state={self.state!r}, pids={self.pids})"
+
+    def spawn(self, name: str, actor_cls: type, *args: Any, **kwargs: Any) -> Any:
+        """Spawn ``actor_cls`` on every proc of this mesh; failures are routed to this mesh."""
+        if self.state != "running":
+            raise RuntimeError(f"mesh {self.name!r} is {self.state}; spawn a new mesh instead")
+        actor_name = f"{self.name}__{name}"
+        _actor_mesh_owner[actor_name] = self
+        self._actor_names.append(actor_name)
+        return self.proc_mesh.spawn(actor_name, actor_cls, *args, **kwargs)
+
+    def on_failure(self, callback: Callable[[Failure], None]) -> None:
+        """Call ``callback(failure)`` on the kernel's event loop whenever a proc of this mesh dies."""
+        self._listeners.append(callback)
+
+    def alive_pids(self) -> list[int]:
+        return [p for p in self.pids if _pid_alive(p)]
+
+    def info(self) -> MeshInfo:
+        return MeshInfo(
+            name=self.name,
+            procs=self.procs,
+            with_gpus=self.with_gpus,
+            gpu_ids=list(self.gpu_ids),
+            pids=list(self.pids),
+            state=self.state,
+            owner=self.owner,
+            failures=len(self.failures),
+            age_s=round(time.time() - self.created, 1),
+        )
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stop the procs through monarch, then make sure: any pid still alive is killed."""
+        if self.state == "stopped":
+            return
+        self.state = "stopped"
+        try:
+            await asyncio.wait_for(_await(self.proc_mesh.stop()), timeout)
+        except Exception as e:  # a mesh with a dead proc may refuse a clean stop
+            logger.debug("mesh %s did not stop cleanly: %s", self.name, e)
+        _kill_pids(self.alive_pids(), grace=2.0)
+        _release(self)
+
+    def _record(self, failure: Failure) -> None:
+        """Runs on the kernel's event loop (scheduled from monarch's thread by the fault hook)."""
+        if self.state == "stopped":
+            return
+        known = {r for f in self.failures for r in f.ranks}
+        if failure.ranks and known.issuperset(failure.ranks):
+            return  # monarch and the watchdog both report a death; keep the first
+        self.failures.append(failure)
+        self.state = "failed"
+        for listener in list(self._listeners):
+            try:
+                listener(failure)
+            except Exception:  # a listener bug must not hide the failure from the others
+                logger.exception("failure listener of mesh %s raised", self.name)
+
+
+_meshes: dict[str, Mesh] = {}
+_actor_mesh_owner: dict[str, Mesh] = {}
+#: Failures monarch reported for actor meshes this registry does not know (its own logger meshes).
+unattributed_failures: list[str] = []
+
+
+def _unique_name(name: str) -> str:
+    if name not in _meshes:
+        return name
+    i = 2
+    while f"{name}-{i}" in _meshes:
+        i += 1
+    return f"{name}-{i}"
+
+
+async def spawn_mesh(
+    name: str,
+    procs: int = 1,
+    with_gpus: bool = False,
+    *,
+    hosts: int | None = None,
+    env: dict[str, str] | None = None,
+    owner: str | None = None,
+) -> Mesh:
+    """Spawn ``procs`` processes on this host as a monarch ProcMesh and record it.
+
+    ``with_gpus`` gives the mesh ``procs`` free GPUs (each proc sees them all through
+    ``CUDA_VISIBLE_DEVICES``; rank r uses ``cuda:r``). Validation happens before anything is spawned.
+    """
+    if not isinstance(procs, int) or isinstance(procs, bool) or procs < 1:
+        raise ValueError(f"procs={procs!r}: a mesh needs at least one process (procs >= 1)")
+    if hosts not in (None, 1):
+        raise ResourceError(
+            f"hosts={hosts} was asked for, but forge_nb spawns meshes on the kernel's host only; "
+            "run the kernel on a monarch HostMesh from a launcher for multi-host jobs"
+        )
+    ensure_started()
+    from monarch.actor import this_host
+
+    name = _unique_name(name)
+    gpu_ids = _allocate_gpus(procs, name) if with_gpus else []
+    proc_env = dict(env or {})
+    if with_gpus:
+        proc_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
+    else:
+        proc_env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    mesh = Mesh(name, procs, with_gpus, gpu_ids, owner)
+    mesh._loop = asyncio.get_running_loop()
+    _meshes[name] = mesh
+    try:
+        mesh.proc_mesh = this_host().spawn_procs(
+            per_host={"procs": procs},
+            name=name,
+            bootstrap=functools.partial(_set_proc_env, proc_env),
+        )
+        from forge_nb._procinfo import ProcInfo
+
+        info = mesh.spawn("procinfo", ProcInfo)
+        pids = await info.pid.call()
+        mesh.pids = [pid for _, pid in sorted(pids.items(), key=lambda kv: kv[0].rank)]
+        _start_watchdog(mesh._loop)
+    except BaseException:
+        await mesh.stop(timeout=5)
+        raise
+    return mesh
+
+
+def meshes() -> list[Mesh]:
+    """Every mesh this kernel spawned and has not stopped, oldest first."""
+    return [m for m in _meshes.values() if m.state != "stopped"]
+
+
+def get_mesh(name: str) -> Mesh:
+    try:
+        return _meshes[name]
+    except KeyError:
+        known = ", ".join(_meshes) or "none"
+        raise KeyError(f"no mesh named {name!r}; this kernel holds: {known}") from None
+
+
+async def stop_all(timeout: float = 10.0) -> None:
+    """Stop every mesh this kernel holds (newest first)."""
+    for mesh in reversed(meshes()):
+        await mesh.stop(timeout)
+
+
+def _release(mesh: Mesh) -> None:
+    _meshes.pop(mesh.name, None)
+    for actor_name in mesh._actor_names:
+        _actor_mesh_owner.pop(actor_name, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults
+
+
+def _fault_hook(failure: Any) -> None:
+    """Replaces monarch's hook: record the failure for the mesh's owner; never raise."""
+    try:
+        actor_mesh = str(getattr(failure, "mesh_name", "") or "")
+        base = actor_mesh.rsplit("-", 1)[0]
+        mesh = _actor_mesh_owner.get(base)
+        message = str(failure)
+        if mesh is None:
+            unattributed_failures.append(message[:500])
+            return
+        record = Failure(
+            mesh=mesh.name,
+            actor_mesh=base,
+            ranks=list(getattr(failure, "crashed_ranks", None) or _ranks_in(message)),
+            message=message,
+        )
+        loop = mesh._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(mesh._record, record)
+        else:
+            mesh._record(record)
+    except Exception:  # the hook must never take the kernel down
+        logger.exception("forge_nb fault hook failed")
+
+
+_watchdog: asyncio.Task[None] | None = None
+
+
+def _start_watchdog(loop: asyncio.AbstractEventLoop) -> None:
+    global _watchdog
+    if _watchdog is None or _watchdog.done() or _watchdog.get_loop() is not loop:
+        _watchdog = loop.create_task(_watch_pids(), name="forge_nb.runtime.watchdog")
+
+
+async def _watch_pids() -> None:
+    """Record a failure for any running mesh whose recorded proc has exited; ends with the meshes."""
+    while True:
+        running = [m for m in list(_meshes.values()) if m.state in ("running", "failed") and m.pids]
+        if not running:
+            return
+        for mesh in running:
+            dead = [rank for rank, pid in enumerate(mesh.pids) if not _pid_alive(pid)]
+            if dead:
+                mesh._record(Failure(
+                    mesh=mesh.name, actor_mesh="", ranks=dead,
+                    message=f"process(es) {[mesh.pids[r] for r in dead]} of mesh {mesh.name!r} exited",
+                ))
+        await asyncio.sleep(WATCHDOG_PERIOD_S)
+
+
+def _ranks_in(message: str) -> list[int]:
+    """monarch does not always fill ``crashed_ranks``; its message names the point, e.g. {'procs': 1/2}."""
+    return sorted({int(r) for r in re.findall(r"\{'procs': (\d+)/\d+\}", message)})
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+
+
+def _pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs. A zombie counts as dead; we never reap (monarch waits on its children)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _kill_pids(pids: list[int], grace: float) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
+        time.sleep(0.05)
+    for pid in pids:
+        if _pid_alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _kill_everything() -> None:
+    """atexit: the event loop may be gone, so go straight to signals."""
+    pids = [p for m in list(_meshes.values()) for p in m.pids]
+    _kill_pids(pids, grace=3.0)
+    _meshes.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# monarch compatibility
+
+
+def async_endpoints(cls: type) -> type:
+    """Re-declare every synchronous ``@endpoint`` of ``cls`` as an async one, in place.
+
+    monarch >= 0.3 refuses an actor class whose endpoints mix ``def`` and ``async def``. A sync
+    endpoint wrapped this way still runs on the actor's event loop thread, exactly as it would
+    inside an async actor. Used for user ``ForgeActor`` subclasses and torchstore's Controller.
+    """
+    from monarch._src.actor.endpoint import EndpointProperty
+
+    for attr in dir(cls):
+        prop = getattr(cls, attr, None)
+        if not isinstance(prop, EndpointProperty) or inspect.iscoroutinefunction(prop._method):
+            continue
+        setattr(cls, attr, EndpointProperty(
+            _as_coroutine(prop._method), prop._propagator, prop._explicit_response_port, prop._instrument
+        ))
+    return cls
+
+
+def _as_coroutine(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+async def _await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value

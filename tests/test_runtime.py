@@ -1,0 +1,177 @@
+"""The runtime spawns real monarch meshes, validates resources, survives dead procs and cleans up."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def _wait_for(predicate, timeout: float = 15.0, every: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(every)
+    return predicate()
+
+
+async def test_spawn_records_pids_and_stop_removes_them(runtime):
+    mesh = await runtime.spawn_mesh("t-spawn", procs=2)
+    assert len(mesh.pids) == 2 and len(set(mesh.pids)) == 2
+    assert all(runtime._pid_alive(p) for p in mesh.pids)
+    assert mesh in runtime.meshes()
+    info = mesh.info()
+    assert (info.procs, info.state, info.with_gpus) == (2, "running", False)
+
+    await mesh.stop()
+    assert mesh.state == "stopped"
+    assert mesh not in runtime.meshes()
+    assert await _wait_for(lambda: not mesh.alive_pids(), timeout=5)
+
+
+async def test_names_are_unique_per_kernel(runtime):
+    a = await runtime.spawn_mesh("twin")
+    b = await runtime.spawn_mesh("twin")
+    assert (a.name, b.name) == ("twin", "twin-2")
+    assert runtime.get_mesh("twin-2") is b
+    with pytest.raises(KeyError, match="no mesh named 'nope'"):
+        runtime.get_mesh("nope")
+
+
+@pytest.mark.parametrize("procs", [0, -1, 1.5, True])
+async def test_bad_procs_is_a_clear_error(runtime, procs):
+    with pytest.raises(ValueError, match="procs"):
+        await runtime.spawn_mesh("bad", procs=procs)
+    assert runtime.meshes() == []
+
+
+async def test_gpus_beyond_the_machine_are_refused_before_spawning(runtime):
+    before = _children()
+    ask = runtime.visible_gpus() + 1
+    with pytest.raises(runtime.ResourceError) as err:
+        await runtime.spawn_mesh("gpu-hungry", procs=ask, with_gpus=True)
+    msg = str(err.value)
+    assert "gpu-hungry" in msg and f"{ask} GPU" in msg
+    assert ("no CUDA device" in msg) if runtime.visible_gpus() == 0 else ("visible are free" in msg)
+    assert runtime.meshes() == []
+    assert _children() <= before
+
+
+async def test_multi_host_is_refused_with_advice(runtime):
+    with pytest.raises(runtime.ResourceError, match="kernel's host only"):
+        await runtime.spawn_mesh("far", hosts=2)
+
+
+async def test_sigkill_is_recorded_for_the_owner_and_the_survivor_answers(runtime):
+    from tests.actors_for_tests import StoreUser
+
+    mesh = await runtime.spawn_mesh("t-kill", procs=2)
+    actor = mesh.spawn("user", StoreUser)
+    assert len(await actor.pid.call()) == 2  # spawned on both procs before the kill
+    seen = []
+    mesh.on_failure(seen.append)
+    os.kill(mesh.pids[1], signal.SIGKILL)
+
+    assert await _wait_for(lambda: bool(seen), timeout=15), "the failure never reached the owner"
+    assert mesh.state == "failed"
+    assert seen[0].mesh == "t-kill" and 1 in seen[0].ranks
+    # This process, which ran the fault hook, lives on, and the other proc still answers.
+    assert await actor.slice(procs=0).pid.call_one() == mesh.pids[0]
+    with pytest.raises(RuntimeError, match="is failed"):
+        mesh.spawn("late", StoreUser)
+
+
+async def test_mixed_sync_and_async_endpoints_work_after_async_endpoints(runtime):
+    from tests.actors_for_tests import Mixed
+
+    mesh = await runtime.spawn_mesh("t-mixed")
+    actor = mesh.spawn("mixed", Mixed)
+    assert await actor.add.call_one(2, 3) == 5
+    assert await actor.add_later.call_one(2, 3) == 5
+
+
+async def test_torchstore_state_dict_between_kernel_and_an_actor_process(runtime):
+    import torch
+
+    from forge_nb._torchstore import ts
+    from tests.actors_for_tests import StoreUser
+
+    await ts.initialize()
+    try:
+        sd = {"layer.weight": torch.randn(8, 4), "layer.bias": torch.arange(4.0)}
+        await ts.put_state_dict(sd, "kernel/v1")
+        mesh = await runtime.spawn_mesh("t-store")
+        actor = mesh.spawn("user", StoreUser)
+        assert await actor.pid.call_one() != os.getpid()
+        # The actor reads what the kernel wrote ...
+        expected = float(sum(v.sum() for v in sd.values()))
+        assert await actor.checksum.call_one("kernel/v1") == pytest.approx(expected)
+        # ... and the kernel reads what the actor wrote.
+        await actor.write.call_one("actor/v1", 3.0)
+        back = await ts.get_state_dict("actor/v1")
+        assert set(back) == {"w"} and torch.equal(back["w"], torch.full((5, 5), 3.0))
+    finally:
+        await ts.shutdown()
+        ts.reset_client()
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import asyncio, os, signal, sys
+    from forge_nb import runtime
+
+    async def main():
+        mesh = await runtime.spawn_mesh("exit-test", procs=2)
+        print("PIDS", *mesh.pids, flush=True)
+        if sys.argv[1] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_no_process_outlives_its_controller(tmp_path, how):
+    script = tmp_path / "ctl.py"
+    script.write_text(SCRIPT)
+    out = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=90)
+    pids = [int(p) for line in out.stdout.splitlines() if line.startswith("PIDS") for p in line.split()[1:]]
+    assert len(pids) == 2, out.stdout + out.stderr
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(_exists(p) for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if _exists(p)], f"procs outlived a controller that {how}ed"
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone for our purpose
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def _children() -> set[int]:
+    """Live child processes of this one, read from /proc (no helper process of our own)."""
+    kids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+                kids.add(int(entry))
+    return kids
