@@ -1,0 +1,133 @@
+"""The PPO-clip family for group-relative RL: GRPO, Dr. GRPO and DAPO.
+
+All three use the per-token clipped surrogate
+
+    r_t = exp(logp_t - logp_old_t)
+    L_t = -min(r_t * A, clip(r_t, 1 - eps_low, 1 + eps_high) * A)
+
+and differ in the clip range, the KL penalty and how L_t is averaged (see each class). The clip is
+"active" - the token gets no gradient - when A > 0 and r_t > 1 + eps_high (counted in clip/frac_high)
+or A < 0 and r_t < 1 - eps_low (clip/frac_low).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from forge_nb.rl.losses.base import PolicyLoss, PolicyTerms, check_clip, log_ratio
+from forge_nb.rl.losses.ops import AggMode
+
+__all__ = ["DAPOLoss", "DrGRPOLoss", "GRPOLoss", "clipped_surrogate"]
+
+
+def clipped_surrogate(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+) -> PolicyTerms:
+    """Per-token PPO-clip loss `max(-r A, -clip(r, 1 - eps_low, 1 + eps_high) A)`."""
+    ratio = torch.exp(log_ratio(logprobs, old_logprobs))
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    per_token = torch.maximum(-advantages * ratio, -advantages * clipped)
+    r = ratio.detach()
+    return PolicyTerms(
+        per_token=per_token,
+        ratio=r,
+        ratio_mask=mask,
+        clipped_low=(advantages < 0) & (r < 1.0 - eps_low),
+        clipped_high=(advantages > 0) & (r > 1.0 + eps_high),
+    )
+
+
+@dataclass(kw_only=True)
+class GRPOLoss(PolicyLoss):
+    """GRPO: Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300).
+
+        loss = 1/B sum_i 1/|o_i| sum_t [ -min(r_it A_i, clip(r_it, 1-eps, 1+eps) A_i) + beta k3_it ]
+        k3_it = exp(ref_it - logp_it) - (ref_it - logp_it) - 1
+
+    Defaults match torchforge's `simple_grpo_loss` (beta=0.1, per-sequence token mean): with
+    generator_logprobs=None every ratio is 1 and this is exactly the seed's loss.
+    """
+
+    clip_eps: float = 0.2
+    """Symmetric clip range eps of the ratio."""
+    beta: float = 0.1
+    agg: AggMode = "seq-mean-token-mean"
+
+    name: ClassVar[str] = "grpo"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_clip(type(self).__name__, "clip_eps", self.clip_eps)
+
+    def _policy_terms(
+        self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+    ) -> PolicyTerms:
+        return clipped_surrogate(logprobs, old_logprobs, advantages, mask, self.clip_eps, self.clip_eps)
+
+
+@dataclass(kw_only=True)
+class DrGRPOLoss(PolicyLoss):
+    """Dr. GRPO: Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective"
+    (arXiv:2503.20783).
+
+        loss = 1/(B * L_max) sum_i sum_t -min(r_it A_i, clip(r_it, 1-eps, 1+eps) A_i)  [+ beta k3]
+
+    GRPO's 1/|o_i| makes short correct answers and long wrong ones weigh more per token (a length
+    bias); Dr. GRPO divides by a constant L_max instead (`norm_len`, default the padded length T).
+    The other half of the fix is in the advantages: use `assign_advantages(group, "dr_grpo")`, which
+    does not divide by the group's reward std. No KL penalty by default, as in the paper.
+    """
+
+    clip_eps: float = 0.2
+    beta: float = 0.0
+    agg: AggMode = "seq-mean-token-sum-norm"
+
+    name: ClassVar[str] = "dr_grpo"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_clip(type(self).__name__, "clip_eps", self.clip_eps)
+
+    def _policy_terms(
+        self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+    ) -> PolicyTerms:
+        return clipped_surrogate(logprobs, old_logprobs, advantages, mask, self.clip_eps, self.clip_eps)
+
+
+@dataclass(kw_only=True)
+class DAPOLoss(PolicyLoss):
+    """DAPO: Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale"
+    (arXiv:2503.14476).
+
+        loss = 1/sum_i |o_i| sum_i sum_t -min(r_it A_i, clip(r_it, 1-eps_low, 1+eps_high) A_i)
+
+    "Clip-higher": a wider upper range (eps_high=0.28 > eps_low=0.2) lets unlikely tokens gain
+    probability, which keeps entropy from collapsing. Token-level aggregation makes every token count
+    the same, so long responses are not under-weighted. No KL penalty by default, as in the paper.
+    (Dynamic sampling and overlong shaping, DAPO's other parts, belong to the rollout loop.)
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    beta: float = 0.0
+    agg: AggMode = "token-mean"
+
+    name: ClassVar[str] = "dapo"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_clip(type(self).__name__, "clip_low", self.clip_low)
+        check_clip(type(self).__name__, "clip_high", self.clip_high)
+
+    def _policy_terms(
+        self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+    ) -> PolicyTerms:
+        return clipped_surrogate(logprobs, old_logprobs, advantages, mask, self.clip_low, self.clip_high)

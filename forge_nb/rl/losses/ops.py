@@ -1,0 +1,104 @@
+"""Tensor helpers shared by the losses: logprobs and entropy from logits, and loss aggregation.
+
+`compute_logprobs` and `entropy_from_logits` work one batch row at a time in float32: a full
+`log_softmax` over [B, T, V] would materialise a second logits-sized tensor (for a 150k vocabulary
+that is the largest allocation of the step), while a row costs only [T, V].
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+__all__ = ["AGG_MODES", "AggMode", "aggregate", "compute_logprobs", "entropy_from_logits", "masked_mean"]
+
+AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+
+
+def compute_logprobs(
+    logits: torch.Tensor, target_ids: torch.Tensor, temperature: float = 1.0, align: bool = True
+) -> torch.Tensor:
+    """Logprob of each target token: `log_softmax(logits / temperature)` gathered at `target_ids`.
+
+    logits: [B, L, V]; target_ids: [B, T]; returns float32 [B, T].
+    With `align=True` (torchforge's default) `logits` cover the whole sequence (request then
+    response) and the T positions that predict `target_ids` are `logits[:, -T-1:-1]`. With
+    `align=False` the logits are already aligned: `logits[:, t]` predicts `target_ids[:, t]`.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}; use 1.0 for the sampling distribution")
+    if logits.dim() != 3 or target_ids.dim() != 2 or logits.shape[0] != target_ids.shape[0]:
+        raise ValueError(
+            f"compute_logprobs expects logits [B, L, V] and target_ids [B, T], got {tuple(logits.shape)} "
+            f"and {tuple(target_ids.shape)}"
+        )
+    t = target_ids.shape[1]
+    if align:
+        if logits.shape[1] < t + 1:
+            raise ValueError(
+                f"align=True needs logits for at least T + 1 = {t + 1} positions, got {logits.shape[1]}; "
+                "pass the logits of the whole request + response sequence, or align=False"
+            )
+        logits = logits[:, -t - 1 : -1]
+    elif logits.shape[1] != t:
+        raise ValueError(f"align=False needs logits with T = {t} positions, got {logits.shape[1]}")
+    rows = []
+    for row_logits, row_ids in zip(logits, target_ids, strict=True):
+        row = row_logits.float() / temperature
+        picked = row.gather(-1, row_ids.long().unsqueeze(-1)).squeeze(-1)
+        rows.append(picked - torch.logsumexp(row, dim=-1))
+    return torch.stack(rows)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of `softmax(logits)` over the last dimension, in float32: [..., V] -> [...]."""
+    if logits.dim() < 2:
+        raise ValueError(f"entropy_from_logits expects [..., V] logits, got shape {tuple(logits.shape)}")
+    # iterate over [T, V] slices so only one slice's softmax is alive at a time
+    slices = logits.unsqueeze(0) if logits.dim() == 2 else logits.reshape(-1, *logits.shape[-2:])
+    rows = []
+    for row in slices:
+        row = row.float()
+        # H = logsumexp(z) - sum_v softmax(z)_v z_v: one softmax, no log of small probabilities
+        rows.append(torch.logsumexp(row, dim=-1) - (torch.softmax(row, dim=-1) * row).sum(-1))
+    return torch.stack(rows).reshape(logits.shape[:-1])
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `values` where `mask` is True; 0 when the mask is empty."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, mode: AggMode, norm_len: int | None = None
+) -> torch.Tensor:
+    """Reduce a [B, T] per-token loss to a scalar.
+
+    - "token-mean": sum over all valid tokens / number of valid tokens. Every token weighs the same,
+      so long responses are not diluted (DAPO).
+    - "seq-mean-token-mean": mean over sequences of each sequence's token mean (GRPO, the seed).
+    - "seq-mean-token-sum": mean over sequences of each sequence's token sum.
+    - "seq-mean-token-sum-norm": sum over valid tokens / (B * norm_len), norm_len a constant
+      (default T): Dr. GRPO's length-unbiased normaliser.
+    Sequences without a valid token contribute 0 and still count in the sequence means.
+    """
+    m = mask.to(per_token.dtype)
+    summed = per_token * m
+    if mode == "token-mean":
+        return summed.sum() / m.sum().clamp(min=1.0)
+    if mode == "seq-mean-token-mean":
+        return (summed.sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
+    if mode == "seq-mean-token-sum":
+        return summed.sum(-1).mean()
+    if mode == "seq-mean-token-sum-norm":
+        denominator = per_token.shape[-1] if norm_len is None else norm_len
+        return summed.sum() / (per_token.shape[0] * denominator)
+    raise ValueError(f"unknown aggregation {mode!r}; choose one of {list(AGG_MODES)}")

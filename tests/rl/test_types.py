@@ -1,0 +1,133 @@
+"""Completion, Episode tensors, collate and the seed-compatible collate_seed."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from forge_nb.rl import Completion, Episode, TrainBatch, collate, collate_seed
+
+PAD = 0
+
+
+def completion(prompt_ids, token_ids, logprobs=None, version: int = 3) -> Completion:
+    return Completion(
+        prompt="p",
+        text="t",
+        prompt_ids=torch.tensor(prompt_ids),
+        token_ids=torch.tensor(token_ids),
+        logprobs=None if logprobs is None else torch.tensor(logprobs),
+        generator_version=version,
+    )
+
+
+def episode(prompt_ids, token_ids, *, logprobs=None, ref=None, advantage=0.5, version=3, eid="e") -> Episode:
+    return Episode(
+        episode_id=eid,
+        pad_id=PAD,
+        request_len=4,
+        response_len=3,
+        target="x",
+        completion=completion(prompt_ids, token_ids, logprobs, version),
+        ref_logprobs=None if ref is None else torch.tensor(ref),
+        advantage=advantage,
+    )
+
+
+def test_request_tensor_left_pads_and_left_truncates() -> None:
+    assert episode([5, 6], [7]).request_tensor.tolist() == [PAD, PAD, 5, 6]
+    assert episode([1, 2, 3, 4, 5, 6], [7]).request_tensor.tolist() == [3, 4, 5, 6]
+
+
+def test_response_tensor_and_mask() -> None:
+    short = episode([5], [7])
+    assert short.response_tensor.tolist() == [7, PAD, PAD]
+    assert short.response_mask.tolist() == [True, False, False]
+    long = episode([5], [7, 8, 9, 10])
+    assert long.response_tensor.tolist() == [7, 8, 9]
+    assert long.response_mask.tolist() == [True, True, True]
+    # pad id used as EOS by the generator: the generated EOS is still a real token
+    eos_is_pad = episode([5], [7, PAD])
+    assert eos_is_pad.response_mask.tolist() == [True, True, False]
+
+
+def test_episode_conveniences_and_errors() -> None:
+    ep = episode([5], [7], version=9)
+    assert ep.policy_version == 9 and ep.prompt == "p" and ep.quarantine is None and ep.rewards == {}
+    empty = Episode(episode_id="x", pad_id=0, request_len=2, response_len=2)
+    assert empty.prompt is None
+    with pytest.raises(ValueError, match="no completion"):
+        empty.request_tensor  # noqa: B018
+    with pytest.raises(ValueError, match="response_len"):
+        Episode(episode_id="x", pad_id=0, request_len=2, response_len=0)
+    restored = pickle.loads(pickle.dumps(ep))  # episodes travel between processes
+    assert restored.response_tensor.tolist() == ep.response_tensor.tolist()
+
+
+def test_completion_validation() -> None:
+    c = Completion(prompt="p", text="t", prompt_ids=[1, 2], token_ids=[3])
+    assert c.prompt_ids.dtype == torch.long and c.metadata == {} and c.generator_version == 0
+    with pytest.raises(ValueError, match="logprobs"):
+        completion([1], [2, 3], logprobs=[-0.1])
+    with pytest.raises(ValueError, match="1-D"):
+        Completion(prompt="p", text="t", prompt_ids=torch.zeros(2, 2, dtype=torch.long), token_ids=[1])
+    with pytest.raises(ValueError, match="generator_version"):
+        Completion(prompt="p", text="t", prompt_ids=[1], token_ids=[1], generator_version=None)
+
+
+def test_collate_shapes_and_values() -> None:
+    episodes = [
+        episode([5, 6], [7, 8], logprobs=[-0.5, -0.25], ref=[-1.0, -2.0, -3.0], advantage=1.5, version=2),
+        episode([9], [4, 3, 2, 1], logprobs=[-0.1, -0.2, -0.3, -0.4], ref=[-1.0], advantage=-1.0, version=3),
+    ]
+    batch = collate(episodes)
+    assert batch.tokens.tolist() == [[PAD, PAD, 5, 6, 7, 8, PAD], [PAD, PAD, PAD, 9, 4, 3, 2]]
+    assert batch.response.tolist() == [[7, 8, PAD], [4, 3, 2]]
+    assert batch.response_mask.tolist() == [[True, True, False], [True, True, True]]
+    assert batch.response_mask.dtype == torch.bool
+    torch.testing.assert_close(batch.ref_logprobs, torch.tensor([[-1.0, -2.0, -3.0], [-1.0, 0.0, 0.0]]))
+    torch.testing.assert_close(
+        batch.generator_logprobs, torch.tensor([[-0.5, -0.25, 0.0], [-0.1, -0.2, -0.3]])
+    )
+    torch.testing.assert_close(batch.advantages, torch.tensor([[1.5], [-1.0]]))
+    assert batch.policy_versions.tolist() == [2, 3]
+    assert batch.request_len == 4 and batch.response_len == 3 and len(batch) == 2
+    assert batch.has_ref_logprobs and batch.has_generator_logprobs
+    moved = batch.to("cpu")
+    assert isinstance(moved, TrainBatch) and moved.request_len == 4
+
+
+def test_collate_without_logprobs_flags_and_zeros() -> None:
+    batch = collate([episode([5], [7])])
+    assert not batch.has_ref_logprobs and not batch.has_generator_logprobs
+    assert batch.ref_logprobs.abs().sum() == 0 and batch.generator_logprobs.abs().sum() == 0
+    assert batch.ref_logprobs.shape == (1, 3)
+
+
+def test_collate_errors() -> None:
+    with pytest.raises(ValueError, match="no episodes"):
+        collate([])
+    with pytest.raises(ValueError, match="assign_advantages"):
+        collate([episode([5], [7], advantage=None)])
+    other = episode([5], [7])
+    other.response_len = 5
+    with pytest.raises(ValueError, match="max_res_tokens"):
+        collate([episode([5], [7]), other])
+
+
+def test_collate_seed_matches_the_seed_layout() -> None:
+    ranks = [
+        [episode([5], [7], ref=[-1.0, -1.0, -1.0], advantage=1.0, eid="a")],
+        [episode([6], [8, 9], ref=[-2.0, -2.0, -2.0], advantage=-1.0, eid="b")],
+    ]
+    inputs, targets = collate_seed(ranks)
+    assert len(inputs) == len(targets) == 2
+    assert set(inputs[0]) == {"tokens"}
+    assert set(targets[0]) == {"response", "ref_logprobs", "advantages", "padding_mask"}
+    # one episode per rank: the seed's .squeeze() would have made ref_logprobs 1-D; we keep [b, Lr]
+    assert targets[0]["ref_logprobs"].shape == (1, 3)
+    assert targets[1]["padding_mask"].tolist() == [[True, True, False]]
+    assert targets[1]["advantages"].tolist() == [[-1.0]]
+    assert inputs[1]["tokens"].tolist() == [[PAD, PAD, PAD, 6, 8, 9, PAD]]
