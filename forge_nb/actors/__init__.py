@@ -1,0 +1,1 @@
+"""Model-bearing actors: Generator (vLLM), RLTrainer, ReferenceModel, and environment actors."""

@@ -1,0 +1,116 @@
+"""Models: a tiny Qwen3 with a character-level tokenizer built locally, and model-id resolution.
+
+No machine here can download from a model hub, so tests and the CPU quickstart build their model:
+the Qwen3 architecture (so vLLM, transformers and torchtitan all load it), 2 layers, hidden 128,
+2 attention heads of dimension 64 (vLLM's CPU attention rejects head_dim 16), randomly initialised,
+and a tokenizer with one token per character of the task's alphabet plus ``<pad>``, ``<eos>``.
+Real runs name a hub id (``Qwen/Qwen3-1.7B``) or a local folder; :func:`resolve_model` turns either
+into something loadable or an error that names the model and says what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+PAD, EOS = "<pad>", "<eos>"
+
+
+@dataclass(kw_only=True, slots=True)
+class TinyModelConfig:
+    """Shape of the locally built model. The defaults train in minutes on two CPU cores."""
+
+    alphabet: str = "abcdefgh"
+    """Characters the tokenizer knows (one token each); unknown characters map to <pad>."""
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 2
+    head_dim: int = 64
+    intermediate_size: int = 256
+    max_position_embeddings: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.alphabet or len(set(self.alphabet)) != len(self.alphabet):
+            raise ValueError(f"alphabet={self.alphabet!r}: needs at least one character, each once")
+        if self.head_dim < 32:
+            raise ValueError(f"head_dim={self.head_dim}: vLLM's CPU attention needs head_dim >= 32 (use 64)")
+        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
+
+
+def build_tiny_model(path: str | os.PathLike[str], config: TinyModelConfig | None = None) -> Path:
+    """Write a randomly initialised tiny Qwen3 and its tokenizer to ``path`` (reused if present)."""
+    import torch
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    config = config or TinyModelConfig()
+    path = Path(path)
+    stamp = path / "forge_nb_tiny.json"
+    wanted = json.dumps({f: getattr(config, f) for f in config.__slots__}, sort_keys=True)
+    if stamp.exists() and stamp.read_text() == wanted:
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=_char_tokenizer(config.alphabet))
+    tokenizer.pad_token, tokenizer.eos_token = PAD, EOS
+    tokenizer.save_pretrained(path)
+
+    torch.manual_seed(config.seed)
+    model = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=len(config.alphabet) + 2,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_heads,
+        head_dim=config.head_dim,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        torch_dtype="float32",
+    ))
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    stamp.write_text(wanted)
+    return path
+
+
+def _char_tokenizer(alphabet: str):  # -> tokenizers.Tokenizer
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {PAD: 0, EOS: 1} | {ch: i + 2 for i, ch in enumerate(alphabet)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([PAD, EOS])
+    return tok
+
+
+def resolve_model(name_or_path: str) -> str:
+    """A local folder, or a hub id already in the local cache; otherwise a clear FileNotFoundError."""
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"model folder {str(path)!r} has no config.json; is it a Hugging Face model?")
+        return str(path)
+    looks_like_path = name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") != 1
+    if looks_like_path:
+        raise FileNotFoundError(f"model {name_or_path!r} not found: no such folder")
+    try:
+        from huggingface_hub import snapshot_download
+
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
+        return snapshot_download(name_or_path, local_files_only=offline)
+    except Exception as e:
+        raise FileNotFoundError(
+            f"model {name_or_path!r} not found locally and could not be downloaded ({type(e).__name__}). "
+            "Pass a local folder, or download it first on a machine with hub access "
+            "(huggingface-cli download <id>) and point HF_HOME at the cache."
+        ) from e

@@ -1,0 +1,13 @@
+"""Services of actor replicas, in TorchForge's vocabulary.
+
+``Cls.options(procs=, with_gpus=, num_replicas=).as_service()`` spawns replicas, each on its own
+process mesh; ``svc.ep.route()`` sends to one healthy replica, ``svc.ep.fanout()`` to all,
+``async with svc.session():`` sticks to one. ``.as_actor()`` spawns one replica:
+``actor.ep.call_one()``. Dead replicas are detected, their requests retried and they are respawned.
+"""
+
+from monarch.actor import endpoint
+
+from forge_nb.service.actor import ForgeActor, Options
+
+__all__ = ["ForgeActor", "Options", "endpoint"]
