@@ -98,7 +98,8 @@ def resolve_model(name_or_path: str) -> str:
     path = Path(name_or_path).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
-            raise FileNotFoundError(f"model folder {str(path)!r} has no config.json; is it a Hugging Face model?")
+            raise FileNotFoundError(
+                f"model folder {str(path)!r} has no config.json; is it a Hugging Face model folder?")
         return str(path)
     looks_like_path = name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") != 1
     if looks_like_path:

@@ -24,6 +24,7 @@ import asyncio
 import atexit
 import functools
 import inspect
+import itertools
 import logging
 import os
 import re
@@ -179,7 +180,9 @@ class Mesh:
         """Spawn ``actor_cls`` on every proc of this mesh; failures are routed to this mesh."""
         if self.state != "running":
             raise RuntimeError(f"mesh {self.name!r} is {self.state}; spawn a new mesh instead")
-        actor_name = f"{self.name}__{name}"
+        # Unique for the life of the process: monarch may report a death late (up to its 10 s poll),
+        # and a reused name would pin that stale failure on a newer mesh of the same name.
+        actor_name = f"{self.name}__{name}__{next(_spawn_ids)}"
         _actor_mesh_owner[actor_name] = self
         self._actor_names.append(actor_name)
         return self.proc_mesh.spawn(actor_name, actor_cls, *args, **kwargs)
@@ -233,6 +236,7 @@ class Mesh:
 
 
 _meshes: dict[str, Mesh] = {}
+_spawn_ids = itertools.count()
 _actor_mesh_owner: dict[str, Mesh] = {}
 #: Failures monarch reported for actor meshes this registry does not know (its own logger meshes).
 unattributed_failures: list[str] = []

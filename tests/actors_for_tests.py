@@ -50,3 +50,66 @@ class Sleeper(Actor):
 
         await asyncio.sleep(seconds)
         return seconds
+
+
+# -- service tests -------------------------------------------------------------------------------
+
+from forge_nb.service import ForgeActor  # noqa: E402
+
+
+class Worker(ForgeActor):
+    """Sleeps, then records the request in a separate Ledger actor, so retries can be audited."""
+
+    def __init__(self, ledger=None, crash_marker: str | None = None):
+        self.ledger = ledger
+        self.crash_marker = crash_marker
+        self.setups = 0
+
+    @endpoint
+    async def setup(self) -> None:
+        if self.crash_marker and os.path.exists(self.crash_marker):
+            os._exit(3)  # a replica that cannot come back
+        self.setups += 1
+
+    @endpoint
+    def pid(self) -> int:  # a sync endpoint beside async ones
+        return os.getpid()
+
+    @endpoint
+    async def work(self, request_id: int, delay: float = 0.0) -> int:
+        import asyncio
+
+        await asyncio.sleep(delay)
+        if self.ledger is not None:
+            await self.ledger.record.call_one(request_id, os.getpid())
+        return os.getpid()
+
+    @endpoint
+    async def fail(self, message: str) -> None:
+        raise ValueError(message)
+
+    @endpoint
+    async def get_setups(self) -> int:
+        return self.setups
+
+    @endpoint
+    async def load(self, version: int) -> int:
+        self.version = version
+        return version
+
+    @endpoint
+    async def get_loaded(self) -> int:
+        return getattr(self, "version", -1)
+
+
+class Ledger(ForgeActor):
+    def __init__(self):
+        self.records: list[tuple[int, int]] = []
+
+    @endpoint
+    async def record(self, request_id: int, pid: int) -> None:
+        self.records.append((request_id, pid))
+
+    @endpoint
+    async def all(self) -> list[tuple[int, int]]:
+        return list(self.records)

@@ -6,6 +6,12 @@ import os
 
 import pytest
 
+from forge_nb import runtime as _runtime
+
+# As `%load_ext forge_nb` does in a notebook: start forge_nb before any test module imports monarch,
+# so monarch's own supervision runs at its ~1 s setting.
+_runtime.ensure_started()
+
 # Tests never reach a model hub; everything they load is built locally.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

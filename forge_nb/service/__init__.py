@@ -9,5 +9,10 @@ process mesh; ``svc.ep.route()`` sends to one healthy replica, ``svc.ep.fanout()
 from monarch.actor import endpoint
 
 from forge_nb.service.actor import ForgeActor, Options
+from forge_nb.service.replica import Replica, ReplicaDied, ReplicaStatus
+from forge_nb.service.service import ActorHandle, NoHealthyReplica, Service, ServiceEvent
 
-__all__ = ["ForgeActor", "Options", "endpoint"]
+__all__ = [
+    "ActorHandle", "ForgeActor", "NoHealthyReplica", "Options", "Replica", "ReplicaDied", "ReplicaStatus",
+    "Service", "ServiceEvent", "endpoint",
+]

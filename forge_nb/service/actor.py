@@ -19,8 +19,7 @@ from monarch.actor import Actor, endpoint
 from forge_nb.runtime import async_endpoints
 
 if TYPE_CHECKING:
-    from forge_nb.service.handle import ActorHandle
-    from forge_nb.service.service import Service
+    from forge_nb.service.service import ActorHandle, Service
 
 
 @dataclass(kw_only=True, slots=True)
@@ -111,7 +110,7 @@ class ForgeActor(Actor):
     @classmethod
     async def as_actor(cls, *args: Any, **kwargs: Any) -> ActorHandle:
         """Spawn one replica and return its handle (``await actor.ep.call_one(...)``)."""
-        from forge_nb.service.handle import ActorHandle
+        from forge_nb.service.service import ActorHandle
 
         if cls._options.num_replicas != 1:
             raise ValueError(

@@ -1,0 +1,216 @@
+"""Replica: one copy of an actor on its own process mesh, with health, respawn and stats.
+
+States::
+
+    starting ──setup ok──> healthy ──process died / request hung──> recovering ──respawned──> healthy
+        │                                                             │
+        └──setup failed──> failed <──────── more than max_restarts ───┘         stop() ──> stopped
+
+A process death is learnt from the runtime (its pid watchdog or monarch's fault hook, both within a
+second) and fails every request in flight on that replica at once with :class:`ReplicaDied`, so the
+service can retry it elsewhere without waiting for monarch's own timeout. A request that outlives
+``request_timeout`` counts the replica as hung: it is killed and respawned, and the late answer is
+discarded. An exception raised by the endpoint's own code is the caller's business: it is returned
+as the error and the replica stays healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from monarch.actor import ActorError
+
+from forge_nb import runtime
+from forge_nb.service.actor import ForgeActor, Options
+
+logger = logging.getLogger(__name__)
+
+STATES = ("starting", "healthy", "recovering", "failed", "stopped")
+
+
+class ReplicaDied(RuntimeError):
+    """The replica's process died (or hung) while the request was in flight."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ReplicaStatus:
+    """Plain data for tables and widgets."""
+
+    service: str
+    index: int
+    state: str
+    pids: list[int]
+    in_flight: int
+    served: int
+    failures: int
+    restarts: int
+    latency_p50_ms: float | None
+    latency_p95_ms: float | None
+    last_error: str | None
+    version: int | None
+
+
+class Replica:
+    """One replica: spawns its mesh and actor, forwards calls, and recovers from process death."""
+
+    def __init__(self, service: str, index: int, actor_cls: type[ForgeActor], options: Options,
+                 args: tuple[Any, ...], kwargs: dict[str, Any],
+                 on_state: Callable[[Replica, str, str, str], None]):
+        self.service, self.index = service, index
+        self._cls, self._options, self._args, self._kwargs = actor_cls, options, args, kwargs
+        self._on_state = on_state
+        self.catch_up: Callable[[Replica], Awaitable[None]] | None = None
+        self.state = "starting"
+        self.mesh: runtime.Mesh | None = None
+        self.actor: Any = None
+        self.in_flight = self.served = self.failures = self.restarts = 0
+        self.last_error: str | None = None
+        self.version: int | None = None
+        self._latencies: deque[float] = deque(maxlen=256)
+        self._died = asyncio.Event()
+        self._recovery: asyncio.Task[None] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.service}[{self.index}]"
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == "healthy"
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Spawn mesh and actor, run ``setup`` and the catch-up hook; healthy when all succeed."""
+        self._died = asyncio.Event()
+        base = self._options.mesh_name or self._cls.__name__.lower()
+        self.mesh = await runtime.spawn_mesh(
+            f"{base}-r{self.index}", self._options.procs, self._options.with_gpus,
+            hosts=self._options.hosts, env=self._options.env, owner=self.service,
+        )
+        self.mesh.on_failure(self._process_died)
+        self.actor = self.mesh.spawn(self._cls.__name__.lower(), self._cls.spawn_class(),
+                                     *self._args, **self._kwargs)
+        await self._race(self.actor.setup.call(), timeout=None)
+        if self.catch_up is not None:
+            await self.catch_up(self)
+        self._set_state("healthy", "ready")
+
+    async def stop(self) -> None:
+        if self._recovery is not None and self._recovery is not asyncio.current_task():
+            self._recovery.cancel()
+        self._set_state("stopped", "shut down")
+        if self.mesh is not None:
+            await self.mesh.stop()
+
+    def _process_died(self, failure: runtime.Failure) -> None:
+        self._mark_dead(f"process died: {failure.message.splitlines()[0][:200]}")
+
+    def _mark_dead(self, reason: str) -> None:
+        """Fail everything in flight now; a healthy replica goes on to recover in the background."""
+        if self.state in ("failed", "stopped") or self._died.is_set():
+            return
+        self.failures += 1
+        self.last_error = reason
+        self._died.set()
+        if self.state == "healthy":  # during start() the caller of start() decides what follows
+            self._set_state("recovering", reason)
+            self._recovery = asyncio.get_running_loop().create_task(
+                self._recover(), name=f"forge_nb.recover.{self.name}")
+
+    async def _recover(self) -> None:
+        """Respawn with exponential backoff; give up (failed) after ``max_restarts``."""
+        while self.state == "recovering":
+            if self.restarts >= self._options.max_restarts:
+                self._set_state("failed", f"gave up after {self.restarts} restarts: {self.last_error}")
+                if self.mesh is not None:
+                    await self.mesh.stop()
+                return
+            await asyncio.sleep(self._options.restart_backoff * 2 ** self.restarts)
+            self.restarts += 1
+            if self.mesh is not None:
+                await self.mesh.stop()
+            try:
+                await self.start()  # state stays "recovering" until it turns healthy
+            except Exception as e:
+                self.failures += 1
+                self.last_error = f"respawn {self.restarts} failed: {type(e).__name__}: {e}"[:300]
+                logger.warning("%s: %s", self.name, self.last_error)
+
+    def _set_state(self, new: str, reason: str) -> None:
+        old, self.state = self.state, new
+        if old != new:
+            self._on_state(self, old, new, reason)
+
+    # -- calls ----------------------------------------------------------------------------------
+
+    async def call(self, endpoint: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   all_ranks: bool = False) -> Any:
+        """Send one request (to every proc, answers in rank order, if ``all_ranks``).
+
+        Raises ``ReplicaDied`` if the process dies or hangs meanwhile."""
+        if not self.healthy:
+            raise ReplicaDied(f"{self.name} is {self.state}")
+        ep = getattr(self.actor, endpoint)
+        request = ep.call(*args, **kwargs) if all_ranks else ep.call_one(*args, **kwargs)
+        self.in_flight += 1
+        start = time.perf_counter()
+        try:
+            result = await self._race(request, self._options.request_timeout)
+        finally:
+            self.in_flight -= 1
+        self._latencies.append(time.perf_counter() - start)
+        self.served += 1
+        if all_ranks:
+            result = [v for _, v in sorted(result.items(), key=lambda kv: kv[0].rank)]
+        return result
+
+    async def _race(self, request: Awaitable[Any], timeout: float | None) -> Any:
+        """Await ``request`` unless the replica dies first or it takes longer than ``timeout``."""
+        work = asyncio.ensure_future(request)
+        died = asyncio.ensure_future(self._died.wait())
+        try:
+            done, _ = await asyncio.wait({work, died}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            died.cancel()
+        if work in done:
+            try:
+                return work.result()
+            except ActorError:
+                raise  # the endpoint's own exception: the replica is fine
+            except Exception as e:  # monarch's SupervisionError and friends: the process is gone
+                self._mark_dead(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                raise ReplicaDied(f"{self.name}: {e}") from e
+        work.cancel()  # its late answer, if any, is dropped
+        if died.done() or self._died.is_set():
+            raise ReplicaDied(f"{self.name}: {self.last_error}")
+        self._mark_dead(f"request exceeded request_timeout={timeout}s: replica hung")
+        self._kill_hung()
+        raise ReplicaDied(f"{self.name}: no answer within request_timeout={timeout}s")
+
+    def _kill_hung(self) -> None:
+        """A hung process (e.g. SIGSTOP) never dies by itself: kill it so the mesh can be replaced."""
+        if self.mesh is not None:
+            runtime._kill_pids(self.mesh.alive_pids(), grace=0.0)
+
+    # -- stats ----------------------------------------------------------------------------------
+
+    def status(self) -> ReplicaStatus:
+        lat = sorted(self._latencies)
+
+        def pct(q: float) -> float | None:
+            return round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 2) if lat else None
+
+        return ReplicaStatus(
+            service=self.service, index=self.index, state=self.state,
+            pids=list(self.mesh.pids) if self.mesh else [], in_flight=self.in_flight,
+            served=self.served, failures=self.failures, restarts=self.restarts,
+            latency_p50_ms=pct(0.5), latency_p95_ms=pct(0.95), last_error=self.last_error,
+            version=self.version,
+        )

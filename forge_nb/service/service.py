@@ -1,0 +1,271 @@
+"""Service: replicas of one actor class behind ``route`` / ``fanout`` / ``session``; ActorHandle for one.
+
+Routing: ``route`` sends to the healthy replica with the fewest requests in flight, round-robin
+among ties. Inside ``async with svc.session():`` the first routed call picks a replica and later
+calls stick to it; if it dies, the session moves. A request whose replica dies (or hangs past
+``request_timeout``) is retried once on another healthy replica, so a training loop sees one
+answer. With no healthy replica, ``route`` waits up to ``route_wait_timeout`` for a respawn.
+
+``fanout`` sends to every healthy replica and returns their answers in replica order; a replica
+that dies meanwhile is left out (it runs the catch-up hook when it comes back, which is how
+generators load the current weights after a respawn). An exception raised by the endpoint's code
+reaches the caller unchanged and never marks a replica dead.
+
+``ActorHandle`` (from ``.as_actor()``) is a one-replica service whose adverbs are monarch's
+``call_one`` / ``call``; requests to an actor are never retried (actors hold state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from forge_nb.service.actor import ForgeActor, Options
+from forge_nb.service.replica import Replica, ReplicaDied, ReplicaStatus
+
+logger = logging.getLogger(__name__)
+
+#: service id -> replica index its current session sticks to (None until the first call).
+_SESSIONS: contextvars.ContextVar[dict[int, int | None] | None] = contextvars.ContextVar(
+    "forge_nb_sessions", default=None)
+_ids = itertools.count()
+
+
+class NoHealthyReplica(RuntimeError):
+    """Every replica of a service is down and none came back within ``route_wait_timeout``."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ServiceEvent:
+    """A replica changed state (starting, healthy, recovering, failed, stopped)."""
+
+    service: str
+    replica: int
+    old: str
+    new: str
+    reason: str
+    time: float = field(default_factory=time.time)
+
+
+class Service:
+    """Replicas of ``actor_cls``, each on its own mesh. Endpoints: ``svc.<endpoint>.route(...)``."""
+
+    def __init__(self, actor_cls: type[ForgeActor], options: Options, args: tuple[Any, ...],
+                 kwargs: dict[str, Any], name: str | None = None):
+        self.name = name or actor_cls.__name__
+        self.actor_cls = actor_cls
+        self.options = options
+        self._endpoints = set(actor_cls.endpoint_names())
+        self.replicas = [Replica(self.name, i, actor_cls, options, args, kwargs, self._state_changed)
+                         for i in range(options.num_replicas)]
+        self.events: deque[ServiceEvent] = deque(maxlen=1000)
+        self._subscribers: list[Callable[[ServiceEvent], None]] = []
+        self._changed = asyncio.Event()
+        self._rr = 0
+        self._id = next(_ids)
+
+    @classmethod
+    async def start(cls, actor_cls: type[ForgeActor], options: Options, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Service:
+        """Spawn every replica concurrently; if any fails to start, stop them all and raise its error."""
+        svc = cls(actor_cls, options, args, kwargs)
+        results = await asyncio.gather(*(r.start() for r in svc.replicas), return_exceptions=True)
+        errors = [(r, e) for r, e in zip(svc.replicas, results, strict=True) if isinstance(e, BaseException)]
+        if errors:
+            await svc.shutdown()
+            replica, error = errors[0]
+            raise RuntimeError(f"{replica.name} failed to start: {type(error).__name__}: {error}") from error
+        return svc
+
+    # -- the user's surface -----------------------------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in self.__dict__.get("_endpoints", ()):
+            known = ", ".join(sorted(self.__dict__.get("_endpoints", ()))) or "none"
+            raise AttributeError(f"{type(self).__name__} {self.__dict__.get('name')!r} has no endpoint "
+                                 f"{name!r}; its endpoints: {known}")
+        return self._endpoint(name)
+
+    def _endpoint(self, name: str) -> Any:
+        return ServiceEndpoint(self, name)
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[None]:
+        """Calls routed inside stick to one replica (and move if it dies)."""
+        token = _SESSIONS.set({**(_SESSIONS.get() or {}), self._id: None})
+        try:
+            yield
+        finally:
+            _SESSIONS.reset(token)
+
+    def status(self) -> list[ReplicaStatus]:
+        return [r.status() for r in self.replicas]
+
+    def subscribe(self, callback: Callable[[ServiceEvent], None]) -> None:
+        """``callback(event)`` on every replica state change, on the kernel's event loop."""
+        self._subscribers.append(callback)
+
+    def set_catch_up(self, hook: Callable[[Replica], Awaitable[None]] | None) -> None:
+        """Run ``await hook(replica)`` on a respawned replica before it takes traffic."""
+        for r in self.replicas:
+            r.catch_up = hook
+
+    async def shutdown(self) -> None:
+        await asyncio.gather(*(r.stop() for r in self.replicas), return_exceptions=True)
+
+    def __repr__(self) -> str:
+        states = ", ".join(r.state for r in self.replicas)
+        return f"<{type(self).__name__} {self.name}: {len(self.replicas)} replica(s) [{states}]>"
+
+    # -- routing --------------------------------------------------------------------------------
+
+    async def _route(self, endpoint: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     retry: bool = True, all_ranks: bool = False) -> Any:
+        sessions = _SESSIONS.get() or {}
+        in_session = self._id in sessions
+        tried: set[int] = set()
+        while True:
+            replica = await self._pick(tried, sessions.get(self._id) if in_session else None)
+            if in_session:
+                sessions[self._id] = replica.index
+            try:
+                return await replica.call(endpoint, args, kwargs, all_ranks=all_ranks)
+            except ReplicaDied:
+                if not retry or tried:
+                    raise
+                tried.add(replica.index)
+                logger.info("%s.%s: %s died mid-request; retrying elsewhere",
+                            self.name, endpoint, replica.name)
+
+    async def _pick(self, avoid: set[int], sticky: int | None) -> Replica:
+        deadline = time.monotonic() + self.options.route_wait_timeout
+        while True:
+            if sticky is not None and self.replicas[sticky].healthy:
+                return self.replicas[sticky]
+            healthy = [r for r in self.replicas if r.healthy]
+            preferred = [r for r in healthy if r.index not in avoid] or healthy
+            if preferred:
+                least = min(r.in_flight for r in preferred)
+                tied = [r for r in preferred if r.in_flight == least]
+                self._rr += 1
+                return tied[self._rr % len(tied)]
+            if all(r.state in ("failed", "stopped") for r in self.replicas):
+                raise NoHealthyReplica(self._down_message("and none is coming back"))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise NoHealthyReplica(self._down_message(
+                    f"and none recovered within route_wait_timeout={self.options.route_wait_timeout}s"))
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+
+    def _down_message(self, tail: str) -> str:
+        states = "; ".join(f"{r.name} {r.state} ({r.last_error})" for r in self.replicas)
+        return f"service {self.name!r} has no healthy replica {tail}: {states}"
+
+    async def _fanout(self, endpoint: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        healthy = [r for r in self.replicas if r.healthy] or [await self._pick(set(), None)]
+        all_ranks = self.options.procs > 1
+        results = await asyncio.gather(*(r.call(endpoint, args, kwargs, all_ranks) for r in healthy),
+                                       return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, ReplicaDied):
+                raise r
+        return [r for r in results if not isinstance(r, ReplicaDied)]
+
+    def _state_changed(self, replica: Replica, old: str, new: str, reason: str) -> None:
+        event = ServiceEvent(service=self.name, replica=replica.index, old=old, new=new, reason=reason)
+        self.events.append(event)
+        self._changed.set()
+        self._changed = asyncio.Event()
+        for callback in list(self._subscribers):
+            try:
+                callback(event)
+            except Exception:
+                logger.exception("a subscriber of service %s raised", self.name)
+
+
+class ActorHandle(Service):
+    """One replica, from ``.as_actor()``: ``await actor.ep.call_one(...)`` / ``.call(...)``."""
+
+    @classmethod
+    async def start(cls, actor_cls: type[ForgeActor], options: Options, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> ActorHandle:
+        handle = await super().start(actor_cls, options, args, kwargs)
+        assert isinstance(handle, ActorHandle)
+        return handle
+
+    def _endpoint(self, name: str) -> Any:
+        return ActorEndpoint(self, name)
+
+    @property
+    def replica(self) -> Replica:
+        return self.replicas[0]
+
+
+class ServiceEndpoint:
+    """``svc.<endpoint>``: the adverbs of a service."""
+
+    def __init__(self, service: Service, name: str):
+        self._service, self._name = service, name
+
+    async def route(self, *args: Any, **kwargs: Any) -> Any:
+        """Send to one healthy replica (least loaded; sticky inside a session)."""
+        svc = self._service
+        return await svc._route(self._name, args, kwargs, all_ranks=svc.options.procs > 1)
+
+    async def fanout(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """Send to every healthy replica; their answers in replica order."""
+        return await self._service._fanout(self._name, args, kwargs)
+
+    def _wrong(self, adverb: str) -> Any:
+        raise AttributeError(
+            f"{self._service.name}.{self._name}.{adverb}(): {self._service.name} is a service; use "
+            f".route() for one replica or .fanout() for all (.{adverb}() is for actors from .as_actor())"
+        )
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Any:
+        return self._wrong("call_one")
+
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        return self._wrong("call")
+
+    def choose(self, *args: Any, **kwargs: Any) -> Any:
+        return self._wrong("choose")
+
+
+class ActorEndpoint:
+    """``actor.<endpoint>``: the adverbs of an actor (one replica, never retried)."""
+
+    def __init__(self, handle: ActorHandle, name: str):
+        self._handle, self._name = handle, name
+
+    async def call_one(self, *args: Any, **kwargs: Any) -> Any:
+        if self._handle.options.procs > 1:
+            raise ValueError(f"{self._handle.name}.{self._name}.call_one(): the actor has "
+                             f"{self._handle.options.procs} procs; use .call() to reach them all")
+        return await self._handle._route(self._name, args, kwargs, retry=False)
+
+    async def call(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """Every proc of the actor; answers in rank order."""
+        return await self._handle._route(self._name, args, kwargs, retry=False, all_ranks=True)
+
+    def _wrong(self, adverb: str) -> Any:
+        raise AttributeError(
+            f"{self._handle.name}.{self._name}.{adverb}(): {self._handle.name} is an actor; use "
+            f".call_one() (or .call() for all its procs). .{adverb}() is for services from .as_service()"
+        )
+
+    def route(self, *args: Any, **kwargs: Any) -> Any:
+        return self._wrong("route")
+
+    def fanout(self, *args: Any, **kwargs: Any) -> Any:
+        return self._wrong("fanout")

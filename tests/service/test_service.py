@@ -1,0 +1,209 @@
+"""Services on real monarch meshes: routing, fanout, sessions, failover, respawn, and clear misuse errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+from monarch.actor import ActorError
+
+from forge_nb.service import NoHealthyReplica
+from tests.actors_for_tests import Ledger, Worker
+
+pytestmark = pytest.mark.timeout(180)
+
+FAST = dict(restart_backoff=0.1, route_wait_timeout=60.0)
+
+
+async def _until(predicate, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.05)
+    return predicate()
+
+
+def _healthy(svc) -> bool:
+    return all(r.state == "healthy" for r in svc.replicas)
+
+
+async def test_route_spreads_load_and_fanout_reaches_every_replica(runtime):
+    svc = await Worker.options(num_replicas=2, **FAST).as_service()
+    try:
+        pids = await svc.pid.fanout()
+        assert len(set(pids)) == 2 and set(pids) == {r.mesh.pids[0] for r in svc.replicas}
+        answers = await asyncio.gather(*(svc.work.route(i, 0.2) for i in range(20)))
+        assert set(answers) == set(pids)
+        served = [s.served for s in svc.status()]
+        assert min(served) >= 8, served  # least-loaded: concurrent requests spread evenly
+        # Sequential calls alternate (round-robin among equally idle replicas).
+        seq = [await svc.pid.route() for _ in range(4)]
+        assert seq[0] != seq[1] and seq[0] == seq[2]
+    finally:
+        await svc.shutdown()
+
+
+async def test_session_sticks_and_moves_when_its_replica_dies(runtime):
+    svc = await Worker.options(num_replicas=2, **FAST).as_service()
+    try:
+        async with svc.session():
+            first = {await svc.pid.route() for _ in range(6)}
+            assert len(first) == 1
+            (sticky,) = first
+            os.kill(sticky, signal.SIGKILL)
+            moved = {await svc.pid.route() for _ in range(4)}
+            assert len(moved) == 1 and moved != first
+        # Outside the session, routing is free again.
+        assert await _until(lambda: _healthy(svc))
+        assert len({await svc.pid.route() for _ in range(4)}) == 2
+    finally:
+        await svc.shutdown()
+
+
+async def test_sigkill_mid_request_is_retried_once_and_the_replica_respawns(runtime):
+    ledger = await Ledger.as_actor()
+    svc = await Worker.options(num_replicas=2, **FAST).as_service(ledger=ledger.replica.actor)
+    events = []
+    svc.subscribe(events.append)
+    try:
+        old_pids = [r.mesh.pids[0] for r in svc.replicas]
+        requests = [asyncio.ensure_future(svc.work.route(i, 1.5)) for i in range(6)]
+        await asyncio.sleep(0.5)
+        os.kill(old_pids[0], signal.SIGKILL)
+        answers = await asyncio.gather(*requests)  # no request fails
+        assert all(pid != old_pids[0] for pid in answers)
+
+        records = await ledger.all.call_one()
+        ids = sorted(i for i, _ in records)
+        assert ids == list(range(6)), "a request was lost or applied twice"
+
+        assert await _until(lambda: _healthy(svc))
+        back = svc.replicas[0]
+        assert back.mesh.pids[0] not in old_pids and back.restarts == 1 and back.failures >= 1
+        assert await svc.get_setups.fanout() == [1, 1]  # the new process ran setup
+        transitions = [(e.replica, e.old, e.new) for e in events]
+        assert (0, "healthy", "recovering") in transitions and (0, "recovering", "healthy") in transitions
+    finally:
+        await svc.shutdown()
+        await ledger.shutdown()
+
+
+async def test_hung_replica_times_out_and_the_late_answer_is_discarded(runtime):
+    svc = await Worker.options(num_replicas=2, request_timeout=2.0, **FAST).as_service()
+    try:
+        frozen = svc.replicas[1].mesh.pids[0]
+        os.kill(frozen, signal.SIGSTOP)
+        answers = await asyncio.gather(*(svc.work.route(i, 0.05) for i in range(4)))
+        assert frozen not in answers and len(answers) == 4
+        assert await _until(lambda: _healthy(svc))
+        assert svc.replicas[1].mesh.pids[0] != frozen
+        assert "request_timeout" in (svc.replicas[1].last_error or "")
+    finally:
+        await svc.shutdown()
+
+
+async def test_crash_loop_stops_at_max_restarts_and_traffic_goes_elsewhere(runtime, tmp_path):
+    marker = tmp_path / "crash"
+    svc = await Worker.options(num_replicas=2, max_restarts=2, **FAST).as_service(crash_marker=str(marker))
+    try:
+        marker.write_text("every respawn dies in setup")
+        os.kill(svc.replicas[0].mesh.pids[0], signal.SIGKILL)
+        assert await _until(lambda: svc.replicas[0].state == "failed", timeout=60)
+        assert svc.replicas[0].restarts == 2
+        assert svc.replicas[0].mesh.alive_pids() == []  # no process left behind by the attempts
+        assert len([m for m in runtime.meshes() if m.owner == "Worker"]) == 1
+        assert {await svc.pid.route() for _ in range(3)} == {svc.replicas[1].mesh.pids[0]}
+    finally:
+        await svc.shutdown()
+
+
+async def test_endpoint_exception_reaches_the_caller_and_the_replica_stays_healthy(runtime):
+    svc = await Worker.options(num_replicas=1, **FAST).as_service()
+    try:
+        with pytest.raises(ActorError, match="bad input 42"):
+            await svc.fail.route("bad input 42")
+        assert svc.replicas[0].state == "healthy" and svc.replicas[0].failures == 0
+        assert await svc.work.route(1) == svc.replicas[0].mesh.pids[0]
+    finally:
+        await svc.shutdown()
+
+
+async def test_route_waits_for_a_respawn_then_gives_a_clear_error_when_none_comes(runtime, tmp_path):
+    svc = await Worker.options(num_replicas=1, **FAST).as_service()
+    try:
+        os.kill(svc.replicas[0].mesh.pids[0], signal.SIGKILL)
+        await _until(lambda: svc.replicas[0].state == "recovering")
+        assert await svc.work.route(7) == svc.replicas[0].mesh.pids[0]  # waited for the respawn
+    finally:
+        await svc.shutdown()
+
+    marker = tmp_path / "crash"
+    svc = await Worker.options(max_restarts=5, restart_backoff=2.0, route_wait_timeout=0.5).as_service(
+        crash_marker=str(marker))
+    try:
+        marker.write_text("x")
+        os.kill(svc.replicas[0].mesh.pids[0], signal.SIGKILL)
+        await _until(lambda: svc.replicas[0].state == "recovering")
+        with pytest.raises(NoHealthyReplica, match="route_wait_timeout=0.5s"):
+            await svc.work.route(1)
+    finally:
+        await svc.shutdown()
+
+
+async def test_catch_up_hook_runs_on_respawn_before_traffic(runtime):
+    svc = await Worker.options(num_replicas=2, **FAST).as_service()
+    try:
+        current = {"version": 5}
+
+        async def catch_up(replica):
+            await replica.actor.load.call_one(current["version"])
+
+        svc.set_catch_up(catch_up)
+        os.kill(svc.replicas[1].mesh.pids[0], signal.SIGKILL)
+        assert await _until(lambda: _healthy(svc) and svc.replicas[1].restarts == 1)
+        assert await svc.get_loaded.fanout() == [-1, 5]
+    finally:
+        await svc.shutdown()
+
+
+async def test_actor_adverbs_and_misuse_errors(runtime):
+    actor = await Worker.options(procs=2).as_actor()
+    svc = await Worker.as_service()
+    try:
+        assert len(set(await actor.pid.call())) == 2
+        with pytest.raises(ValueError, match=r"use \.call\(\)"):
+            await actor.pid.call_one()
+        with pytest.raises(AttributeError, match=r"is an actor; use \.call_one\(\)"):
+            await actor.pid.route()
+        with pytest.raises(AttributeError, match=r"is a service; use \.route\(\)"):
+            await svc.pid.call_one()
+        with pytest.raises(AttributeError, match="no endpoint 'nope'.*fail, get_loaded"):
+            _ = svc.nope
+        with pytest.raises(ValueError, match="num_replicas=2; an actor has one"):
+            await Worker.options(num_replicas=2).as_actor()
+        status = svc.status()[0]
+        assert status.state == "healthy" and status.served == 0 and len(status.pids) == 1
+    finally:
+        await actor.shutdown()
+        await svc.shutdown()
+
+
+async def test_a_setup_error_reaches_the_caller_and_nothing_is_left(runtime, tmp_path):
+    marker = tmp_path / "crash"
+    marker.write_text("x")
+    with pytest.raises(RuntimeError, match=r"Worker\[\d\] failed to start"):
+        await Worker.options(num_replicas=2).as_service(crash_marker=str(marker))
+    assert runtime.meshes() == []
+
+
+async def test_shutdown_leaves_no_process(runtime):
+    svc = await Worker.options(num_replicas=2, procs=2).as_service()
+    pids = [p for r in svc.replicas for p in r.mesh.pids]
+    assert len(pids) == 4
+    await svc.shutdown()
+    assert await _until(lambda: not any(runtime._pid_alive(p) for p in pids), timeout=15)
+    assert [r.state for r in svc.replicas] == ["stopped", "stopped"]
