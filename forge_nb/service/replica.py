@@ -73,7 +73,9 @@ class Replica:
         self.last_error: str | None = None
         self.version: int | None = None
         self._latencies: deque[float] = deque(maxlen=256)
-        self._died = asyncio.Event()
+        self._dead = False
+        self._waiting: set[asyncio.Task[Any]] = set()  # tasks awaiting a request on this replica
+        self._cancelled: set[asyncio.Task[Any]] = set()  # ... of which we cancelled (death)
         self._recovery: asyncio.Task[None] | None = None
 
     @property
@@ -88,7 +90,7 @@ class Replica:
 
     async def start(self) -> None:
         """Spawn mesh and actor, run ``setup`` and the catch-up hook; healthy when all succeed."""
-        self._died = asyncio.Event()
+        self._dead = False
         base = self._options.mesh_name or self._cls.__name__.lower()
         self.mesh = await runtime.spawn_mesh(
             f"{base}-r{self.index}", self._options.procs, self._options.with_gpus,
@@ -112,13 +114,18 @@ class Replica:
     def _process_died(self, failure: runtime.Failure) -> None:
         self._mark_dead(f"process died: {failure.message.splitlines()[0][:200]}")
 
-    def _mark_dead(self, reason: str) -> None:
+    def _mark_dead(self, reason: str, cancel: bool = True) -> None:
         """Fail everything in flight now; a healthy replica goes on to recover in the background."""
-        if self.state in ("failed", "stopped") or self._died.is_set():
+        if self.state in ("failed", "stopped") or self._dead:
             return
         self.failures += 1
         self.last_error = reason
-        self._died.set()
+        self._dead = True
+        if cancel:
+            for task in list(self._waiting):
+                if task is not asyncio.current_task():
+                    self._cancelled.add(task)
+                    task.cancel(f"{self.name} died")
         if self.state == "healthy":  # during start() the caller of start() decides what follows
             self._set_state("recovering", reason)
             self._recovery = asyncio.get_running_loop().create_task(
@@ -172,27 +179,34 @@ class Replica:
         return result
 
     async def _race(self, request: Awaitable[Any], timeout: float | None) -> Any:
-        """Await ``request`` unless the replica dies first or it takes longer than ``timeout``."""
-        work = asyncio.ensure_future(request)
-        died = asyncio.ensure_future(self._died.wait())
+        """Await ``request`` unless the replica dies first or it takes longer than ``timeout``.
+
+        The hot path adds no task of its own: the calling task registers itself, and a death
+        cancels it (see ``_mark_dead``), which we turn back into ``ReplicaDied`` here.
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        self._waiting.add(task)
         try:
-            done, _ = await asyncio.wait({work, died}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            async with asyncio.timeout(timeout):
+                return await request
+        except ActorError:
+            raise  # the endpoint's own exception: the replica is fine
+        except asyncio.CancelledError:
+            if task not in self._cancelled:
+                raise  # cancelled by its owner, not by us
+            self._cancelled.discard(task)
+            task.uncancel()
+            raise ReplicaDied(f"{self.name}: {self.last_error}") from None
+        except TimeoutError:
+            self._mark_dead(f"request exceeded request_timeout={timeout}s: replica hung", cancel=False)
+            self._kill_hung()
+            raise ReplicaDied(f"{self.name}: no answer within request_timeout={timeout}s") from None
+        except Exception as e:  # monarch's SupervisionError and friends: the process is gone
+            self._mark_dead(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            raise ReplicaDied(f"{self.name}: {e}") from e
         finally:
-            died.cancel()
-        if work in done:
-            try:
-                return work.result()
-            except ActorError:
-                raise  # the endpoint's own exception: the replica is fine
-            except Exception as e:  # monarch's SupervisionError and friends: the process is gone
-                self._mark_dead(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-                raise ReplicaDied(f"{self.name}: {e}") from e
-        work.cancel()  # its late answer, if any, is dropped
-        if died.done() or self._died.is_set():
-            raise ReplicaDied(f"{self.name}: {self.last_error}")
-        self._mark_dead(f"request exceeded request_timeout={timeout}s: replica hung")
-        self._kill_hung()
-        raise ReplicaDied(f"{self.name}: no answer within request_timeout={timeout}s")
+            self._waiting.discard(task)
 
     def _kill_hung(self) -> None:
         """A hung process (e.g. SIGSTOP) never dies by itself: kill it so the mesh can be replaced."""
