@@ -13,7 +13,7 @@ import torchstore as ts
 import torchstore.api
 from torchstore.controller import Controller as _TorchstoreController
 
-from forge_nb.runtime import async_endpoints
+from forge_nb._monarch_compat import async_endpoints
 
 
 @async_endpoints

@@ -16,6 +16,9 @@ controller: every mesh it spawns is recorded here, so that
   is still running (``stop()`` through monarch needs an event loop that may be gone by then).
 
 Importing this module has no side effects; :func:`ensure_started` does the work, once.
+
+It is longer than most modules because it is one concept: the kernel's registry of meshes and
+everything that keeps that registry true (spawn, stop, the fault hook, the pid watchdog, exit).
 """
 
 from __future__ import annotations
@@ -23,18 +26,19 @@ from __future__ import annotations
 import asyncio
 import atexit
 import functools
-import inspect
 import itertools
 import logging
 import os
 import re
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from forge_nb._monarch_compat import await_maybe
+from forge_nb._procs import kill_pids, pid_alive
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +196,7 @@ class Mesh:
         self._listeners.append(callback)
 
     def alive_pids(self) -> list[int]:
-        return [p for p in self.pids if _pid_alive(p)]
+        return [p for p in self.pids if pid_alive(p)]
 
     def info(self) -> MeshInfo:
         return MeshInfo(
@@ -213,10 +217,10 @@ class Mesh:
             return
         self.state = "stopped"
         try:
-            await asyncio.wait_for(_await(self.proc_mesh.stop()), timeout)
+            await asyncio.wait_for(await_maybe(self.proc_mesh.stop()), timeout)
         except Exception as e:  # a mesh with a dead proc may refuse a clean stop
             logger.debug("mesh %s did not stop cleanly: %s", self.name, e)
-        _kill_pids(self.alive_pids(), grace=2.0)
+        kill_pids(self.alive_pids(), grace=2.0)
         _release(self)
 
     def _record(self, failure: Failure) -> None:
@@ -373,7 +377,7 @@ async def _watch_pids() -> None:
         if not running:
             return
         for mesh in running:
-            dead = [rank for rank, pid in enumerate(mesh.pids) if not _pid_alive(pid)]
+            dead = [rank for rank, pid in enumerate(mesh.pids) if not pid_alive(pid)]
             if dead:
                 mesh._record(Failure(
                     mesh=mesh.name, actor_mesh="", ranks=dead,
@@ -387,73 +391,10 @@ def _ranks_in(message: str) -> list[int]:
     return sorted({int(r) for r in re.findall(r"\{'procs': (\d+)/\d+\}", message)})
 
 
-# ---------------------------------------------------------------------------------------------
-# Processes
-
-
-def _pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs. A zombie counts as dead; we never reap (monarch waits on its children)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _kill_pids(pids: list[int], grace: float) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
-        time.sleep(0.05)
-    for pid in pids:
-        if _pid_alive(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
 def _kill_everything() -> None:
     """atexit: the event loop may be gone, so go straight to signals."""
     pids = [p for m in list(_meshes.values()) for p in m.pids]
-    _kill_pids(pids, grace=3.0)
+    kill_pids(pids, grace=3.0)
     _meshes.clear()
 
 
-# ---------------------------------------------------------------------------------------------
-# monarch compatibility
-
-
-def async_endpoints(cls: type) -> type:
-    """Re-declare every synchronous ``@endpoint`` of ``cls`` as an async one, in place.
-
-    monarch >= 0.3 refuses an actor class whose endpoints mix ``def`` and ``async def``. A sync
-    endpoint wrapped this way still runs on the actor's event loop thread, exactly as it would
-    inside an async actor. Used for user ``ForgeActor`` subclasses and torchstore's Controller.
-    """
-    from monarch._src.actor.endpoint import EndpointProperty
-
-    for attr in dir(cls):
-        prop = getattr(cls, attr, None)
-        if not isinstance(prop, EndpointProperty) or inspect.iscoroutinefunction(prop._method):
-            continue
-        setattr(cls, attr, EndpointProperty(
-            _as_coroutine(prop._method), prop._propagator, prop._explicit_response_port, prop._instrument
-        ))
-    return cls
-
-
-def _as_coroutine(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-
-    return wrapper
-
-
-async def _await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value

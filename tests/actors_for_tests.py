@@ -6,7 +6,7 @@ import os
 
 from monarch.actor import Actor, endpoint
 
-from forge_nb.runtime import async_endpoints
+from forge_nb._monarch_compat import async_endpoints
 
 
 @async_endpoints

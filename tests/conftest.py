@@ -7,6 +7,7 @@ import os
 import pytest
 
 from forge_nb import runtime as _runtime
+from forge_nb._procs import pid_alive
 
 # As `%load_ext forge_nb` does in a notebook: start forge_nb before any test module imports monarch,
 # so monarch's own supervision runs at its ~1 s setting.
@@ -40,4 +41,4 @@ async def runtime():
     leftovers = rt.meshes()
     pids = [p for m in leftovers for p in m.pids]
     await rt.stop_all(timeout=10)
-    assert not [p for p in pids if rt._pid_alive(p)], "a test left processes running"
+    assert not [p for p in pids if pid_alive(p)], "a test left processes running"

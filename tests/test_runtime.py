@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from forge_nb._procs import pid_alive
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -27,7 +29,7 @@ async def _wait_for(predicate, timeout: float = 15.0, every: float = 0.05) -> bo
 async def test_spawn_records_pids_and_stop_removes_them(runtime):
     mesh = await runtime.spawn_mesh("t-spawn", procs=2)
     assert len(mesh.pids) == 2 and len(set(mesh.pids)) == 2
-    assert all(runtime._pid_alive(p) for p in mesh.pids)
+    assert all(pid_alive(p) for p in mesh.pids)
     assert mesh in runtime.meshes()
     info = mesh.info()
     assert (info.procs, info.state, info.with_gpus) == (2, "running", False)

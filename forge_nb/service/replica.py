@@ -27,6 +27,7 @@ from typing import Any
 from monarch.actor import ActorError
 
 from forge_nb import runtime
+from forge_nb._procs import kill_pids
 from forge_nb.service.actor import ForgeActor, Options
 
 logger = logging.getLogger(__name__)
@@ -211,7 +212,7 @@ class Replica:
     def _kill_hung(self) -> None:
         """A hung process (e.g. SIGSTOP) never dies by itself: kill it so the mesh can be replaced."""
         if self.mesh is not None:
-            runtime._kill_pids(self.mesh.alive_pids(), grace=0.0)
+            kill_pids(self.mesh.alive_pids(), grace=0.0)
 
     # -- stats ----------------------------------------------------------------------------------
 

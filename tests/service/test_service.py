@@ -10,6 +10,7 @@ import time
 import pytest
 from monarch.actor import ActorError
 
+from forge_nb._procs import pid_alive
 from forge_nb.service import NoHealthyReplica
 from tests.actors_for_tests import Ledger, Worker
 
@@ -205,5 +206,5 @@ async def test_shutdown_leaves_no_process(runtime):
     pids = [p for r in svc.replicas for p in r.mesh.pids]
     assert len(pids) == 4
     await svc.shutdown()
-    assert await _until(lambda: not any(runtime._pid_alive(p) for p in pids), timeout=15)
+    assert await _until(lambda: not any(pid_alive(p) for p in pids), timeout=15)
     assert [r.state for r in svc.replicas] == ["stopped", "stopped"]

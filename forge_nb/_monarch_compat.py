@@ -1,0 +1,39 @@
+"""Bridges over monarch 0.7 behaviour that forge_nb and the libraries it uses rely on."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+
+def async_endpoints(cls: type) -> type:
+    """Re-declare every synchronous ``@endpoint`` of ``cls`` as an async one, in place.
+
+    monarch >= 0.3 refuses an actor class whose endpoints mix ``def`` and ``async def``. A sync
+    endpoint wrapped this way still runs on the actor's event loop thread, exactly as it would
+    inside an async actor. Used for user ``ForgeActor`` subclasses and torchstore's Controller.
+    """
+    from monarch._src.actor.endpoint import EndpointProperty
+
+    for attr in dir(cls):
+        prop = getattr(cls, attr, None)
+        if not isinstance(prop, EndpointProperty) or inspect.iscoroutinefunction(prop._method):
+            continue
+        setattr(cls, attr, EndpointProperty(
+            _as_coroutine(prop._method), prop._propagator, prop._explicit_response_port, prop._instrument
+        ))
+    return cls
+
+
+def _as_coroutine(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+async def await_maybe(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
