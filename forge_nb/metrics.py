@@ -1,0 +1,164 @@
+"""MetricsStore: one in-kernel record of a run's per-step values and events, observable by widgets.
+
+Values are *returned* by the trainer and the loops and recorded here by the Run, once per step
+(there is no global ``record_metric``). Widgets and exporters subscribe; the store calls them on
+the recording thread (the kernel's event loop) and never lets an observer's error stop training:
+it is kept in ``observer_errors`` and logged.
+
+Rows are plain dicts ``{"step": int, "time": float, name: float, ...}``; events are
+``{"kind": str, "step": int, "time": float, ...}`` (hot changes, replica failures and respawns,
+evictions, skipped steps, quarantined episodes). Both append to JSON-lines files in the run
+directory when one is attached, so ``forge_nb.resume`` starts with the history intact.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+Row = dict[str, Any]
+Observer = Callable[[str, Row], None]  # ("step" | "event", row)
+
+
+class MetricsStore:
+    """Per-step values and events of one run; ``subscribe`` to hear of each as it is recorded."""
+
+    def __init__(self, directory: str | Path | None = None):
+        self.rows: list[Row] = []
+        self.events: list[Row] = []
+        self.observer_errors: list[str] = []
+        self._observers: list[Observer] = []
+        self._dir = Path(directory) if directory is not None else None
+        if self._dir is not None:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            self.rows = _read_jsonl(self._dir / "metrics.jsonl")
+            self.events = _read_jsonl(self._dir / "events.jsonl")
+
+    # -- recording --------------------------------------------------------------------------------
+
+    def record(self, step: int, values: dict[str, Any]) -> Row:
+        """Record one step's values (non-numbers are dropped; NaN is kept as NaN)."""
+        row: Row = {"step": int(step), "time": time.time()}
+        for key, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            row[key] = float(value)
+        self.rows.append(row)
+        self._append("metrics.jsonl", row)
+        self._notify("step", row)
+        return row
+
+    def event(self, kind: str, step: int | None = None, **data: Any) -> Row:
+        """Record something that happened (``kind`` e.g. "set", "replica", "quarantine", "skip")."""
+        row: Row = {"kind": kind, "step": step if step is not None else self.step, "time": time.time(), **data}
+        self.events.append(row)
+        self._append("events.jsonl", row)
+        self._notify("event", row)
+        return row
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    @property
+    def step(self) -> int:
+        """The last recorded step (0 before any)."""
+        return self.rows[-1]["step"] if self.rows else 0
+
+    def last(self, name: str | None = None) -> Any:
+        """The last row, or the last recorded value of ``name`` (None if never recorded)."""
+        if name is None:
+            return self.rows[-1] if self.rows else {}
+        for row in reversed(self.rows):
+            if name in row:
+                return row[name]
+        return None
+
+    def series(self, name: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of one metric."""
+        pairs = [(r["step"], r[name]) for r in self.rows if name in r]
+        return [s for s, _ in pairs], [v for _, v in pairs]
+
+    def names(self) -> list[str]:
+        return sorted({k for r in self.rows for k in r} - {"step", "time"})
+
+    def frame(self) -> Any:
+        """The per-step values as a pandas DataFrame indexed by step."""
+        import pandas as pd
+
+        df = pd.DataFrame(self.rows)
+        return df.set_index("step") if not df.empty else df
+
+    def events_frame(self, kind: str | None = None) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame([e for e in self.events if kind is None or e["kind"] == kind])
+
+    # -- observers --------------------------------------------------------------------------------
+
+    def subscribe(self, observer: Observer, replay: bool = False) -> Callable[[], None]:
+        """Call ``observer(kind, row)`` for every new row/event; returns an unsubscribe function.
+
+        ``replay=True`` first feeds it the history (a widget opened mid-run draws the whole curve).
+        """
+        if replay:
+            for row in list(self.rows):
+                self._call(observer, "step", row)
+            for row in list(self.events):
+                self._call(observer, "event", row)
+        self._observers.append(observer)
+        return lambda: self._observers.remove(observer) if observer in self._observers else None
+
+    def _notify(self, kind: str, row: Row) -> None:
+        for observer in list(self._observers):
+            self._call(observer, kind, row)
+
+    def _call(self, observer: Observer, kind: str, row: Row) -> None:
+        try:
+            observer(kind, row)
+        except Exception as e:  # an observer must never stop the run; its error stays visible
+            message = f"{getattr(observer, '__qualname__', observer)!s}: {type(e).__name__}: {e}"
+            self.observer_errors.append(message)
+            logger.warning("metrics observer failed: %s", message)
+
+    # -- files ------------------------------------------------------------------------------------
+
+    def _append(self, name: str, row: Row) -> None:
+        if self._dir is None:
+            return
+        with open(self._dir / name, "a") as f:
+            f.write(json.dumps(row, default=_jsonable) + "\n")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return str(value)
+
+
+def _read_jsonl(path: Path) -> list[Row]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by a crash mid-write: keep the rest
+                logger.warning("skipping a damaged line in %s", path)
+    return rows
+
+
+def summarize(values: Iterable[float], prefix: str) -> dict[str, float]:
+    """mean/std/min/max of ``values`` under ``prefix/`` (empty input gives nothing)."""
+    xs = [float(v) for v in values]
+    if not xs:
+        return {}
+    mean = sum(xs) / len(xs)
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+    return {f"{prefix}/mean": mean, f"{prefix}/std": std, f"{prefix}/min": min(xs), f"{prefix}/max": max(xs)}

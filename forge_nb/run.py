@@ -1,0 +1,323 @@
+"""Run: one experiment's services and loops, driven from notebook cells.
+
+``run = await forge_nb.spawn(cfg)`` brings the services up concurrently (with a progress bar) and
+returns a Run; then, from any cell: ``run.start()``, ``run.pause()``, ``run.resume()``,
+``await run.step(n)``, ``run.set(lr=3e-4, temperature=0.7)`` (applied at the next step boundary,
+recorded as an event), ``run.metrics.frame()``, ``run.episodes(20)``, ``await run.stop()``,
+``await run.shutdown()``.
+
+The Run is the only owner of background tasks: one training loop and ``loop.rollout_loops`` rollout
+loops (``forge_nb.loops``), named ``forge_nb.<run>.<loop>``, held by strong references. A loop that
+raises stops the run: the error is kept in ``run.error``, recorded as an event and logged. Shutdown
+order: loops (at a step boundary), then services (generators, reference, trainer), then torchstore.
+
+This module is longer than most because it is the single place where the run's state changes; the
+loops, the spawning (``forge_nb.spawning``) and the run directory (``forge_nb.rundir``) live apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from forge_nb import loops, rundir
+from forge_nb.config import RunConfig
+from forge_nb.metrics import MetricsStore
+from forge_nb.rl import Episode, ReplayBuffer
+
+logger = logging.getLogger(__name__)
+
+EpisodeFn = Callable[["Run", dict[str, Any]], Awaitable[list[Episode]]]
+
+#: Hyperparameters ``run.set`` changes between steps, by where they apply.
+TRAINER_HPARAMS = ("lr", "weight_decay", "max_norm", "beta", "clip_eps", "clip_low", "clip_high")
+SAMPLING_HPARAMS = ("temperature", "top_p", "max_tokens")
+RUN_HPARAMS = ("max_policy_age", "difficulty")
+
+
+class Run:
+    """Services, loops, metrics and controls of one experiment (see the module docstring)."""
+
+    def __init__(self, config: RunConfig, *, policy: Any, trainer: Any, ref_model: Any, task: Any,
+                 reward_fns: list[Any], pad_id: int, directory: rundir.RunDir,
+                 episode_fn: EpisodeFn | None = None, hparams: dict[str, Any] | None = None):
+        self.config, self.name = config, config.name
+        self.policy, self.trainer, self.ref_model = policy, trainer, ref_model
+        self.task, self.reward_fns, self.pad_id = task, reward_fns, pad_id
+        self.dir = directory
+        self.episode_fn: EpisodeFn = episode_fn or loops.generate_episode
+        self.metrics = MetricsStore(directory.path)
+        self.replay_buffer = ReplayBuffer(batch_size=config.batch_size, max_policy_age=config.max_policy_age,
+                                          seed=config.seed)
+        self.state, self.error = "ready", None
+        self.current_step = self.version = 0
+        self.sampling_overrides: dict[str, Any] = {}
+        self._hparams = dict(hparams or {})
+        self._pending: dict[str, Any] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._running = asyncio.Event()
+        self.collect_allowed, self.batch_ready = asyncio.Event(), asyncio.Event()
+        self.collect_allowed.set()
+        self._training_parked = asyncio.Event()
+        self._steps_left: int | None = None
+        self._steps_waiter: asyncio.Future[None] | None = None
+        self._recent: deque[dict[str, Any]] = deque(maxlen=2000)
+        self._gen_tokens, self._gen_since = 0, time.monotonic()
+        policy.set_catch_up(self._catch_up)
+        for name, service in self.services.items():
+            service.subscribe(lambda e, name=name: self.metrics.event(
+                "replica", service=name, replica=e.replica, old=e.old, new=e.new, reason=e.reason))
+
+    # -- what the widgets and magics read ------------------------------------------------------
+
+    @property
+    def services(self) -> dict[str, Any]:
+        found = {"policy": self.policy, "trainer": self.trainer, "ref_model": self.ref_model}
+        return {k: v for k, v in found.items() if v is not None}
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """Current values of the hot-changeable hyperparameters (pending changes not yet applied)."""
+        return dict(self._hparams)
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "state": self.state, "error": self.error, "step": self.current_step,
+                "version": self.version, "buffer": len(self.replay_buffer),
+                "loops": {n: ("running" if not t.done() else "done") for n, t in self._tasks.items()},
+                "services": {n: s.status() for n, s in self.services.items()}, "last": self.metrics.last(),
+                "pending": dict(self._pending), "run_dir": str(self.dir.path)}
+
+    def episodes(self, n: int = 50, version: int | None = None, min_reward: float | None = None,
+                 max_reward: float | None = None) -> list[dict[str, Any]]:
+        """The most recent episodes (newest last), optionally filtered by version and reward."""
+        rows = [r for r in self._recent
+                if (version is None or r["version"] == version)
+                and (min_reward is None or (r["reward"] is not None and r["reward"] >= min_reward))
+                and (max_reward is None or (r["reward"] is not None and r["reward"] <= max_reward))]
+        return rows[-n:]
+
+    def __repr__(self) -> str:
+        return f"<Run {self.name!r} {self.state}: step {self.current_step}, version {self.version}>"
+
+    # -- control --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start (or resume) the loops in the background; the cell returns at once."""
+        if self.state in ("stopping", "shut down"):
+            raise RuntimeError(f"run {self.name!r} is {self.state}; spawn a new one (forge_nb.spawn)")
+        if self.state == "failed":
+            raise RuntimeError(f"run {self.name!r} failed: {self.error}. Fix the cause, then forge_nb.resume"
+                               f"({str(self.dir.path)!r}) continues from the last checkpoint")
+        loop = asyncio.get_running_loop()
+        wanted = {"train": lambda: loops.training_loop(self)} | {
+            f"rollout{i}": (lambda i=i: loops.rollout_loop(self, i)) for i in range(self.config.loop.rollout_loops)}
+        for name, make in wanted.items():
+            if name not in self._tasks or self._tasks[name].done():
+                task = loop.create_task(make(), name=f"forge_nb.{self.name}.{name}")
+                task.add_done_callback(self._loop_done)
+                self._tasks[name] = task
+        self._set_state("running")
+        self._running.set()
+
+    resume = start
+
+    def pause(self) -> None:
+        """Stop at the next boundary: rollouts after their in-flight generation, training after its step."""
+        self._running.clear()
+        if self.state == "running":
+            self._set_state("paused")
+
+    async def step(self, n: int = 1) -> list[dict[str, Any]]:
+        """Run exactly ``n`` training steps, then pause; returns their metric rows."""
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"step(n={n!r}): n must be an integer >= 1")
+        first = len(self.metrics.rows)
+        self._steps_left = n
+        self._steps_waiter = asyncio.get_running_loop().create_future()
+        self.start()
+        await self._steps_waiter
+        return self.metrics.rows[first:]
+
+    def step_budget_spent(self) -> bool:
+        """Called by the training loop after each step: True when ``step(n)``'s budget just ran out."""
+        if self._steps_left is None:
+            return False
+        self._steps_left -= 1
+        if self._steps_left > 0:
+            return False
+        self._steps_left = None
+        self.pause()
+        if self._steps_waiter is not None and not self._steps_waiter.done():
+            self._steps_waiter.set_result(None)
+        return True
+
+    async def stop(self, timeout: float = 120.0) -> None:
+        """Stop the loops at a step boundary (services stay up; ``start()`` continues)."""
+        self.pause()
+        training = self._tasks.get("train")
+        if training is not None and not training.done():
+            try:
+                await asyncio.wait_for(self._training_parked.wait(), timeout)
+            except TimeoutError:
+                logger.warning("run %s: the training step did not finish in %ss; cancelling it", self.name, timeout)
+        await self._cancel_loops()
+        if self.state not in ("failed",):
+            self._set_state("stopped")
+
+    async def shutdown(self) -> None:
+        """Stop loops, then services, then torchstore; afterwards no process of this run is left."""
+        await self.stop()
+        from forge_nb import weights
+
+        for service in (self.policy, self.ref_model, self.trainer):
+            if service is not None:
+                await service.shutdown()
+        await weights.shutdown_store()
+        self._set_state("shut down")
+
+    def set(self, **changes: Any) -> dict[str, Any]:
+        """Queue hyperparameter changes for the next step boundary; returns what is pending."""
+        known = (*TRAINER_HPARAMS, *SAMPLING_HPARAMS, *RUN_HPARAMS)
+        unknown = sorted(set(changes) - set(known))
+        if unknown:
+            raise ValueError(f"run.set(): unknown name(s) {unknown}; hot-changeable: {sorted(known)}")
+        if "max_tokens" in changes and not 1 <= int(changes["max_tokens"]) <= self.config.max_res_tokens:
+            raise ValueError(f"max_tokens={changes['max_tokens']}: must be between 1 and max_res_tokens="
+                             f"{self.config.max_res_tokens} (longer responses would be cut in training)")
+        if "difficulty" in changes and not hasattr(self.task, "difficulty"):
+            raise ValueError(f"difficulty: the task {type(self.task).__name__} has no difficulty to change")
+        self._pending.update(changes)
+        if not self._running.is_set():  # no step is running: the boundary is now
+            asyncio.get_running_loop().create_task(self.apply_changes(), name=f"forge_nb.{self.name}.set")
+        return dict(self._pending)
+
+    async def apply_changes(self) -> None:
+        """Apply queued changes (called by the training loop between steps); records a "set" event."""
+        if not self._pending:
+            return
+        changes, self._pending = self._pending, {}
+        trainer_part = {k: v for k, v in changes.items() if k in TRAINER_HPARAMS}
+        if trainer_part:
+            await self.trainer.set_hparams.call(**trainer_part)
+        for key in SAMPLING_HPARAMS:
+            if key in changes:
+                self.sampling_overrides[key] = changes[key]
+        if "max_policy_age" in changes:
+            self.replay_buffer.max_policy_age = int(changes["max_policy_age"])
+        if "difficulty" in changes:
+            self.task.difficulty = int(changes["difficulty"])
+        self._hparams.update(changes)
+        self.metrics.event("set", step=self.current_step, changes=changes)
+
+    # -- called by the loops --------------------------------------------------------------------
+
+    async def wait_until_running(self) -> None:
+        if self._running.is_set():
+            return
+        is_training = asyncio.current_task() is self._tasks.get("train")
+        if is_training:
+            self._training_parked.set()
+        try:
+            await self._running.wait()
+        finally:
+            if is_training:
+                self._training_parked.clear()
+
+    def accept(self, group: list[Episode]) -> None:
+        """A finished group: quarantined episodes are recorded and dropped, the rest buffered."""
+        for episode in group:
+            completion = episode.completion
+            self._gen_tokens += len(completion.token_ids) if completion is not None else 0
+            self._recent.append({
+                "episode_id": episode.episode_id, "prompt": completion.prompt if completion else None,
+                "response": completion.text if completion else None, "target": episode.target,
+                "reward": episode.reward, "advantage": episode.advantage, "version": episode.policy_version,
+                "quarantine": episode.quarantine})
+            if episode.quarantine:
+                self.metrics.event("quarantine", episode_id=episode.episode_id, reason=episode.quarantine)
+            else:
+                self.replay_buffer.add(episode)
+        if len(self.replay_buffer) >= self.buffer_limit:
+            self.collect_allowed.clear()
+        self.batch_ready.set()
+
+    @property
+    def buffer_limit(self) -> int:
+        """Episodes buffered before rollouts wait: one batch in sync mode, max_policy_age + 1 in async."""
+        batch = self.config.batch_size
+        return batch if self.config.loop.mode == "sync" else batch * (self.replay_buffer.max_policy_age + 1)
+
+    def set_version(self, version: int) -> None:
+        self.version = version
+        for replica in self.policy.replicas:
+            if replica.healthy:
+                replica.version = version
+
+    async def drop_old_weights(self) -> None:
+        """Keep only the current version in torchstore: a respawned generator catches up to it."""
+        from forge_nb import weights
+
+        if self.version > 1:
+            await weights.drop_version(self.version - 1)
+
+    def take_generated_tokens_per_s(self) -> float:
+        now = time.monotonic()
+        rate = self._gen_tokens / max(now - self._gen_since, 1e-9)
+        self._gen_tokens, self._gen_since = 0, now
+        return rate
+
+    async def after_step(self) -> None:
+        every = self.config.loop
+        if every.eval_every and self.current_step % every.eval_every == 0:
+            values = await loops.evaluate(self, every.eval_prompts)
+            self.metrics.event("eval", **values)
+            self.metrics.rows[-1].update(values)
+        if every.checkpoint_every and self.current_step % every.checkpoint_every == 0:
+            await self.checkpoint()
+
+    async def checkpoint(self) -> str:
+        """Trainer checkpoint, buffer snapshot and the run's counters, in the run directory."""
+        path = (await self.trainer.save_checkpoint.call(self.version))[0]
+        self.dir.save_state(step=self.current_step, version=self.version, buffer=self.replay_buffer.state_dict(),
+                            hparams=self._hparams)
+        self.metrics.event("checkpoint", path=path, version=self.version)
+        return path
+
+    async def _catch_up(self, replica: Any) -> None:
+        """A (re)spawned generator loads the current weights before it takes traffic."""
+        if self.version > 0:
+            await replica.actor.update_weights.call_one(self.version)
+        replica.version = self.version
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            self.metrics.event("state", state=state)
+
+    def _loop_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        name = task.get_name()
+        if error is None:
+            error = RuntimeError(f"loop {name} returned; loops run until stopped")
+        self.error = f"{name}: {type(error).__name__}: {error}"
+        logger.error("run %s stopped: loop %s raised", self.name, name, exc_info=error)
+        self.metrics.event("error", loop=name, error=self.error)
+        self._running.clear()
+        self._set_state("failed")
+        if self._steps_waiter is not None and not self._steps_waiter.done():
+            self._steps_waiter.set_exception(RuntimeError(self.error))
+        asyncio.get_running_loop().create_task(self._cancel_loops(), name=f"forge_nb.{self.name}.cleanup")
+
+    async def _cancel_loops(self) -> None:
+        tasks = [t for t in self._tasks.values() if not t.done() and t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,179 @@
+"""Bring a Run up from a config (``forge_nb.spawn``) or back from its run directory (``forge_nb.resume``).
+
+Services start concurrently: the generator service, the trainer actor and, when asked for, the
+reference service. A progress bar shows which are up. If any fails to start, the ones that did are
+shut down and the error names the service and says what went wrong: nothing spawned is leaked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from pathlib import Path
+from typing import Any
+
+from forge_nb import runtime, weights
+from forge_nb.config import RunConfig, apply_overrides, from_dict, from_yaml
+from forge_nb.models import TinyModelConfig, build_tiny_model, resolve_model
+from forge_nb.run import EpisodeFn, Run
+from forge_nb.rundir import RunDir
+
+logger = logging.getLogger(__name__)
+
+
+async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[str, Any] | None = None,
+                episode_fn: EpisodeFn | None = None, progress: bool = True) -> Run:
+    """Spawn every service of ``config`` (a RunConfig, a YAML path or YAML text) and return the Run."""
+    cfg = config if isinstance(config, RunConfig) else from_yaml(config)
+    if overrides:
+        cfg = apply_overrides(cfg, overrides)
+    directory = RunDir.create(cfg.to_dict(), cfg.name, cfg.run_dir)
+    return await _bring_up(cfg, directory, episode_fn, progress)
+
+
+async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progress: bool = True) -> Run:
+    """Respawn the services of a run directory and continue from its last complete checkpoint.
+
+    The trainer loads its latest complete checkpoint, the generators load those weights, the replay
+    buffer and hot changes come back from the snapshot, and the metric history stays. Steps recorded
+    after the checkpoint are shown as a "rewind" event: they are trained again.
+    """
+    directory = RunDir.open(path)
+    cfg = from_dict({**directory.config, "run_dir": str(directory.path)})
+    run = await _bring_up(cfg, directory, episode_fn, progress)
+    state = directory.load_state()
+    if state is None:
+        run.metrics.event("resume", from_step=0, message="no checkpoint yet: starting from the initial weights")
+        return run
+    last_recorded = run.metrics.step
+    run.current_step, run.version = int(state["step"]), int(state["version"])
+    run.replay_buffer.load_state_dict(state["buffer"])
+    if state.get("hparams"):
+        run.set(**state["hparams"])
+        await run.apply_changes()
+    await run.trainer.push_weights.call(run.version)
+    await run.policy.update_weights.fanout(run.version)
+    run.set_version(run.version)
+    if last_recorded > run.current_step:
+        run.metrics.event("rewind", from_step=last_recorded, to_step=run.current_step,
+                          message=f"steps {run.current_step + 1}..{last_recorded} came after the last checkpoint "
+                                  "and are trained again")
+    run.metrics.event("resume", from_step=run.current_step, version=run.version)
+    return run
+
+
+async def _bring_up(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | None, progress: bool) -> Run:
+    from forge_nb.actors.generator import Generator
+    from forge_nb.actors.reference import ReferenceModel
+    from forge_nb.actors.trainer import RLTrainer
+
+    task = make_task(cfg)
+    model = _model_path(cfg, task, directory)
+    pad_id = _pad_id(model)
+    runtime.ensure_started()
+    await weights.initialize_store()
+
+    sampling = {"n": cfg.group_size, "max_tokens": cfg.max_res_tokens, **cfg.generator.sampling_params}
+    engine_args = {"max_model_len": cfg.max_req_tokens + cfg.max_res_tokens + 8, "seed": cfg.seed,
+                   **cfg.generator.engine_args}
+    starts: dict[str, Any] = {
+        "policy": Generator.options(num_replicas=cfg.generator.num_replicas, procs=cfg.generator.procs,
+                                    with_gpus=cfg.generator.with_gpus, mesh_name=f"{cfg.name}-policy")
+        .as_service(model=model, engine_args=engine_args, sampling_params=sampling),
+        "trainer": RLTrainer.options(procs=cfg.trainer.procs, with_gpus=cfg.trainer.with_gpus,
+                                     mesh_name=f"{cfg.name}-trainer")
+        .as_actor(model=model, loss=cfg.trainer.loss, loss_config=cfg.trainer.loss_config, pad_id=pad_id,
+                  **_trainer_sections(cfg, directory)),
+    }
+    if cfg.use_reference:
+        starts["ref_model"] = ReferenceModel.options(with_gpus=cfg.trainer.with_gpus,
+                                                     mesh_name=f"{cfg.name}-ref").as_service(model=model)
+    services = await _start_all(starts, progress)
+    hparams = {"lr": cfg.trainer.lr, "max_norm": cfg.trainer.max_norm, "max_policy_age": cfg.max_policy_age,
+               **{k: v for k, v in sampling.items() if k in ("temperature", "top_p", "max_tokens")}}
+    hparams |= {k: v for k, v in cfg.trainer.loss_config.items() if k in ("beta", "clip_eps", "clip_low", "clip_high")}
+    if hasattr(task, "difficulty"):
+        hparams["difficulty"] = task.difficulty
+    return Run(cfg, policy=services["policy"], trainer=services["trainer"], ref_model=services.get("ref_model"),
+               task=task, reward_fns=list(task.reward_fns), pad_id=pad_id, directory=directory,
+               episode_fn=episode_fn, hparams=hparams)
+
+
+async def _start_all(starts: dict[str, Any], progress: bool) -> dict[str, Any]:
+    bar = _progress(len(starts)) if progress else None
+    names = list(starts)
+
+    async def one(name: str) -> Any:
+        result = await starts[name]
+        if bar is not None:
+            bar.set_postfix_str(f"{name} up")
+            bar.update(1)
+        return result
+
+    results = await asyncio.gather(*(one(n) for n in names), return_exceptions=True)
+    if bar is not None:
+        bar.close()
+    failed = [(n, r) for n, r in zip(names, results, strict=True) if isinstance(r, BaseException)]
+    if failed:
+        for result in results:
+            if not isinstance(result, BaseException):
+                await result.shutdown()
+        name, error = failed[0]
+        raise RuntimeError(f"service {name!r} failed to start: {error}") from error
+    return dict(zip(names, results, strict=True))
+
+
+def _progress(total: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="spawning services", unit="service")
+
+
+def make_task(cfg: RunConfig) -> Any:
+    """The task object named by ``cfg.task``: "toy", "gsm8k" or "package.module:function"."""
+    from forge_nb.rl import Gsm8kTask, ToyTask
+
+    if cfg.task == "toy":
+        args = {"response_chars": cfg.max_res_tokens, "seed": cfg.seed, **cfg.task_args}
+        if cfg.tiny is not None:
+            args.setdefault("alphabet", cfg.tiny.alphabet)
+        return ToyTask(**args)
+    if cfg.task == "gsm8k":
+        return Gsm8kTask(**{"seed": cfg.seed, **cfg.task_args})
+    if ":" in cfg.task:
+        module, _, attr = cfg.task.partition(":")
+        return getattr(importlib.import_module(module), attr)(**cfg.task_args)
+    raise ValueError(f"task={cfg.task!r}: use 'toy', 'gsm8k', or 'package.module:function' returning a task")
+
+
+def _model_path(cfg: RunConfig, task: Any, directory: RunDir) -> str:
+    if cfg.model != "tiny":
+        return resolve_model(cfg.model)
+    tiny = cfg.tiny or TinyModelConfig(alphabet=getattr(task, "alphabet", TinyModelConfig().alphabet))
+    missing = set(getattr(task, "alphabet", "")) - set(tiny.alphabet)
+    if missing:
+        raise ValueError(f"tiny.alphabet={tiny.alphabet!r} lacks the task's characters {sorted(missing)}")
+    return str(build_tiny_model(directory.model, tiny))
+
+
+def _pad_id(model: str) -> int:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    if pad is None:
+        raise ValueError(f"the tokenizer of {model!r} has neither a pad nor an eos token")
+    return int(pad)
+
+
+def _trainer_sections(cfg: RunConfig, directory: RunDir) -> dict[str, Any]:
+    sections: dict[str, Any] = {
+        "optimizer": {"lr": cfg.trainer.lr},
+        "training": {"max_norm": cfg.trainer.max_norm, "seed": cfg.seed},
+        "checkpoint": {"folder": str(directory.checkpoints)},
+        "lr_scheduler": {"warmup_steps": cfg.loop.warmup_steps},
+    }
+    for key, value in cfg.trainer.extra.items():
+        sections[key] = {**sections.get(key, {}), **value} if isinstance(value, dict) else value
+    return sections

@@ -1,0 +1,63 @@
+"""MetricsStore: rows and events, observers that cannot break the run, files that survive a restart."""
+
+from __future__ import annotations
+
+import math
+
+from forge_nb.metrics import MetricsStore, summarize
+
+
+def test_rows_events_and_frames():
+    store = MetricsStore()
+    store.record(1, {"loss": 0.5, "reward/mean": 0.1, "note": "dropped", "flag": True})
+    store.record(2, {"loss": float("nan"), "reward/mean": 0.3})
+    store.event("set", changes={"lr": 1e-4})
+    assert store.step == 2 and store.last("reward/mean") == 0.3 and math.isnan(store.last("loss"))
+    assert store.series("reward/mean") == ([1, 2], [0.1, 0.3])
+    assert store.names() == ["loss", "reward/mean"]
+    df = store.frame()
+    assert list(df.index) == [1, 2] and "note" not in df.columns and "flag" not in df.columns
+    assert store.events_frame("set").iloc[0]["step"] == 2
+
+
+def test_a_failing_observer_is_recorded_and_the_others_still_hear():
+    store = MetricsStore()
+    heard = []
+
+    def broken(kind, row):
+        raise KeyError("widget bug")
+
+    store.subscribe(broken)
+    store.subscribe(lambda kind, row: heard.append((kind, row["step"])))
+    store.record(1, {"loss": 1.0})
+    assert heard == [("step", 1)]
+    assert len(store.observer_errors) == 1 and "widget bug" in store.observer_errors[0]
+
+
+def test_replay_and_unsubscribe():
+    store = MetricsStore()
+    store.record(1, {"a": 1})
+    store.event("state", state="running")
+    seen = []
+    unsubscribe = store.subscribe(lambda kind, row: seen.append(kind), replay=True)
+    assert seen == ["step", "event"]
+    unsubscribe()
+    store.record(2, {"a": 2})
+    assert seen == ["step", "event"]
+
+
+def test_history_survives_in_the_run_directory(tmp_path):
+    store = MetricsStore(tmp_path)
+    for step in range(1, 4):
+        store.record(step, {"loss": 1.0 / step})
+    store.event("checkpoint", path="x")
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "lo')  # a line cut by a crash mid-write
+    again = MetricsStore(tmp_path)
+    assert [r["step"] for r in again.rows] == [1, 2, 3] and again.events[0]["kind"] == "checkpoint"
+
+
+def test_summarize():
+    assert summarize([], "r") == {}
+    s = summarize([0.0, 1.0], "r")
+    assert s == {"r/mean": 0.5, "r/std": 0.5, "r/min": 0.0, "r/max": 1.0}
