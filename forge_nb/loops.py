@@ -11,8 +11,8 @@
 Backpressure: in "async" mode rollouts run ahead of training by at most ``max_policy_age + 1``
 batches (more would only be evicted as stale, and on a small machine they take the trainer's CPU);
 the buffer drops episodes older than ``max_policy_age`` versions. In "sync" mode rollouts stop once
-a batch is collected and wait for the training step and weight update (lockstep). Both modes use the same episode function, which a user
-may replace: ``async def my_episode(run, sample) -> list[Episode]``.
+a batch is collected and wait for the training step and weight update (lockstep). Both modes use
+the same episode function, which a user may replace: ``async def my_episode(run, sample) -> list[Episode]``.
 
 Each loop checks ``run`` at its boundaries: a paused run stops rollouts after their in-flight
 generation and training after the current step. A loop that raises stops the run with its error
