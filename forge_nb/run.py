@@ -109,9 +109,9 @@ class Run:
         """Start (or resume) the loops in the background; the cell returns at once."""
         if self.state in ("stopping", "shut down"):
             raise RuntimeError(f"run {self.name!r} is {self.state}; spawn a new one (forge_nb.spawn)")
-        if self.state == "failed":
-            raise RuntimeError(f"run {self.name!r} failed: {self.error}. Fix the cause, then forge_nb.resume"
-                               f"({str(self.dir.path)!r}) continues from the last checkpoint")
+        if self.state == "failed":  # the user fixed the cause (e.g. replaced run.episode_fn): go on
+            self.metrics.event("restart", after_error=self.error)
+            self.error = None
         loop = asyncio.get_running_loop()
         wanted = {"train": lambda: loops.training_loop(self)} | {
             f"rollout{i}": (lambda i=i: loops.rollout_loop(self, i)) for i in range(self.config.loop.rollout_loops)}
@@ -170,6 +170,8 @@ class Run:
 
     async def shutdown(self) -> None:
         """Stop loops, then services, then torchstore; afterwards no process of this run is left."""
+        if self.state == "shut down":
+            return
         await self.stop()
         from forge_nb import weights
 

@@ -1,0 +1,178 @@
+"""A real quickstart Run (2 vLLM CPU generator replicas, a trainer, torchstore) driven as cells drive it.
+
+One Run is shared by the module (spawning it costs ~40 s); tests run in file order and each leaves
+it paused. Every assertion is about behaviour a notebook user sees: steps, versions, metrics,
+events, episodes, errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+import pytest_asyncio
+
+import forge_nb
+from forge_nb.rl import Episode
+
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600), pytest.mark.asyncio(loop_scope="module")]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def run(tmp_path_factory):
+    cfg = forge_nb.quickstart(run_dir=str(tmp_path_factory.mktemp("run")))
+    run = await forge_nb.spawn(cfg, progress=False)
+    yield run
+    await run.shutdown()
+    from forge_nb import runtime
+
+    assert runtime.meshes() == [], "shutdown left meshes behind"
+
+
+async def _until(predicate, timeout=240.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.1)
+    return predicate()
+
+
+async def test_step_trains_exactly_n_steps_and_versions_move_everywhere(run):
+    rows = await run.step(3)
+    assert [r["step"] for r in rows] == [1, 2, 3] and run.state == "paused"
+    assert run.version == 3 and all(math.isfinite(r["loss"]) for r in rows)
+    assert await run.policy.get_version.fanout() == [3, 3]  # every generator replica loaded version 3
+    assert {s.version for s in run.policy.status()} == {3}
+    for key in ("reward/mean", "reward/min", "reward/max", "entropy", "grad_norm", "response_len/mean",
+                "policy_age/mean", "tokens_per_s/generate", "tokens_per_s/train", "weight_sync_s", "buffer/size"):
+        assert key in rows[-1], key
+    assert all(r["policy_age/max"] <= run.config.max_policy_age for r in rows)
+    await asyncio.sleep(1.0)
+    assert run.current_step == 3  # paused means paused
+
+
+async def test_background_loops_keep_training_while_cells_run(run):
+    start = run.current_step
+    run.start()
+    assert await _until(lambda: run.current_step >= start + 2)
+    run.pause()
+    await asyncio.sleep(3)  # the step in flight finishes, then nothing more
+    paused_at = run.current_step
+    await asyncio.sleep(2)
+    assert run.current_step == paused_at and run.state == "paused"
+    run.resume()
+    assert await _until(lambda: run.current_step > paused_at)
+    run.pause()
+
+
+async def test_set_applies_at_the_next_step_boundary_and_is_recorded(run):
+    with pytest.raises(ValueError, match="hot-changeable"):
+        run.set(learning_rate=1.0)
+    with pytest.raises(ValueError, match="max_res_tokens"):
+        run.set(max_tokens=999)
+    run.set(lr=1e-3, temperature=0.7)
+    await run.step(1)
+    (event,) = [e for e in run.metrics.events if e["kind"] == "set"][-1:]
+    assert event["changes"] == {"lr": 1e-3, "temperature": 0.7}
+    assert run.hparams["lr"] == 1e-3 and run.sampling_overrides["temperature"] == 0.7
+    assert run.metrics.last("lr") == pytest.approx(1e-3)  # the trainer stepped with it
+
+
+async def test_episodes_are_inspectable(run):
+    eps = run.episodes(10)
+    assert 0 < len(eps) <= 10
+    first = eps[-1]
+    assert set(first) >= {"prompt", "response", "target", "reward", "advantage", "version"}
+    assert first["prompt"] in run.task.alphabet and 0.0 <= first["reward"] <= 1.0
+    assert all(e["version"] == 0 for e in run.episodes(1000, version=0))
+    assert all(e["reward"] >= 0.5 for e in run.episodes(1000, min_reward=0.5))
+
+
+async def test_sync_mode_is_on_policy_from_the_same_episode_function(run):
+    run.config.loop.mode = "sync"
+    run.set(max_policy_age=0)
+    rows = await run.step(2)
+    assert all(r["policy_age/max"] == 0 for r in rows)
+    run.config.loop.mode = "async"
+    run.set(max_policy_age=1)
+
+
+async def test_custom_episode_function_curriculum_and_multi_task(run):
+    """The seeds' patterns: a curriculum raising difficulty, and two tasks sampled in turn."""
+    from forge_nb.loops import generate_episode
+
+    seen: list[tuple[str, int]] = []
+
+    async def curriculum_episode(run, sample) -> list[Episode]:
+        # multi-task: every other group comes from a second, harder task
+        task = "long" if len(seen) % 2 else "short"
+        if task == "long":
+            sample = {"request": sample["request"] * 2, "target": (sample["request"] * 4)[:4]}
+        seen.append((task, run.task.difficulty))
+        return await generate_episode(run, sample)
+
+    run.episode_fn = curriculum_episode
+    run.set(difficulty=2)  # curriculum step, applied at the boundary
+    await run.step(1)
+    await run.step(1)
+    run.episode_fn = generate_episode
+    assert {t for t, _ in seen} == {"short", "long"}
+    assert any(d == 2 for _, d in seen)
+
+
+async def test_a_loop_that_raises_stops_the_run_with_its_error(run):
+    async def broken(run, sample):
+        raise ZeroDivisionError("my episode function has a bug")
+
+    run.episode_fn = broken
+    with pytest.raises(RuntimeError, match="ZeroDivisionError: my episode function has a bug"):
+        await run.step(1)
+    assert run.state == "failed" and "rollout" in run.error
+    assert [e for e in run.metrics.events if e["kind"] == "error"]
+    from forge_nb.loops import generate_episode
+
+    run.episode_fn = generate_episode  # fixed: the run continues
+    before = run.current_step
+    await run.step(1)
+    assert run.current_step == before + 1 and run.state == "paused" and run.error is None
+
+
+async def test_a_starved_trainer_says_so(run):
+    async def stuck(run, sample):
+        await asyncio.sleep(3600)
+
+    run.episode_fn = stuck
+    run.replay_buffer.clear()
+    run.config.loop.starved_after_s = 0.5
+    run.start()
+    assert await _until(lambda: any(e["kind"] == "starved" for e in run.metrics.events), timeout=30)
+    await run.stop(timeout=5)
+    from forge_nb.loops import generate_episode
+
+    run.episode_fn = generate_episode
+    run.config.loop.starved_after_s = 60.0
+
+
+async def test_checkpoint_then_resume_in_a_fresh_run_keeps_history(run):
+    run.start()
+    await run.step(1)
+    await run.checkpoint()
+    step, version = run.current_step, run.version
+    await run.step(1)  # one step after the checkpoint: resume shows it as a rewind
+    path = run.dir.path
+    rows_before = len(run.metrics.rows)
+    await run.shutdown()
+
+    again = await forge_nb.resume(path, progress=False)
+    try:
+        assert (again.current_step, again.version) == (step, version)
+        assert len(again.metrics.rows) == rows_before  # history intact
+        kinds = [e["kind"] for e in again.metrics.events]
+        assert "rewind" in kinds and kinds[-1] == "resume"
+        assert await again.policy.get_version.fanout() == [version, version]
+        rows = await again.step(1)
+        assert rows[-1]["step"] == step + 1 and again.version == version + 1
+    finally:
+        await again.shutdown()
