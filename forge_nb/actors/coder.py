@@ -92,8 +92,8 @@ async def run_sandboxed(code: str, stdin: str = "", timeout_s: float = 5.0, cpu_
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = await proc.communicate()
             timed_out = True
-    return ExecResult(stdout=out.decode(errors="replace")[:max_output], stderr=err.decode(errors="replace")[:max_output],
-                      exit_code=proc.returncode, timed_out=timed_out)
+    return ExecResult(stdout=out.decode(errors="replace")[:max_output],
+                      stderr=err.decode(errors="replace")[:max_output], exit_code=proc.returncode, timed_out=timed_out)
 
 
 class Environment(ForgeActor):
