@@ -1,17 +1,31 @@
-"""Versioned policy weights in TorchStore: the trainer pushes version v, generators load it.
+"""Versioned policy weights through TorchStore: the trainer pushes version v, generators load it.
 
-Layout: the whole HF-named state dict of version ``v`` lives under the key ``policy.v{v}``
-(torchstore's state-dict path, which flattens it to ``policy.v{v}/<param>`` plus a mapping entry).
-torchstore's key index is a trie split on ".", so we list by the ``policy`` component and filter.
-Parameter names are Hugging Face's (what vLLM loads); a torchtitan trainer converts before pushing.
-Old versions are dropped by the kernel once every generator has moved past them.
+Layout: policy version ``v`` lives under keys starting ``policy.v{v}/``, with Hugging Face parameter
+names (what vLLM loads); a torchtitan trainer converts before pushing. torchstore's key index is a
+trie split on ".", so listing goes by the ``policy`` component and filters.
 
+Two transports behind the same three calls (``push_state_dict``, ``load_state_dict``, ``drop_version``):
+
+* ``"torchstore"``: torchstore's state-dict path; every tensor travels as monarch messages (~0.25 GB/s
+  on these machines, no RDMA NIC). Works across hosts.
+* ``"shm"`` (the default when writer and readers share a host, which is every forge_nb run today):
+  the writer lays the whole state dict out in one file under ``/dev/shm`` and stores only a small
+  manifest in torchstore (``policy.v{v}/__shm__``: host, path, and each tensor's dtype, shape and
+  offset). Readers map the file and get zero-copy tensor views, so a push is one host memcpy and a
+  load is the copy into the model. ``bench/weight_sync.py`` measures both against plain memcpy.
+
+The file is written under a temporary name and renamed before the manifest is stored, so a reader
+never sees a partial version. ``drop_version`` deletes the manifest and the file.
 Every function works in any process (kernel or actor): torchstore is reached through
 ``forge_nb._torchstore``, which carries the monarch-0.7 compatibility binding.
 """
 
 from __future__ import annotations
 
+import mmap
+import os
+import socket
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,10 +33,16 @@ import torch
 from forge_nb import runtime
 
 PREFIX = "policy"
+SHM_MANIFEST = "__shm__"
+_ALIGN = 64
 
 
 def weights_key(version: int) -> str:
     return f"{PREFIX}.v{version}"
+
+
+def shm_root() -> Path:
+    return Path(os.environ.get("FORGE_NB_SHM_DIR", "/dev/shm/forge_nb"))
 
 
 def _ts() -> Any:
@@ -35,6 +55,7 @@ def _ts() -> Any:
 async def initialize_store() -> None:
     """Start the kernel's torchstore (a controller and one storage volume). Kernel only; idempotent."""
     ts = _ts()
+    remove_orphaned_shm()
     try:
         await ts.keys(PREFIX)
         return  # already running
@@ -46,21 +67,38 @@ async def initialize_store() -> None:
 async def shutdown_store() -> None:
     ts = _ts()
     try:
+        for version in await stored_versions():
+            await drop_version(version)
         await ts.shutdown()
     finally:
         ts.reset_client()
 
 
-async def push_state_dict(state_dict: dict[str, torch.Tensor], version: int) -> None:
+async def push_state_dict(state_dict: dict[str, torch.Tensor], version: int, transport: str = "auto") -> None:
     """Store ``state_dict`` (HF parameter names, full tensors) as policy version ``version``."""
-    await _ts().put_state_dict({k: v.detach() for k, v in state_dict.items()}, weights_key(version))
+    if transport == "auto":
+        transport = "shm" if shm_root().parent.is_dir() else "torchstore"
+    ts = _ts()
+    if transport == "shm":
+        manifest = _write_shm(state_dict, version)
+        await ts.put(f"{weights_key(version)}/{SHM_MANIFEST}", manifest)
+    elif transport == "torchstore":
+        await ts.put_state_dict({k: v.detach() for k, v in state_dict.items()}, weights_key(version))
+    else:
+        raise ValueError(f"transport={transport!r}: use 'auto', 'shm' or 'torchstore'")
 
 
 async def load_state_dict(version: int) -> dict[str, torch.Tensor]:
-    """Fetch policy version ``version``; a KeyError names the versions that exist."""
+    """Fetch policy ``version``; a KeyError names the versions that exist.
+
+    With the shm transport the tensors are read-only views of the mapped file: copy them into the
+    model (as ``load_state_dict``/vLLM's reload do); do not write to them."""
     ts = _ts()
+    key = weights_key(version)
     try:
-        return await ts.get_state_dict(weights_key(version))
+        if await ts.exists(f"{key}/{SHM_MANIFEST}"):
+            return _read_shm(await ts.get(f"{key}/{SHM_MANIFEST}"))
+        return await ts.get_state_dict(key)
     except Exception as e:
         have = await stored_versions()
         raise KeyError(f"policy version {version} is not in torchstore (stored: {have or 'none'})") from e
@@ -72,9 +110,72 @@ async def stored_versions() -> list[int]:
 
 
 async def drop_version(version: int) -> int:
-    """Delete every key of ``version``; returns how many were deleted."""
+    """Delete every key (and shared-memory file) of ``version``; returns how many keys were deleted."""
     ts = _ts()
     keys = [k for k in await ts.keys(PREFIX) if k.startswith(weights_key(version) + "/")]
     for key in keys:
+        if key.endswith(SHM_MANIFEST):
+            manifest = await ts.get(key)
+            Path(manifest["path"]).unlink(missing_ok=True)
         await ts.delete(key)
     return len(keys)
+
+
+# -- the shared-memory transport ----------------------------------------------------------------------
+
+
+def remove_orphaned_shm() -> list[str]:
+    """Delete shared-memory weight files whose writer process is gone (a killed kernel or trainer)."""
+    from forge_nb._procs import pid_alive
+
+    removed = []
+    for path in shm_root().glob("*-policy.v*.*") if shm_root().is_dir() else []:
+        pid = path.name.split("-", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            path.unlink(missing_ok=True)
+            removed.append(str(path))
+    return removed
+
+
+def _write_shm(state_dict: dict[str, torch.Tensor], version: int) -> dict[str, Any]:
+    entries, offset = [], 0
+    for name, tensor in state_dict.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        entries.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes))
+        offset += -(-nbytes // _ALIGN) * _ALIGN
+    root = shm_root()
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"{os.getpid()}-{weights_key(version)}.bin"
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w+b") as f:
+        f.truncate(max(offset, 1))
+        buffer = _map(f.fileno(), max(offset, 1), mmap.MAP_SHARED)
+        for (_, _, _, start, nbytes), tensor in zip(entries, state_dict.values(), strict=True):
+            buffer[start : start + nbytes].copy_(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
+        del buffer
+    os.replace(tmp, path)
+    return {"host": socket.gethostname(), "path": str(path), "entries": entries}
+
+
+def _read_shm(manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
+    if manifest["host"] != socket.gethostname():
+        raise RuntimeError(
+            f"policy weights were pushed to shared memory on host {manifest['host']!r}, but this is "
+            f"{socket.gethostname()!r}; push with transport='torchstore' for readers on other hosts")
+    # MAP_PRIVATE: copy-on-write views, so nothing is copied until the model copies them in (and a
+    # consumer that writes to them changes its own copy, never the file). Not pre-populated: populating
+    # a writable private mapping would copy every page.
+    size = os.path.getsize(manifest["path"])
+    buffer = torch.from_file(manifest["path"], shared=False, size=size, dtype=torch.uint8)
+    out = {}
+    for name, dtype, shape, start, nbytes in manifest["entries"]:
+        out[name] = buffer[start : start + nbytes].view(getattr(torch, dtype)).view(shape)
+    return out
+
+
+def _map(fd: int, size: int, sharing: int) -> torch.Tensor:
+    """A uint8 tensor over ``size`` bytes of ``fd``, with every page allocated up front (MAP_POPULATE):
+    one bulk call instead of a page fault per 4 KiB of a new tmpfs file."""
+    flags = sharing | getattr(mmap, "MAP_POPULATE", 0)
+    view = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return torch.frombuffer(view, dtype=torch.uint8)

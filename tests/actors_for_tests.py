@@ -113,3 +113,11 @@ class Ledger(ForgeActor):
     @endpoint
     async def all(self) -> list[tuple[int, int]]:
         return list(self.records)
+
+
+class WeightsReader(Actor):
+    @endpoint
+    async def checksums(self, version: int) -> dict[str, float]:
+        from forge_nb import weights
+
+        return {k: float(v.float().sum()) for k, v in (await weights.load_state_dict(version)).items()}

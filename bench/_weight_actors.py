@@ -1,0 +1,57 @@
+"""Actors for bench/weight_sync.py: a pusher holding a state dict, and loaders copying it into their own."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from monarch.actor import Actor, endpoint
+
+
+def make_state_dict(mb: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Transformer-shaped tensors (2048x2048 and 2048x6144 blocks) adding up to about ``mb`` MiB."""
+    out, total, i = {}, 0, 0
+    shapes = [(2048, 2048), (2048, 6144), (6144, 2048)]
+    elt = torch.tensor([], dtype=dtype).element_size()
+    while total < mb * 2**20:
+        shape = shapes[i % len(shapes)]
+        out[f"model.layers.{i // 3}.w{i % 3}.weight"] = torch.randn(shape).to(dtype)
+        total += shape[0] * shape[1] * elt
+        i += 1
+    return out
+
+
+class Pusher(Actor):
+    def __init__(self, mb: int):
+        self.state = make_state_dict(mb)
+
+    @endpoint
+    async def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.state.values())
+
+    @endpoint
+    async def push(self, version: int, transport: str) -> float:
+        from forge_nb import weights
+
+        start = time.perf_counter()
+        await weights.push_state_dict(self.state, version, transport=transport)
+        return time.perf_counter() - start
+
+
+class Loader(Actor):
+    """Loads a version and copies it into its own parameters, as a generator's weight reload does."""
+
+    def __init__(self) -> None:
+        self.params: dict[str, torch.Tensor] = {}
+
+    @endpoint
+    async def load(self, version: int) -> float:
+        from forge_nb import weights
+
+        start = time.perf_counter()
+        incoming = await weights.load_state_dict(version)
+        for name, tensor in incoming.items():
+            if name not in self.params:
+                self.params[name] = torch.empty_like(tensor)
+            self.params[name].copy_(tensor)
+        return time.perf_counter() - start

@@ -1,0 +1,68 @@
+"""Versioned weights through torchstore: both transports, across processes, dropped versions leave nothing."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from forge_nb import weights
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+async def store(runtime, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGE_NB_SHM_DIR", str(tmp_path / "shm"))
+    await weights.initialize_store()
+    yield
+    await weights.shutdown_store()
+
+
+def _state(scale: float) -> dict[str, torch.Tensor]:
+    return {"model.embed_tokens.weight": torch.full((16, 8), scale, dtype=torch.bfloat16),
+            "lm_head.weight": torch.arange(24.0).reshape(3, 8) * scale, "norm.weight": torch.ones(7) * scale}
+
+
+@pytest.mark.parametrize("transport", ["shm", "torchstore"])
+async def test_push_in_one_process_load_in_another(store, runtime, transport, tmp_path):
+    from tests.actors_for_tests import WeightsReader
+
+    await weights.push_state_dict(_state(2.0), 1, transport=transport)
+    mesh = await runtime.spawn_mesh("reader", procs=2)
+    reader = mesh.spawn("reader", WeightsReader)
+    sums = await reader.checksums.call(1)
+    expected = {k: float(v.float().sum()) for k, v in _state(2.0).items()}
+    assert [v for _, v in sums.items()] == [expected, expected]
+    got = await weights.load_state_dict(1)
+    assert got["model.embed_tokens.weight"].dtype == torch.bfloat16 and got["norm.weight"].shape == (7,)
+    assert await weights.stored_versions() == [1]
+    files = list((tmp_path / "shm").glob("*")) if (tmp_path / "shm").exists() else []
+    assert len(files) == (1 if transport == "shm" else 0)
+    await weights.drop_version(1)
+    assert await weights.stored_versions() == [] and not list((tmp_path / "shm").glob("*.bin"))
+
+
+async def test_shm_views_are_private_copies_on_write(store):
+    await weights.push_state_dict(_state(1.0), 3, transport="shm")
+    first = await weights.load_state_dict(3)
+    first["norm.weight"].add_(100.0)  # a consumer that writes changes its own copy only
+    again = await weights.load_state_dict(3)
+    assert torch.equal(again["norm.weight"], torch.ones(7))
+
+
+async def test_missing_version_names_what_exists(store):
+    await weights.push_state_dict(_state(1.0), 5)
+    with pytest.raises(KeyError, match=r"version 9 is not in torchstore \(stored: \[5\]\)"):
+        await weights.load_state_dict(9)
+
+
+def test_orphaned_shm_files_of_dead_writers_are_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGE_NB_SHM_DIR", str(tmp_path))
+    dead = tmp_path / "999999999-policy.v3.bin"
+    mine = tmp_path / f"{os.getpid()}-policy.v4.bin"
+    dead.write_bytes(b"x")
+    mine.write_bytes(b"y")
+    assert weights.remove_orphaned_shm() == [str(dead)]
+    assert mine.exists() and not dead.exists()
