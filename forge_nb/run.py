@@ -33,8 +33,8 @@ logger = logging.getLogger(__name__)
 
 EpisodeFn = Callable[["Run", dict[str, Any]], Awaitable[list[Episode]]]
 
-#: Hyperparameters ``run.set`` changes between steps, by where they apply.
-TRAINER_HPARAMS = ("lr", "weight_decay", "max_norm", "beta", "clip_eps", "clip_low", "clip_high")
+#: Hyperparameters ``run.set`` changes between steps, by where they apply. The trainer's own names
+#: (lr, weight_decay, max_norm and its loss's fields) come from ``trainer.info()`` at spawn.
 SAMPLING_HPARAMS = ("temperature", "top_p", "max_tokens")
 RUN_HPARAMS = ("max_policy_age", "difficulty")
 
@@ -44,7 +44,8 @@ class Run:
 
     def __init__(self, config: RunConfig, *, policy: Any, trainer: Any, ref_model: Any, task: Any,
                  reward_fns: list[Any], pad_id: int, directory: rundir.RunDir,
-                 episode_fn: EpisodeFn | None = None, hparams: dict[str, Any] | None = None):
+                 episode_fn: EpisodeFn | None = None, hparams: dict[str, Any] | None = None,
+                 trainer_hparams: tuple[str, ...] = ("lr", "max_norm")):
         self.config, self.name = config, config.name
         self.policy, self.trainer, self.ref_model = policy, trainer, ref_model
         self.task, self.reward_fns, self.pad_id = task, reward_fns, pad_id
@@ -57,6 +58,7 @@ class Run:
         self.current_step = self.version = 0
         self.sampling_overrides: dict[str, Any] = {}
         self._hparams = dict(hparams or {})
+        self.trainer_hparams = tuple(n for n in trainer_hparams if n != "temperature")
         self._pending: dict[str, Any] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._running = asyncio.Event()
@@ -183,7 +185,7 @@ class Run:
 
     def set(self, **changes: Any) -> dict[str, Any]:
         """Queue hyperparameter changes for the next step boundary; returns what is pending."""
-        known = (*TRAINER_HPARAMS, *SAMPLING_HPARAMS, *RUN_HPARAMS)
+        known = (*self.trainer_hparams, *SAMPLING_HPARAMS, *RUN_HPARAMS)
         unknown = sorted(set(changes) - set(known))
         if unknown:
             raise ValueError(f"run.set(): unknown name(s) {unknown}; hot-changeable: {sorted(known)}")
@@ -202,7 +204,7 @@ class Run:
         if not self._pending:
             return
         changes, self._pending = self._pending, {}
-        trainer_part = {k: v for k, v in changes.items() if k in TRAINER_HPARAMS}
+        trainer_part = {k: v for k, v in changes.items() if k in self.trainer_hparams}
         if trainer_part:
             await self.trainer.set_hparams.call(**trainer_part)
         for key in SAMPLING_HPARAMS:

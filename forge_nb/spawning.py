@@ -92,12 +92,13 @@ async def _bring_up(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | N
     services = await _start_all(starts, progress)
     hparams = {"lr": cfg.trainer.lr, "max_norm": cfg.trainer.max_norm, "max_policy_age": cfg.max_policy_age,
                **{k: v for k, v in sampling.items() if k in ("temperature", "top_p", "max_tokens")}}
-    hparams |= {k: v for k, v in cfg.trainer.loss_config.items() if k in ("beta", "clip_eps", "clip_low", "clip_high")}
+    hparams |= dict(cfg.trainer.loss_config)
     if hasattr(task, "difficulty"):
         hparams["difficulty"] = task.difficulty
+    trainer_info = (await services["trainer"].info.call())[0]
     return Run(cfg, policy=services["policy"], trainer=services["trainer"], ref_model=services.get("ref_model"),
                task=task, reward_fns=list(task.reward_fns), pad_id=pad_id, directory=directory,
-               episode_fn=episode_fn, hparams=hparams)
+               episode_fn=episode_fn, hparams=hparams, trainer_hparams=tuple(trainer_info["hparams"]))
 
 
 async def _start_all(starts: dict[str, Any], progress: bool) -> dict[str, Any]:

@@ -1,0 +1,145 @@
+"""Trainer checkpoints with torch.distributed.checkpoint: written aside, renamed when complete.
+
+Layout inside the run's checkpoint folder::
+
+    step_00000010/          complete: DCP shards + .metadata (model, optimizer, trainer state)
+    step_00000020.partial/  being written, or left behind by a crash: never loaded, removed on the next save
+
+DCP writes ``.metadata`` last, but a crash can still leave a folder that looks plausible; the rename is
+the commit point, so :func:`latest` trusts only ``step_*`` folders (that also hold ``.metadata``). Every
+rank calls :func:`save` and :func:`load` (DCP is collective over the trainer's process group); rank 0
+alone touches folder names, between barriers. The state dicts come from ``get_state_dict``, so a
+checkpoint saved by N ranks loads on M.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+__all__ = ["keep_fresh", "latest", "load", "save", "step_dir"]
+
+_COMPLETE = re.compile(r"^step_(\d+)$")
+
+
+def step_dir(folder: str | Path, step: int) -> Path:
+    return Path(folder) / f"step_{step:08d}"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """DCP warns that it runs "in a single process" without a process group: a 1-proc trainer does."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+@contextmanager
+def keep_fresh(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Undo the state ``get_state_dict`` gives an optimizer that has not stepped yet.
+
+    torch initialises an empty optimizer's state with a zero-lr step so that there is something to save;
+    for Adam that leaves step=1 and zero moments, which makes the first real update ~25% smaller than it
+    would have been. Reading or saving state must not change training, so we drop that state again.
+    """
+    fresh = not optimizer.state
+    try:
+        yield
+    finally:
+        if fresh:
+            optimizer.state.clear()
+
+
+def save(
+    folder: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trainer_state: dict[str, Any],
+    keep_last: int | None = None,
+) -> Path:
+    """Write a complete checkpoint of ``step`` (collective); returns its folder."""
+    final = step_dir(folder, step)
+    partial = final.with_name(final.name + ".partial")
+    if _rank() == 0:
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)  # a crash left it: never resume from half a write
+    _barrier()
+    with keep_fresh(optimizer):
+        model_state, optim_state = get_state_dict(model, optimizer)
+    with _quiet():
+        dcp.save(
+            {"model": model_state, "optim": optim_state, "trainer": dict(trainer_state)},
+            checkpoint_id=str(partial),
+        )
+    _barrier()
+    if _rank() == 0:
+        if final.exists():  # the same step saved again: the new one wins
+            shutil.rmtree(final)
+        partial.rename(final)
+        if keep_last:
+            for old in _complete(folder)[:-keep_last]:
+                shutil.rmtree(old[1], ignore_errors=True)
+    _barrier()
+    return final
+
+
+def _complete(folder: str | Path) -> list[tuple[int, Path]]:
+    root = Path(folder)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _COMPLETE.match(child.name)
+        if match and child.is_dir() and (child / ".metadata").exists():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def latest(folder: str | Path) -> Path | None:
+    """The complete checkpoint with the highest step in ``folder``, or None."""
+    found = _complete(folder)
+    return found[-1][1] if found else None
+
+
+def load(
+    path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any]
+) -> dict[str, Any]:
+    """Load model and optimizer in place from a complete checkpoint (collective).
+
+    ``trainer_state`` names the trainer entries to read (DCP loads only keys it is asked for) with
+    defaults; returns it filled from the checkpoint.
+    """
+    path = Path(path)
+    if not (path / ".metadata").exists():
+        raise FileNotFoundError(
+            f"{str(path)!r} is not a complete checkpoint (no .metadata); pass a step_* folder that "
+            "save_checkpoint wrote, or path=None for the latest complete one"
+        )
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state: dict[str, Any] = {"model": model_state, "optim": optim_state, "trainer": dict(trainer_state)}
+    with _quiet():
+        dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if not state["trainer"].get("step"):  # saved before any step: its optimizer state is keep_fresh's kind
+        optimizer.state.clear()
+    return dict(state["trainer"])

@@ -1,0 +1,254 @@
+"""The policy network the trainer and the reference model run: engine choice, loading, FSDP2, forward.
+
+Two engines hold the same Qwen3 architecture:
+
+* ``"torchtitan"``: torchtitan's model definition (``forge_nb.actors._titan``), where torchtitan can train
+  (CUDA, and a torch that torchtitan 0.3 imports on);
+* ``"transformers"``: ``AutoModelForCausalLM`` with sdpa attention, everywhere else (and for any
+  architecture transformers knows).
+
+``"auto"`` picks torchtitan where :func:`forge_nb.actors._titan.why_not_trainable` finds no reason
+against it, and otherwise logs the reason once per process and uses transformers. Everything after
+loading (FSDP2 sharding, the forward with left-padding masks, the full HF-named state dict) is shared, so
+the CPU tests exercise the code the CUDA path runs.
+
+Left padding: episodes left-pad prompts to a fixed ``request_len``. vLLM never saw those pads, so the
+forward masks them and restarts positions at the first real token; the logprobs then match the
+generator's instead of drifting with the amount of padding.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import zlib
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from forge_nb.actors._titan import TitanQwen3, why_not_trainable
+
+logger = logging.getLogger(__name__)
+
+ENGINES = ("auto", "torchtitan", "transformers")
+
+_logged_fallbacks: set[str] = set()
+
+
+def device_for_rank(rank: int) -> torch.device:
+    """``cuda:rank`` (the runtime gives a GPU mesh its GPUs in rank order) or the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def choose_engine(requested: str, device: torch.device, model_type: str) -> tuple[str, str]:
+    """(engine, why): the engine to load and, when "auto" fell back, the reason (else "").
+
+    The reference model follows the trainer's rule even though torchtitan's forward would run on CPU:
+    both actors then compute logprobs with the same numerics, and transformers imports faster there.
+    """
+    if requested == "transformers":
+        return "transformers", ""
+    reason = why_not_trainable(device, model_type)
+    if requested == "torchtitan":
+        if reason:
+            raise RuntimeError(f"engine='torchtitan' cannot run here: {reason}. Use engine='auto'.")
+        return "torchtitan", ""
+    if reason is None:
+        return "torchtitan", ""
+    message = f"torchtitan is not used ({reason}); falling back to transformers (sdpa) + plain torch"
+    if message not in _logged_fallbacks:  # once per process, however many models it loads
+        _logged_fallbacks.add(message)
+        (logger.warning if device.type == "cuda" else logger.info)(message)
+    return "transformers", reason
+
+
+class PolicyModel:
+    """A causal LM on one device, maybe FSDP2-sharded, with a padding-aware forward and HF-named weights."""
+
+    def __init__(self, path: str, engine: str, device: torch.device, pad_id: int | None):
+        self.path, self.engine, self.device, self.pad_id = path, engine, device, pad_id
+        self.sharded = False
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL and FSDP use the current device
+        self._titan: TitanQwen3 | None = None
+        if engine == "torchtitan":
+            self._titan = TitanQwen3(path, device)
+            self.module: torch.nn.Module = self._titan.module
+        else:
+            from transformers import AutoModelForCausalLM
+
+            self.module = AutoModelForCausalLM.from_pretrained(
+                path, dtype=torch.float32, attn_implementation="sdpa"
+            ).to(device)
+
+    @classmethod
+    def load(cls, path: str, requested: str, rank: int, pad_id: int | None = None) -> tuple[PolicyModel, str]:
+        """Load ``path`` (a resolved local folder) on this rank's device; returns (model, fallback reason)."""
+        config = read_config(path)
+        device = device_for_rank(rank)
+        engine, reason = choose_engine(requested, device, config.get("model_type", ""))
+        if pad_id is None:
+            pad_id = _pad_id(path, config)
+        return cls(path, engine, device, pad_id), reason
+
+    def blocks(self) -> list[torch.nn.Module]:
+        """The transformer blocks: FSDP2's unit of sharding."""
+        if self._titan is not None:
+            return self._titan.blocks()
+        names = set(getattr(self.module, "_no_split_modules", None) or [])
+        return [m for m in self.module.modules() if type(m).__name__ in names]
+
+    def shard(self, world: int) -> None:
+        """FSDP2 over every rank: each block, then the root (embeddings, norm, head)."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(self.device.type, (world,))
+        for block in self.blocks():
+            fully_shard(block, mesh=mesh)
+        fully_shard(self.module, mesh=mesh)
+        self.sharded = True
+
+    def logits(self, tokens: torch.Tensor, request_len: int | None = None) -> torch.Tensor:
+        """Logits [B, L, V] for ``tokens`` [B, L], with left padding masked (see the module docstring)."""
+        tokens = tokens.to(self.device)
+        attention_mask = real_token_mask(tokens, self.pad_id, request_len)
+        positions = (attention_mask.cumsum(1) - 1).clamp(min=0)
+        if self._titan is not None:
+            return self._titan.logits(tokens, positions)
+        out = self.module(
+            input_ids=tokens, attention_mask=attention_mask, position_ids=positions, use_cache=False
+        )
+        return out.logits
+
+    def hf_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """Whole HF-named weights on the CPU. Collective when sharded: every rank must call it; rank 0 gets
+        the weights, the others an empty dict."""
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            state = get_model_state_dict(
+                self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
+        else:
+            state = {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+        if self._titan is not None and state:
+            state = self._titan.to_hf(state)
+        if dtype is not None:
+            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        return state
+
+
+def read_config(path: str) -> dict[str, Any]:
+    return json.loads((Path(path) / "config.json").read_text())
+
+
+def _pad_id(path: str, config: dict[str, Any]) -> int | None:
+    if isinstance(config.get("pad_token_id"), int):
+        return config["pad_token_id"]
+    generation = Path(path) / "generation_config.json"
+    if generation.exists():
+        pad = json.loads(generation.read_text()).get("pad_token_id")
+        if isinstance(pad, int):
+            return pad
+    logger.info("no pad_token_id in %s: left padding will not be masked (pass pad_id= to mask it)", path)
+    return None
+
+
+def real_token_mask(tokens: torch.Tensor, pad_id: int | None, request_len: int | None) -> torch.Tensor:
+    """[B, L] long: 0 on the leading run of ``pad_id`` (left padding), 1 elsewhere.
+
+    Only the request part can hold left padding; the column just before the response always counts as
+    real, so a row whose prompt is all padding still predicts its first response token from something.
+    """
+    mask = torch.ones_like(tokens)
+    if pad_id is None:
+        return mask
+    end = tokens.shape[1] if request_len is None else request_len
+    if end <= 0:
+        return mask
+    seen = (tokens[:, :end] != pad_id).long().cumsum(1) > 0
+    mask[:, :end] = seen.long()
+    mask[:, end - 1] = 1
+    return mask
+
+
+def response_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, request_len: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """Per-token logprobs [B, Lr] of the response columns ``tokens[:, request_len:]``."""
+    from forge_nb.rl import compute_logprobs
+
+    return compute_logprobs(logits, tokens[:, request_len:].to(logits.device), temperature=temperature)
+
+
+def init_distributed(rank: int, world: int, device: torch.device, port: int, timeout_s: float) -> None:
+    """Join the trainer's process group (gloo on CPU, NCCL for CUDA tensors plus gloo for CPU ones)."""
+    if dist.is_initialized():  # torch allows one default group per process
+        if (dist.get_rank(), dist.get_world_size()) != (rank, world):
+            raise RuntimeError(
+                f"this process already belongs to a process group of {dist.get_world_size()} ranks; "
+                "spawn each sharded trainer on a mesh of its own"
+            )
+        return
+    os.environ["MASTER_ADDR"] = "127.0.0.1"  # forge_nb meshes live on the kernel's host
+    os.environ["MASTER_PORT"] = str(port)
+    for key, value in {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": world}.items():
+        os.environ[key] = str(value)
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
+    try:
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s), **kwargs)
+    except RuntimeError as e:  # DistNetworkError (port in use) and DistStoreError (a rank never came) included
+        raise RuntimeError(
+            f"rank {rank}/{world} could not join the trainer's process group at 127.0.0.1:{port} ({e}); "
+            "if the port is in use, pass parallelism={'master_port': <a free port>}"
+        ) from e
+
+
+def default_port(shared_name: str) -> int:
+    """A port every rank derives alike from a name they share (the actor mesh's id), in 10000-29999:
+    below Linux's ephemeral range, so an outgoing connection never holds it by chance."""
+    return 10000 + zlib.crc32(shared_name.encode()) % 20000
+
+
+def mesh_identity() -> tuple[int, int, str]:
+    """(rank, world size, a name all ranks of this actor mesh share) from monarch's context."""
+    import math
+
+    from monarch.actor import context, current_rank, current_size
+
+    rank = current_rank().rank
+    world = math.prod(current_size().values())
+    # actor ids look like "trainer__trainer<uid>.trainer-0<pid>@..."; the part before the first "."
+    # names the actor mesh, the same on every rank and new on every spawn.
+    shared = str(context().actor_instance.actor_id).split(".", 1)[0]
+    return rank, world, shared
+
+
+def all_ranks(flag: bool, world: int) -> bool:
+    """True when ``flag`` holds on every rank of the process group."""
+    if world == 1:
+        return flag
+    failures = torch.tensor([0.0 if flag else 1.0])
+    dist.all_reduce(failures)  # a CPU tensor: gloo carries it on CUDA machines too
+    return failures.item() == 0
+
+
+def reduce_metrics(values: dict[str, float], world: int) -> dict[str, float]:
+    """Mean over ranks ("tokens": sum), by name, so ranks need not report the same keys."""
+    if world == 1:
+        return values
+    gathered: list[dict[str, float]] = [{} for _ in range(world)]
+    dist.all_gather_object(gathered, values)
+    out: dict[str, float] = {}
+    for key in gathered[0]:
+        xs = [g[key] for g in gathered if key in g]
+        out[key] = sum(xs) if key == "tokens" else sum(xs) / len(xs)
+    return out

@@ -1,0 +1,98 @@
+"""ReferenceModel: a frozen copy of the initial policy that scores episodes for the KL penalty.
+
+    ref = mesh.spawn("ref", ReferenceModel, model="Qwen/Qwen3-1.7B")
+    await ref.setup.call()
+    ref_logprobs = await ref.forward.call_one(input_ids, max_req_tokens, return_logprobs=True)  # [B, Lr]
+
+It loads the model the way the trainer does (same engine choice, same masking of left padding, same
+logprob arithmetic in float32), so before the first optimizer step its logprobs equal the trainer's. Each
+proc holds a whole copy: replicas scale throughput (``as_service(num_replicas=...)``), and a request goes
+to one proc (``.route`` / ``.call_one``), never through a collective.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from monarch.actor import endpoint
+
+from forge_nb.actors._policy_model import PolicyModel, mesh_identity, response_logprobs
+from forge_nb.actors._trainer_config import TrainingConfig, model_source, read_section
+from forge_nb.rl import TrainBatch
+from forge_nb.service.actor import ForgeActor
+
+__all__ = ["ReferenceModel"]
+
+# Sections of torchforge's ref_model config that only torchtitan's engine reads.
+_SEED_SECTIONS = {"parallelism", "checkpoint", "compile", "comm", "job", "activation_checkpoint"}
+
+
+class ReferenceModel(ForgeActor):
+    """Frozen policy (eval mode, no gradients). ``training`` takes ``dtype``, ``engine`` and
+    ``temperature`` (the generator's sampling temperature) as RLTrainer's does."""
+
+    def __init__(
+        self,
+        model: str | dict[str, Any],
+        *,
+        training: dict[str, Any] | None = None,
+        pad_id: int | None = None,
+        **seed_sections: Any,
+    ) -> None:
+        self._args: dict[str, Any] = {
+            "model": model, "training": training, "pad_id": pad_id, "seed_sections": seed_sections,
+        }
+        self.policy: PolicyModel | None = None
+
+    @endpoint
+    async def setup(self) -> None:
+        from forge_nb.models import resolve_model
+
+        unknown = set(self._args["seed_sections"]) - _SEED_SECTIONS
+        if unknown:
+            raise ValueError(f"ReferenceModel got unknown argument(s) {sorted(unknown)}")
+        self.config: TrainingConfig = read_section(TrainingConfig, "training", self._args["training"])
+        path = resolve_model(model_source(self._args["model"]))
+        rank, _, _ = mesh_identity()
+        self.policy, self.fallback_reason = PolicyModel.load(
+            path, self.config.engine, rank, pad_id=self._args["pad_id"]
+        )
+        self.policy.module.eval()
+        self.policy.module.requires_grad_(False)
+
+    @endpoint
+    async def forward(
+        self,
+        input_ids: torch.Tensor | TrainBatch,
+        request_len: int | None = None,
+        return_logprobs: bool = True,
+    ) -> torch.Tensor:
+        """Logprobs [B, Lr] of ``input_ids[:, request_len:]`` (float32, CPU), or with
+        ``return_logprobs=False`` the logits [B, L, V]. A TrainBatch brings its own ``request_len``."""
+        if self.policy is None:
+            raise RuntimeError("the reference model is not set up: await ref.setup.call() first")
+        if isinstance(input_ids, TrainBatch):
+            input_ids, request_len = input_ids.tokens, input_ids.request_len
+        if request_len is None or not 0 < request_len < input_ids.shape[1]:
+            raise ValueError(
+                f"request_len={request_len!r}: pass where the response starts, between 1 and "
+                f"{input_ids.shape[1] - 1} for input_ids of shape {tuple(input_ids.shape)}"
+            )
+        dtype = self.config.torch_dtype
+        autocast = torch.autocast(self.policy.device.type, dtype=dtype, enabled=dtype != torch.float32)
+        with torch.inference_mode(), autocast:
+            logits = self.policy.logits(input_ids, request_len)
+            if not return_logprobs:
+                return logits.float().cpu()
+            return response_logprobs(logits, input_ids, request_len, self.config.temperature).cpu()
+
+    @endpoint
+    async def info(self) -> dict[str, Any]:
+        """Engine, and why torchtitan was not used (if so)."""
+        if self.policy is None:
+            raise RuntimeError("the reference model is not set up: await ref.setup.call() first")
+        return {
+            "engine": self.policy.engine, "fallback_reason": self.fallback_reason,
+            "device": str(self.policy.device),
+        }

@@ -1,0 +1,310 @@
+"""RLTrainer: the actor that trains the policy (RL and SFT steps), pushes its weights and checkpoints it.
+
+    trainer = mesh.spawn("trainer", RLTrainer, model="Qwen/Qwen3-1.7B", loss="grpo",
+                         loss_config={"beta": 0.04}, optimizer={"lr": 1e-6},
+                         checkpoint={"folder": "runs/r1/ckpt", "interval": 50})
+    await trainer.setup.call()
+    metrics = await trainer.train_step.call(collate(episodes))   # every rank: .call, never .route
+    await trainer.push_weights.call(version)
+
+One step: each rank takes its contiguous slice of the batch, runs the policy (``_policy_model``: torchtitan
+where it can train, else transformers), and feeds per-token logprobs of the response to the configured
+``forge_nb.rl`` loss (``_trainer_loss``); FSDP2 averages gradients over ranks (so per-rank losses are
+averaged, as in torchforge), which are clipped and applied. A non-finite loss or gradient norm on any
+rank skips the optimizer step on all of them and is reported (``skipped: 1.0`` plus
+``skipped/nonfinite_loss`` or ``skipped/nonfinite_grad``), never raised: one bad batch should not end a
+run that a notebook is steering. Endpoints that touch the model are collective over the trainer's ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from monarch.actor import endpoint
+
+from forge_nb.actors import _checkpoint
+from forge_nb.actors._policy_model import (
+    PolicyModel,
+    all_ranks,
+    default_port,
+    device_for_rank,
+    init_distributed,
+    mesh_identity,
+    reduce_metrics,
+    response_logprobs,
+)
+from forge_nb.actors._trainer_batch import as_train_batch, local_rows, sft_labels
+from forge_nb.actors._trainer_config import (
+    CheckpointConfig,
+    LRSchedulerConfig,
+    OptimizerConfig,
+    ParallelismConfig,
+    TrainingConfig,
+    hparams,
+    model_source,
+    read_section,
+    with_hparams,
+)
+from forge_nb.actors._trainer_loss import loss_function, rl_loss, sft_loss
+from forge_nb.rl import TrainBatch
+from forge_nb.service.actor import ForgeActor
+
+__all__ = ["RLTrainer", "TitanTrainer"]
+
+logger = logging.getLogger(__name__)
+
+# Sections a torchforge trainer config carries that only torchtitan's engine reads.
+_SEED_SECTIONS = {
+    "job", "compile", "activation_checkpoint", "comm", "quantize", "memory_estimation", "float8",
+    "state_dict_key", "use_dcp", "dcp_path", "debug", "validation",
+}
+
+
+class RLTrainer(ForgeActor):
+    """Trains the policy. Arguments are kept as given and validated by ``setup()``, where errors reach
+    the caller (an exception in ``__init__`` would only kill the actor)."""
+
+    def __init__(
+        self,
+        model: str | dict[str, Any],
+        *,
+        optimizer: dict[str, Any] | None = None,
+        training: dict[str, Any] | None = None,
+        loss: str | Callable[..., Any] = "grpo",
+        loss_config: dict[str, Any] | None = None,
+        checkpoint: dict[str, Any] | None = None,
+        parallelism: dict[str, Any] | None = None,
+        lr_scheduler: dict[str, Any] | None = None,
+        pad_id: int | None = None,
+        **seed_sections: Any,
+    ) -> None:
+        self._args = dict(
+            model=model, optimizer=optimizer, training=training, loss=loss, loss_config=loss_config,
+            checkpoint=checkpoint, parallelism=parallelism, lr_scheduler=lr_scheduler, pad_id=pad_id,
+            seed_sections=seed_sections,
+        )
+        self.step = 0
+        self.policy: PolicyModel | None = None
+
+    @endpoint
+    async def setup(self) -> None:
+        """Validate the configuration, join the process group, load and shard the model, maybe resume."""
+        from forge_nb.models import resolve_model
+
+        a = self._args
+        unknown = set(a["seed_sections"]) - _SEED_SECTIONS
+        if unknown:
+            raise ValueError(f"RLTrainer got unknown argument(s) {sorted(unknown)}")
+        self.opt_cfg: OptimizerConfig = read_section(OptimizerConfig, "optimizer", a["optimizer"])
+        self.train_cfg: TrainingConfig = read_section(TrainingConfig, "training", a["training"])
+        self.sched_cfg: LRSchedulerConfig = read_section(LRSchedulerConfig, "lr_scheduler", a["lr_scheduler"])
+        self.ckpt_cfg: CheckpointConfig = read_section(CheckpointConfig, "checkpoint", a["checkpoint"])
+        parallelism: ParallelismConfig = read_section(ParallelismConfig, "parallelism", a["parallelism"])
+        self.loss_fn = loss_function(a["loss"], a["loss_config"])
+        self.rank, self.world, shared = mesh_identity()
+        parallelism.check_world(self.world)
+        path = resolve_model(model_source(a["model"]))  # FileNotFoundError naming the model
+
+        torch.manual_seed(self.train_cfg.seed)
+        if self.world > 1:
+            port = parallelism.master_port or default_port(shared)
+            device = device_for_rank(self.rank)
+            init_distributed(self.rank, self.world, device, port, self.train_cfg.dist_timeout_s)
+        self.policy, self.fallback_reason = PolicyModel.load(path, self.train_cfg.engine, self.rank, a["pad_id"])
+        if self.world > 1:
+            self.policy.shard(self.world)
+        self.optimizer = self.opt_cfg.build(self.policy.module.parameters())
+        self.step = 0
+        if self.ckpt_cfg.folder and self.ckpt_cfg.resume:
+            self._load(None)
+
+    # ------------------------------------------------------------------------------------------------
+    # Steps
+
+    @endpoint
+    async def train_step(self, batch: TrainBatch | list[dict[str, Any]], targets: Any = None) -> dict[str, float]:
+        """One RL step on ``batch`` (a TrainBatch, or torchforge's ``(inputs, targets)`` lists)."""
+        start = time.perf_counter()
+        policy = self._policy()
+        local = local_rows(as_train_batch(batch, targets), self.rank, self.world, self.train_cfg.local_batch_size)
+        policy.module.train()
+        with self._autocast():
+            logits = policy.logits(local.tokens, local.request_len)
+        loss, metrics = rl_loss(self.loss_fn, logits, local, self.train_cfg.temperature)
+        del logits  # free it before backward, whose peak it would otherwise raise
+        return self._finish(loss, metrics, int(local.response_mask.sum()), start)
+
+    @endpoint
+    async def sft_step(self, batch: TrainBatch | dict[str, torch.Tensor]) -> dict[str, float]:
+        """One supervised step: token-mean cross-entropy on the response tokens of a TrainBatch, or on
+        ``labels`` (aligned with ``tokens``, -100 ignored) of a ``{"tokens", "labels"}`` dict."""
+        start = time.perf_counter()
+        policy = self._policy()
+        tokens, labels, request_len = sft_labels(batch)
+        tokens = local_rows(tokens, self.rank, self.world, self.train_cfg.local_batch_size)
+        labels = local_rows(labels, self.rank, self.world, None)
+        policy.module.train()
+        with self._autocast():
+            logits = policy.logits(tokens, request_len)
+        loss = sft_loss(logits, labels)
+        del logits
+        return self._finish(loss, {}, int((labels != -100).sum()), start)
+
+    def _finish(self, loss: torch.Tensor, metrics: dict[str, float], tokens: int, start: float) -> dict[str, float]:
+        """Backward, clip, step (or skip), then the step's metrics reduced over ranks."""
+        lr = self._lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        reason = "" if all_ranks(bool(torch.isfinite(loss.detach())), self.world) else "nonfinite_loss"
+        grad_norm = math.nan
+        if not reason:  # every rank agrees, so FSDP's collectives in backward run on all or none
+            loss.backward()
+            max_norm = self.train_cfg.max_norm or math.inf
+            norm = torch.nn.utils.clip_grad_norm_(self._policy().module.parameters(), max_norm)
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+            if not math.isfinite(grad_norm):  # the norm is global, so this too is the same on every rank
+                reason = "nonfinite_grad"
+        if reason:
+            logger.warning("step %d skipped: %s (loss %s, grad norm %s)", self.step + 1, reason, loss.item(), grad_norm)
+        else:
+            self.optimizer.step()
+            self.step += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        mine = {"loss": float(loss.detach()), **metrics, "grad_norm": grad_norm, "tokens": float(tokens)}
+        out = reduce_metrics(mine, self.world)
+        out.update(lr=lr, step=float(self.step), skipped=float(bool(reason)))
+        if reason:
+            out[f"skipped/{reason}"] = 1.0
+        out["time_s"] = time.perf_counter() - start
+        if not reason and self.ckpt_cfg.interval and self.step % self.ckpt_cfg.interval == 0:
+            self._save(self.step)
+        return out
+
+    @endpoint
+    async def set_hparams(self, **changes: Any) -> dict[str, tuple[Any, Any]]:
+        """Change hyperparameters between steps: lr, weight_decay, max_norm, temperature, and any field of
+        the loss (beta, clip_eps, clip_low, clip_high, agg...). Returns {name: (old, new)} of what changed;
+        unknown names or invalid values raise ValueError and change nothing."""
+        before = hparams(self.opt_cfg, self.train_cfg, self.loss_fn)
+        self.opt_cfg, self.train_cfg, self.loss_fn = with_hparams(self.opt_cfg, self.train_cfg, self.loss_fn, changes)
+        for group in self.optimizer.param_groups:
+            group["weight_decay"] = self.opt_cfg.weight_decay
+        after = hparams(self.opt_cfg, self.train_cfg, self.loss_fn)
+        return {k: (before[k], after[k]) for k in changes if before[k] != after[k]}
+
+    # ------------------------------------------------------------------------------------------------
+    # Weights, logprobs and checkpoints
+
+    @endpoint
+    async def push_weights(self, version: int) -> dict[str, float]:
+        """Store the whole policy (HF names, ``training.dtype``) in torchstore as ``version``. Every rank
+        takes part in gathering the shards; rank 0 alone writes."""
+        from forge_nb.weights import push_state_dict
+
+        start = time.perf_counter()
+        state = self._policy().hf_state_dict(self.train_cfg.torch_dtype)
+        size = sum(t.numel() * t.element_size() for t in state.values())
+        if self.rank == 0:
+            await push_state_dict(state, version)
+        return {"version": float(version), "seconds": time.perf_counter() - start, "mb": size / 2**20}
+
+    @endpoint
+    async def forward(self, input_ids: torch.Tensor | TrainBatch, request_len: int | None = None) -> torch.Tensor:
+        """Per-token logprobs [B, Lr] of the response part under the current policy (no gradient)."""
+        if isinstance(input_ids, TrainBatch):
+            input_ids, request_len = input_ids.tokens, input_ids.request_len
+        if request_len is None:
+            raise ValueError("forward(input_ids, request_len): say where the response starts")
+        with torch.no_grad(), self._autocast():
+            logits = self._policy().logits(input_ids, request_len)
+            return response_logprobs(logits, input_ids, request_len, self.train_cfg.temperature).cpu()
+
+    @endpoint
+    async def state_dict(self) -> dict[str, Any]:
+        """Whole float32 weights (HF names), optimizer state and step on rank 0 (other ranks: {})."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        policy = self._policy()
+        weights = policy.hf_state_dict()
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        with _checkpoint.keep_fresh(self.optimizer):
+            optim = get_optimizer_state_dict(policy.module, self.optimizer, options=options)
+        return {"model": weights, "optimizer": optim, "step": self.step} if self.rank == 0 else {}
+
+    @endpoint
+    async def save_checkpoint(self, step: int | None = None) -> str:
+        """Save model, optimizer and step as ``step_<step>`` (default: the current step) under
+        ``checkpoint.folder``; returns the checkpoint's folder."""
+        return str(self._save(self.step if step is None else step))
+
+    def _save(self, step: int) -> Path:
+        if not self.ckpt_cfg.folder:
+            raise ValueError("no checkpoint folder: create the trainer with checkpoint={'folder': ...}")
+        module, keep = self._policy().module, self.ckpt_cfg.keep_last
+        return _checkpoint.save(self.ckpt_cfg.folder, step, module, self.optimizer, {"step": self.step}, keep)
+
+    @endpoint
+    async def load_checkpoint(self, path: str | None = None) -> int | None:
+        """Load ``path``, or the latest complete checkpoint in ``checkpoint.folder``; returns the restored
+        step, or None when the folder holds no complete checkpoint. Hyperparameters stay as configured
+        (or as set_hparams left them), not as they were when the checkpoint was written."""
+        return self._load(path)
+
+    def _load(self, path: str | None) -> int | None:
+        if path is None:
+            if not self.ckpt_cfg.folder:
+                raise ValueError("no checkpoint folder: pass path=, or configure checkpoint={'folder': ...}")
+            found = _checkpoint.latest(self.ckpt_cfg.folder)
+            if found is None:
+                return None
+            path = str(found)
+        state = _checkpoint.load(path, self._policy().module, self.optimizer, {"step": 0})
+        self.step = int(state["step"])
+        for group in self.optimizer.param_groups:  # the loaded param groups carry the old values
+            group["weight_decay"] = self.opt_cfg.weight_decay
+        logger.info("resumed from %s at step %d", path, self.step)
+        return self.step
+
+    @endpoint
+    async def info(self) -> dict[str, Any]:
+        """Engine, why torchtitan was not used (if so), device, ranks, step and hyperparameters."""
+        policy = self._policy()
+        return {
+            "engine": policy.engine, "fallback_reason": self.fallback_reason, "device": str(policy.device),
+            "world_size": self.world, "rank": self.rank, "step": self.step,
+            "hparams": hparams(self.opt_cfg, self.train_cfg, self.loss_fn),
+        }
+
+    @endpoint
+    async def cleanup(self) -> None:
+        """Leave the process group (before the mesh stops; a stopped proc leaves it anyway)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ------------------------------------------------------------------------------------------------
+
+    def _policy(self) -> PolicyModel:
+        if self.policy is None:
+            raise RuntimeError("the trainer is not set up: await trainer.setup.call() first")
+        return self.policy
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        dtype = self.train_cfg.torch_dtype
+        return nullcontext() if dtype == torch.float32 else torch.autocast(self._policy().device.type, dtype=dtype)
+
+    def _lr(self) -> float:
+        """The lr of the next optimizer step: ``optimizer.lr`` after a linear warmup."""
+        warmup = self.sched_cfg.warmup_steps
+        return self.opt_cfg.lr * (min(1.0, (self.step + 1) / (warmup + 1)) if warmup else 1.0)
+
+
+TitanTrainer = RLTrainer
+"""torchforge's name for the trainer actor."""

@@ -1,0 +1,73 @@
+"""RLTrainer on CUDA: a few steps through whichever engine works there, and a weight push. Skipped without CUDA.
+
+The trainer picks torchtitan where it can train and says why not otherwise (on torch 2.11,
+``torchtitan.models.qwen3`` does not import); either way the steps must train and the push must hold the
+trainer's weights under Hugging Face names.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from forge_nb import runtime, weights
+from forge_nb.models import build_tiny_model
+from tests.actors.test_trainer import METRIC_KEYS, assert_same, differs, first, make_batch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    pytest.mark.timeout(300),
+]
+
+
+async def _train_and_push(model: str, procs: int, dtype: str) -> None:
+    from forge_nb.actors.trainer import RLTrainer
+
+    mesh = await runtime.spawn_mesh(f"trainer-gpu{procs}", procs, with_gpus=True)
+    try:
+        trainer = mesh.spawn(
+            "trainer", RLTrainer, model=model, optimizer={"lr": 1e-3}, training={"dtype": dtype}
+        )
+        await trainer.setup.call()
+        info = first(await trainer.info.call())
+        assert info["device"].startswith("cuda") and info["world_size"] == procs
+        assert info["engine"] == "torchtitan" or info["fallback_reason"], info
+
+        initial = first(await trainer.state_dict.call())["model"]
+        batch = make_batch(n=4 * procs)
+        for i in range(3):
+            metrics = first(await trainer.train_step.call(batch))
+            assert METRIC_KEYS <= metrics.keys() and metrics["skipped"] == 0.0 and metrics["step"] == i + 1
+            assert torch.isfinite(torch.tensor(metrics["loss"]))
+        trained = first(await trainer.state_dict.call())["model"]
+        assert differs(initial, trained)
+
+        await trainer.push_weights.call(procs)
+        pushed = {k: v.cpu() for k, v in (await weights.load_state_dict(procs)).items()}
+        expected = {k: v.to(pushed[k].dtype) for k, v in trained.items()}
+        assert_same(pushed, expected)
+        await trainer.cleanup.call()
+    finally:
+        await mesh.stop()
+
+
+async def test_train_steps_and_push_on_one_gpu(tmp_path) -> None:
+    model = str(build_tiny_model(tmp_path / "tiny"))
+    runtime.ensure_started()
+    await weights.initialize_store()
+    try:
+        await _train_and_push(model, procs=1, dtype="bfloat16")
+    finally:
+        await weights.shutdown_store()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+async def test_fsdp_over_two_gpus(tmp_path) -> None:
+    model = str(build_tiny_model(tmp_path / "tiny"))
+    runtime.ensure_started()
+    await weights.initialize_store()
+    try:
+        await _train_and_push(model, procs=2, dtype="float32")
+    finally:
+        await weights.shutdown_store()
