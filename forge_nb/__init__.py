@@ -40,10 +40,19 @@ _EXPORTS = {
 __all__ = sorted([*_EXPORTS, "load_ipython_extension", "unload_ipython_extension", "__version__"])
 
 
+# Modules that import monarch: forge_nb starts its runtime first, because monarch reads its
+# supervision settings when it is imported (see forge_nb.runtime).
+_USES_MONARCH = ("forge_nb.service", "forge_nb.actors", "forge_nb.spawning", "forge_nb.run")
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'forge_nb' has no attribute {name!r}")
+    if module.startswith(_USES_MONARCH):
+        from forge_nb import runtime
+
+        runtime.ensure_started()
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
