@@ -30,6 +30,7 @@ import torch
 
 from forge_nb.metrics import summarize
 from forge_nb.rl import Episode, assign_advantages, collate, score
+from forge_nb.service import ReplicaDied
 
 if TYPE_CHECKING:
     from forge_nb.run import Run
@@ -103,16 +104,27 @@ async def train_one_step(run: Run, episodes: list[Episode], wait_s: float) -> di
     """train_step -> push_weights -> update_weights.fanout, with the step's metrics recorded."""
     t0 = time.perf_counter()
     episode_metrics = _episode_metrics(run, episodes)  # policy age against the version that trains them
-    results = await run.trainer.train_step.call(collate(episodes))
+    try:
+        results = await run.trainer.train_step.call(collate(episodes))
+    except ReplicaDied as error:  # the step is lost with its process; rewind to the last checkpoint
+        run.count("trainer_died", len(episodes))
+        await run.recover_trainer(str(error))
+        return {}
     out = dict(results[0])
     t1 = time.perf_counter()
     skipped = bool(out.get("skipped"))
     if skipped:
+        run.count("skipped_step", len(episodes))
         reason = next((k.split("/", 1)[1] for k in out if k.startswith("skipped/")), "non-finite")
         run.metrics.event("skip", step=run.current_step + 1, reason=reason, loss=out.get("loss"))
     else:
+        run.count("trained", len(episodes))
         version = run.version + 1
-        await run.trainer.push_weights.call(version)
+        try:
+            await run.trainer.push_weights.call(version)
+        except ReplicaDied as error:  # trained but not pushed: the checkpoint is the truth
+            await run.recover_trainer(str(error))
+            return {}
         t2 = time.perf_counter()
         await run.policy.update_weights.fanout(version)
         run.set_version(version)

@@ -68,6 +68,9 @@ class Run:
         self._steps_left: int | None = None
         self._steps_waiter: asyncio.Future[None] | None = None
         self._recent: deque[dict[str, Any]] = deque(maxlen=2000)
+        # Where every accepted episode ended up (see ledger()); the buffer counts its own part.
+        self._ledger = dict.fromkeys(("accepted", "quarantined", "trained", "skipped_step", "trainer_died",
+                                      "rolled_back"), 0)
         self._gen_tokens, self._gen_since = 0, time.monotonic()
         policy.set_catch_up(self._catch_up)
         for name, service in self.services.items():
@@ -91,7 +94,28 @@ class Run:
                 "version": self.version, "buffer": len(self.replay_buffer),
                 "loops": {n: ("running" if not t.done() else "done") for n, t in self._tasks.items()},
                 "services": {n: s.status() for n, s in self.services.items()}, "last": self.metrics.last(),
-                "pending": dict(self._pending), "run_dir": str(self.dir.path)}
+                "pending": dict(self._pending), "run_dir": str(self.dir.path), "health": self.health,
+                "ledger": self.ledger()}
+
+    @property
+    def health(self) -> str:
+        """"ok"; "degraded" while some replica is not healthy; "down" while a service has none healthy."""
+        states = {name: [r.state for r in svc.replicas] for name, svc in self.services.items()}
+        if any("healthy" not in s for s in states.values()):
+            return "down"
+        return "ok" if all(st == "healthy" for s in states.values() for st in s) else "degraded"
+
+    def ledger(self) -> dict[str, Any]:
+        """Where every accepted episode went. ``balanced`` says the books add up:
+        accepted = quarantined + trained + skipped_step + trainer_died + rolled_back + evicted + buffered."""
+        counts = {**self._ledger, **{k: v for k, v in self.replay_buffer.counters().items() if k != "added"},
+                  "buffered": len(self.replay_buffer)}
+        ends = sum(v for k, v in counts.items() if k not in ("accepted", "sampled"))
+        return {**counts, "balanced": counts["accepted"] == ends}
+
+    def count(self, outcome: str, n: int) -> None:
+        """Record that ``n`` episodes ended as ``outcome`` (a key of the ledger)."""
+        self._ledger[outcome] += n
 
     def episodes(self, n: int = 50, version: int | None = None, min_reward: float | None = None,
                  max_reward: float | None = None) -> list[dict[str, Any]]:
@@ -241,8 +265,12 @@ class Run:
                 "response": completion.text if completion else None, "target": episode.target,
                 "reward": episode.reward, "advantage": episode.advantage, "version": episode.policy_version,
                 "quarantine": episode.quarantine})
+            self._ledger["accepted"] += 1
             if episode.quarantine:
+                self._ledger["quarantined"] += 1
                 self.metrics.event("quarantine", episode_id=episode.episode_id, reason=episode.quarantine)
+            elif (episode.policy_version or 0) > self.version:  # made by weights a rewind took back
+                self._ledger["rolled_back"] += 1
             else:
                 self.replay_buffer.add(episode)
         if len(self.replay_buffer) >= self.buffer_limit:
@@ -265,8 +293,9 @@ class Run:
         """Keep only the current version in torchstore: a respawned generator catches up to it."""
         from forge_nb import weights
 
-        if self.version > 1:
-            await weights.drop_version(self.version - 1)
+        for version in await weights.stored_versions():
+            if version != self.version:
+                await weights.drop_version(version)
 
     def take_generated_tokens_per_s(self) -> float:
         now = time.monotonic()
@@ -287,9 +316,26 @@ class Run:
         """Trainer checkpoint, buffer snapshot and the run's counters, in the run directory."""
         path = (await self.trainer.save_checkpoint.call(self.version))[0]
         self.dir.save_state(step=self.current_step, version=self.version, buffer=self.replay_buffer.state_dict(),
-                            hparams=self._hparams)
+                            hparams=self._hparams, ledger=dict(self._ledger))
         self.metrics.event("checkpoint", path=path, version=self.version)
         return path
+
+    async def recover_trainer(self, reason: str) -> None:
+        """The trainer died mid-step. Its service respawns it and it loads its last complete checkpoint
+        (or its initial weights); the run rewinds to that point, visibly, and goes on."""
+        self.metrics.event("trainer_died", step=self.current_step, reason=reason[:300])
+        info = (await self.trainer.info.call())[0]  # waits for the respawned, restored trainer
+        state = self.dir.load_state() or {"step": 0, "version": 0}
+        from_step, from_version = self.current_step, self.version
+        self.current_step, self.version = int(state["step"]), int(info["step"])
+        self._ledger["rolled_back"] += len(self.replay_buffer)
+        self.replay_buffer.clear()  # made by weights the rewind took back
+        await self.trainer.push_weights.call(self.version)
+        await self.policy.update_weights.fanout(self.version)
+        self.set_version(self.version)
+        await self.drop_old_weights()
+        self.metrics.event("rewind", from_step=from_step, to_step=self.current_step, from_version=from_version,
+                           version=self.version, message="the trainer restarted from its last complete checkpoint")
 
     async def _catch_up(self, replica: Any) -> None:
         """A (re)spawned generator loads the current weights before it takes traffic."""

@@ -49,6 +49,7 @@ async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progr
     last_recorded = run.metrics.step
     run.current_step, run.version = int(state["step"]), int(state["version"])
     run.replay_buffer.load_state_dict(state["buffer"])
+    run._ledger.update(state.get("ledger", {}))
     if state.get("hparams"):
         run.set(**state["hparams"])
         await run.apply_changes()

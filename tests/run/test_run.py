@@ -155,6 +155,64 @@ async def test_a_starved_trainer_says_so(run):
     run.config.loop.starved_after_s = 60.0
 
 
+async def test_generator_killed_mid_rollout_at_seeded_times_loses_nothing(run):
+    import os
+    import random
+    import signal
+
+    rng = random.Random(1234)
+    run.start()
+    for _ in range(2):
+        await asyncio.sleep(rng.uniform(1.0, 4.0))
+        victim = run.policy.replicas[rng.randrange(2)]
+        assert await _until(lambda v=victim: v.state == "healthy")
+        os.kill(victim.mesh.pids[0], signal.SIGKILL)
+        assert await _until(lambda v=victim: v.state == "healthy" and v.restarts >= 1)
+    steps = run.current_step
+    assert await _until(lambda: run.current_step >= steps + 2)  # training went on
+    await run.stop()
+    ledger = run.ledger()
+    assert ledger["balanced"], ledger
+    assert await run.policy.get_version.fanout() == [run.version, run.version]  # came back current
+    assert run.health == "ok"
+
+
+async def test_all_generators_killed_the_run_is_down_then_continues(run):
+    import os
+    import signal
+
+    run.start()
+    for replica in run.policy.replicas:
+        os.kill(replica.mesh.pids[0], signal.SIGKILL)
+    assert await _until(lambda: run.health == "down", timeout=10)
+    steps = run.current_step
+    assert await _until(lambda: run.health == "ok" and run.current_step >= steps + 2)
+    await run.stop()
+    assert run.ledger()["balanced"] and run.state == "stopped"
+
+
+async def test_trainer_killed_mid_step_rewinds_to_its_last_checkpoint(run):
+    import os
+    import signal
+
+    await run.step(1)
+    await run.checkpoint()
+    saved_step, saved_version = run.current_step, run.version
+    await run.step(2)
+    run.start()
+    await asyncio.sleep(0.5)
+    os.kill(run.trainer.replica.mesh.pids[0], signal.SIGKILL)
+    assert await _until(lambda: any(e["kind"] == "rewind" for e in run.metrics.events))
+    rewind = [e for e in run.metrics.events if e["kind"] == "rewind"][-1]
+    assert rewind["to_step"] == saved_step and rewind["version"] == saved_version
+    assert await _until(lambda: run.current_step >= saved_step + 2)  # and training goes on from there
+    await run.stop()
+    assert run.trainer.replica.restarts == 1
+    assert run.ledger()["balanced"], run.ledger()
+    # no optimizer step counted twice: the trainer's step is the run's version
+    assert (await run.trainer.info.call())[0]["step"] == run.version
+
+
 async def test_checkpoint_then_resume_in_a_fresh_run_keeps_history(run):
     run.start()
     await run.step(1)
