@@ -1,0 +1,84 @@
+"""IPython magics for forge_nb: ``%load_ext forge_nb``, then drive a run from cells.
+
+=====================================================  =========================================================
+Magic                                                  What it does
+=====================================================  =========================================================
+%forge_spawn RECIPE [--name N] [--replicas K]          spawn a run's services and wait for them; RECIPE is
+  [--procs P] [--gpus] [--set KEY=VALUE ...] [-o VAR]  quickstart, module:function, a .yaml path or a
+                                                       RunConfig variable; binds run (or VAR), policy,
+                                                       trainer, ref_model
+%forge_spawn --procs N [--gpus] [--hosts 1] -o NAME    a bare process mesh for your own actors
+%%forge_config [-o VAR]                                the cell's YAML as a validated RunConfig
+%forge_attach PATH [-o VAR]                            bring back a run from its directory (new kernel)
+%forge_run [--steps N]                                 start the loops in the background (N steps, then pause)
+%forge_pause / %forge_resume                           pause at the next boundary / continue
+%forge_step N                                          run N training steps and wait for them
+%forge_stop                                            stop the loops at a step boundary (services stay up)
+%forge_set KEY=VALUE ...                               hyperparameters for the next step (lr, temperature, ...)
+%forge_status                                          services, replicas, loops, step, version, last values
+%forge_episodes [-n K] [--version V] [--min-reward R]  recent episodes as a table
+%forge_dashboard                                       the live dashboard (forge_nb.widgets)
+%forge_meshes                                          every process mesh the kernel holds
+%forge_shutdown [--name N]                             stop loops, services and meshes; check no process is left
+%forge_help                                            this table
+=====================================================  =========================================================
+
+The run magics act on the current run (the last one spawned or attached); ``--name`` picks another,
+by its name or by a variable holding a Run. ``MAGIC?`` shows a magic's options. Misuse raises
+IPython's ``UsageError`` with a message that says what to write instead.
+
+Waiting without blocking the loop: ``%forge_spawn``, ``%forge_attach``, ``%forge_step``,
+``%forge_stop`` and ``%forge_shutdown`` wait for the run, and ``%forge_run``, ``%forge_resume`` and
+``%forge_set`` need a running event loop to start tasks on. These return a coroutine, and an input
+transformer puts ``await`` in front of them (see ``_await``). The cell then runs as a task on the
+kernel's event loop, where the Run's loops run too: the cell waits, training goes on, an interrupt
+cancels the cell only (measured in ipykernel 7.4: a background task kept ticking during and between
+such cells). The alternatives fail there: ``loop.run_until_complete`` inside a cell raises "This
+event loop is already running"; a spawn in a background task would leave ``%forge_run`` in the next
+cell with no run yet; re-entering the loop (nest_asyncio) breaks the tasks it interleaves. In a
+terminal IPython the same cells work, but background loops only advance while some cell awaits.
+
+Magics are thin: parse (``_parse``), call the public API (``forge_nb.spawn``, ``Run``), keep the
+handle (``_runs``), display a table (``_display``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["help_text", "load_ipython_extension", "unload_ipython_extension"]
+
+
+def help_text() -> str:
+    """The table of magics above (the module docstring between its first and last ``====`` rule)."""
+    lines = (__doc__ or "").splitlines()
+    rules = [i for i, line in enumerate(lines) if line.startswith("====")]
+    return "\n".join(lines[rules[0]: rules[-1] + 1])
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register the %forge_* magics and the transformer that awaits them; start forge_nb's runtime."""
+    from forge_nb import runtime
+    from forge_nb.magics._await import await_forge_magics
+    from forge_nb.magics._control import ControlMagics
+    from forge_nb.magics._runs import Runs
+    from forge_nb.magics._spawn import SpawnMagics
+
+    # Before anything imports monarch, so its supervision env applies (see forge_nb.runtime).
+    runtime.ensure_started()
+    runs = Runs.of(ipython)
+    ipython.register_magics(SpawnMagics(ipython, runs), ControlMagics(ipython, runs))
+    if await_forge_magics not in ipython.input_transformers_post:
+        ipython.input_transformers_post.append(await_forge_magics)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Remove the magics and the transformer; runs and meshes stay up (``%forge_shutdown`` first to stop them)."""
+    from forge_nb.magics._await import await_forge_magics
+
+    for kind in ("line", "cell"):
+        table = ipython.magics_manager.magics[kind]
+        for name in [n for n in table if n.startswith("forge_")]:
+            del table[name]
+    if await_forge_magics in ipython.input_transformers_post:
+        ipython.input_transformers_post.remove(await_forge_magics)

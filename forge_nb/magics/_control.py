@@ -1,0 +1,174 @@
+"""``%forge_run`` and the other magics that drive and show the current run (each a line over the Run API)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+from forge_nb.magics import _display, _parse
+from forge_nb.magics._runs import Runs
+
+NAME_HELP = "the run to act on (a run's name or a variable holding a Run; default: the current run)"
+
+
+@magics_class
+class ControlMagics(Magics):
+    def __init__(self, shell: Any, runs: Runs):
+        super().__init__(shell)
+        self.runs = runs
+
+    def _startable(self, name: str | None) -> Any:
+        run = self.runs.get(name)
+        if run.state in ("stopping", "shut down"):
+            raise UsageError(f"run {run.name!r} is {run.state}; spawn a new one (%forge_spawn)")
+        if run.state == "failed":
+            raise UsageError(f"run {run.name!r} failed: {run.error}. Fix the cause, then %forge_shutdown and "
+                             f"%forge_attach {run.dir.path} continue from the last checkpoint")
+        return run
+
+    @magic_arguments()
+    @argument("--steps", type=int, help="run exactly N training steps, then pause (the cell does not wait)")
+    @argument("--name", help=NAME_HELP)
+    @line_magic
+    def forge_run(self, line: str) -> Coroutine[Any, Any, None]:
+        """Start (or resume) the rollout and training loops in the background; the cell returns at once."""
+        args = parse_argstring(self.forge_run, line)
+        if args.steps is not None and args.steps < 1:
+            raise UsageError(f"--steps {args.steps}: give a number of steps >= 1")
+        return self._start(self._startable(args.name), args.steps)
+
+    async def _start(self, run: Any, steps: int | None) -> None:
+        if steps is None:
+            self.runs.cancel_stepping(run.name)
+            run.start()
+            print(f"run {run.name!r} is running in the background ({run.config.loop.rollout_loops} rollout "
+                  "loop(s) + training); %forge_status shows it, %forge_pause pauses")
+        else:
+            self.runs.step_in_background(run, steps)
+            print(f"run {run.name!r}: {steps} step(s) in the background from step {run.current_step}, then it "
+                  "pauses; %forge_status shows progress")
+
+    @magic_arguments()
+    @argument("--name", help=NAME_HELP)
+    @line_magic
+    def forge_resume(self, line: str) -> Coroutine[Any, Any, None]:
+        """Resume the loops after %forge_pause or %forge_stop."""
+        args = parse_argstring(self.forge_resume, line)
+        return self._start(self._startable(args.name), None)
+
+    @magic_arguments()
+    @argument("--name", help=NAME_HELP)
+    @line_magic
+    def forge_pause(self, line: str) -> None:
+        """Pause at the next boundary: rollouts after their in-flight generation, training after its step."""
+        run = self.runs.get(parse_argstring(self.forge_pause, line).name)
+        run.pause()
+        print(f"run {run.name!r} pauses at the next boundary (step {run.current_step} now); %forge_resume "
+              "continues")
+
+    @magic_arguments()
+    @argument("n", type=int, nargs="?", default=1, help="training steps to run (default 1)")
+    @argument("--name", help=NAME_HELP)
+    @line_magic
+    def forge_step(self, line: str) -> Coroutine[Any, Any, None]:
+        """Run exactly N training steps and wait for them (the loops keep running; an interrupt stops the wait)."""
+        args = parse_argstring(self.forge_step, line)
+        if args.n < 1:
+            raise UsageError(f"%forge_step {args.n}: give a number of steps >= 1")
+        return self._step(self._startable(args.name), args.n)
+
+    async def _step(self, run: Any, n: int) -> None:
+        self.runs.cancel_stepping(run.name)
+        try:
+            rows = await run.step(n)
+        except asyncio.CancelledError:
+            print(f"interrupted: run {run.name!r} keeps going and pauses after its {n} step(s); "
+                  "%forge_pause pauses it now")
+            raise
+        display(_display.steps_table(rows, title=f"run {run.name!r}: {len(rows)} step(s), now paused"))
+
+    @magic_arguments()
+    @argument("--name", help=NAME_HELP)
+    @line_magic
+    def forge_stop(self, line: str) -> Coroutine[Any, Any, None]:
+        """Stop the loops at a step boundary and wait for it; services stay up (%forge_run continues)."""
+        run = self.runs.get(parse_argstring(self.forge_stop, line).name)
+        return self._stop(run)
+
+    async def _stop(self, run: Any) -> None:
+        self.runs.cancel_stepping(run.name)
+        await run.stop()
+        print(f"run {run.name!r} stopped at step {run.current_step}; services are up: %forge_run continues, "
+              "%forge_shutdown releases them")
+
+    @magic_arguments()
+    @argument("changes", nargs="+", metavar="KEY=VALUE", help="e.g. lr=1e-4 temperature=0.7")
+    @argument("--name", help=NAME_HELP)
+    @line_magic
+    def forge_set(self, line: str) -> Coroutine[Any, Any, None]:
+        """Change hyperparameters at the next step boundary (recorded as a "set" event); values are YAML."""
+        args = parse_argstring(self.forge_set, line)
+        changes = _parse.assignments(args.changes, example="lr=1e-4 temperature=0.7")
+        return self._set(self.runs.get(args.name), changes)
+
+    async def _set(self, run: Any, changes: dict[str, Any]) -> None:
+        try:
+            pending = run.set(**changes)
+        except (ValueError, TypeError) as e:
+            raise UsageError(str(e).replace("run.set()", "%forge_set")) from None
+        when = "at the next step boundary" if run.state == "running" else "now (no step is running)"
+        print(f"run {run.name!r}: {', '.join(f'{k}={v!r}' for k, v in pending.items())} applies {when}")
+
+    @magic_arguments()
+    @argument("--name", help=NAME_HELP)
+    @line_magic
+    def forge_status(self, line: str) -> None:
+        """Services and replicas (state, pids, in flight, served, failures, restarts), loops, step, last values."""
+        run = self.runs.get(parse_argstring(self.forge_status, line).name)
+        display(_display.status_report(run.status()))
+
+    @magic_arguments()
+    @argument("-n", type=int, default=20, help="how many (default 20)")
+    @argument("--version", type=int, help="only episodes generated by this policy version")
+    @argument("--min-reward", type=float, help="only episodes with at least this reward")
+    @argument("--max-reward", type=float, help="only episodes with at most this reward")
+    @argument("--name", help=NAME_HELP)
+    @line_magic
+    def forge_episodes(self, line: str) -> None:
+        """Recent episodes of the run (prompt, response, reward, advantage, version), newest last."""
+        args = parse_argstring(self.forge_episodes, line)
+        if args.n < 1:
+            raise UsageError(f"-n {args.n}: give a number of episodes >= 1")
+        run = self.runs.get(args.name)
+        rows = run.episodes(args.n, version=args.version, min_reward=args.min_reward, max_reward=args.max_reward)
+        if not rows:
+            print(f"no episodes of run {run.name!r} match" + (" yet (%forge_run starts the rollouts)"
+                                                              if run.current_step == 0 else ""))
+            return
+        display(_display.episodes_table(rows))
+
+    @magic_arguments()
+    @argument("--name", help=NAME_HELP)
+    @line_magic
+    def forge_dashboard(self, line: str) -> None:
+        """The live dashboard of the run (controls, replica health, curves, episodes)."""
+        run = self.runs.get(parse_argstring(self.forge_dashboard, line).name)
+        try:
+            from forge_nb.widgets import dashboard
+        except ImportError as e:
+            raise UsageError(f"the dashboard is not installed ({e}); it needs forge_nb.widgets with ipywidgets "
+                             "and plotly (pip install 'forge-nb[notebook]')") from None
+        display(dashboard(run))
+
+    @line_magic
+    def forge_help(self, line: str) -> None:
+        """The table of %forge_* magics; ``%forge_spawn?`` shows one magic's options."""
+        from forge_nb.magics import help_text
+
+        print(help_text())

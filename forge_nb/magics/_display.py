@@ -1,0 +1,110 @@
+"""Tables the magics display: HTML in a notebook, aligned text in a terminal or a plain-text log."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+from collections.abc import Sequence
+from typing import Any
+
+_MAX_CELL = 60  # characters shown of a long value (a prompt, a response, an error)
+
+
+class Table:
+    """Rows of dicts with a title; ``display(Table(...))`` picks HTML or text by the front end."""
+
+    def __init__(self, rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, title: str = ""):
+        self.rows = [dict(r) for r in rows]
+        self.columns = list(columns) if columns is not None else list(dict.fromkeys(k for r in rows for k in r))
+        self.title = title
+
+    def __repr__(self) -> str:
+        cells = [[_fmt(r.get(c)) for c in self.columns] for r in self.rows]
+        widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(self.columns)]
+        lines = [self.title] if self.title else []
+        lines.append("  ".join(c.ljust(w) for c, w in zip(self.columns, widths, strict=True)).rstrip())
+        lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in self.columns) + "</tr>"
+                       for r in self.rows)
+        caption = f"<caption style='text-align:left'><b>{html.escape(self.title)}</b></caption>" if self.title else ""
+        return f"<table class='forge-nb-table'>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+class Report:
+    """Several tables and lines shown as one output (``%forge_status``)."""
+
+    def __init__(self, parts: Sequence[str | Table]):
+        self.parts = list(parts)
+
+    def __repr__(self) -> str:
+        return "\n\n".join(repr(p) if isinstance(p, Table) else p for p in self.parts)
+
+    def _repr_html_(self) -> str:
+        return "".join(p._repr_html_() if isinstance(p, Table) else f"<p>{html.escape(p)}</p>" for p in self.parts)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        text = f"{value:.4g}"
+    elif isinstance(value, list | tuple):
+        text = ",".join(map(str, value)) or "-"
+    else:
+        text = str(value).replace("\n", "\\n")
+    return text if len(text) <= _MAX_CELL else text[: _MAX_CELL - 1] + "…"
+
+
+# -- what each magic shows ---------------------------------------------------------------------------
+
+MESH_COLUMNS = ("name", "procs", "pids", "state", "gpus", "owner", "failures", "age_s")
+
+
+def meshes_table(infos: Sequence[Any]) -> Table:
+    rows = [{**dataclasses.asdict(i), "gpus": i.gpu_ids if i.with_gpus else "-"} for i in infos]
+    return Table(rows, MESH_COLUMNS, title=f"{len(rows)} mesh(es) held by this kernel")
+
+
+REPLICA_COLUMNS = ("service", "index", "state", "pids", "in_flight", "served", "failures", "restarts", "version",
+                   "latency_p50_ms", "last_error")
+
+
+def status_report(status: dict[str, Any]) -> Report:
+    """``run.status()`` as a headline, a replica table, the loops and the last metrics."""
+    head = (f"run {status['name']!r}: {status['state']}, step {status['step']}, version {status['version']}, "
+            f"{status['buffer']} episode(s) buffered")
+    parts: list[str | Table] = [head]
+    if status.get("error"):
+        parts.append(f"error: {status['error']}")
+    replicas = [{**dataclasses.asdict(r), "service": name} for name, rs in status["services"].items() for r in rs]
+    parts.append(Table(replicas, REPLICA_COLUMNS, title="replicas"))
+    loops = status.get("loops") or {}
+    parts.append("loops: " + (", ".join(f"{n} {s}" for n, s in loops.items()) or "not started (%forge_run)"))
+    if status.get("pending"):
+        parts.append("pending for the next step: " + ", ".join(f"{k}={v}" for k, v in status["pending"].items()))
+    last = status.get("last") or {}
+    if last:
+        parts.append(steps_table([last], title="last step (all values: run.metrics.frame())"))
+    parts.append(f"run directory: {status['run_dir']}")
+    return Report(parts)
+
+
+EPISODE_COLUMNS = ("episode_id", "version", "reward", "advantage", "prompt", "response", "target", "quarantine")
+
+
+def episodes_table(rows: Sequence[dict[str, Any]]) -> Table:
+    return Table(rows, EPISODE_COLUMNS, title=f"{len(rows)} episode(s), newest last")
+
+
+#: Per-step values worth a glance; the rest are in ``run.metrics.frame()``.
+HEADLINE = ("step", "loss", "reward/mean", "eval/reward", "grad_norm", "response_len/mean", "policy_age/mean",
+            "version", "time/step_s")
+
+
+def steps_table(rows: Sequence[dict[str, Any]], title: str = "") -> Table:
+    columns = [c for c in HEADLINE if any(c in r for r in rows)]
+    return Table(rows, columns, title=title or f"{len(rows)} step(s)")

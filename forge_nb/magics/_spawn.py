@@ -1,0 +1,230 @@
+"""What comes up and goes down: %forge_spawn, %forge_attach, %%forge_config, %forge_meshes, %forge_shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+from forge_nb.magics import _display, _parse
+from forge_nb.magics._runs import Runs
+
+#: ``%forge_shutdown`` waits this long for every recorded process to exit.
+EXIT_WAIT_S = 15.0
+
+
+@magics_class
+class SpawnMagics(Magics):
+    def __init__(self, shell: Any, runs: Runs):
+        super().__init__(shell)
+        self.runs = runs
+
+    @magic_arguments()
+    @argument("recipe", nargs="?", help="quickstart, package.module:function, a .yaml path, or a variable "
+                                        "holding a RunConfig; leave it out for a bare mesh (--procs N)")
+    @argument("--name", help="the run's name (default: the config's); a bare mesh's name")
+    @argument("--replicas", type=int, help="generator replicas (generator.num_replicas)")
+    @argument("--procs", type=int, help="procs per generator replica (generator.procs); a bare mesh's procs")
+    @argument("--gpus", action="store_true", help="give the generator and trainer (or the bare mesh) GPUs")
+    @argument("--hosts", type=int, help="hosts of a bare mesh (only 1: the kernel's host)")
+    @argument("--set", dest="sets", nargs="+", action="append", default=[], metavar="KEY=VALUE",
+              help="config overrides with dotted keys, e.g. --set trainer.lr=1e-5 loop.rollout_loops=2")
+    @argument("-o", "--output", metavar="VAR", help="variable for the Run (default: run) or the mesh")
+    @line_magic
+    def forge_spawn(self, line: str) -> Coroutine[Any, Any, None]:
+        """Spawn a run's services from a recipe/YAML/RunConfig, or a bare process mesh with --procs N.
+
+        The run is bound to ``run`` (or ``-o VAR``) and its services to ``policy``, ``trainer`` and
+        ``ref_model``; it becomes the current run of the other magics. The cell waits until every
+        service is up (a progress bar shows which).
+        """
+        args = parse_argstring(self.forge_spawn, line)
+        sets = [item for group in args.sets for item in group]
+        var = _parse.identifier(args.output) if args.output else None
+        if args.recipe is None:
+            if args.procs is None:
+                raise UsageError("%forge_spawn needs a recipe (e.g. %forge_spawn quickstart) or, for a bare "
+                                 "process mesh, --procs N -o NAME")
+            if args.replicas is not None or sets:
+                raise UsageError("--replicas and --set configure a run; give a recipe first "
+                                 "(%forge_spawn quickstart --replicas 2)")
+            name = args.name or var or "mesh"
+            if var is None and not name.isidentifier():
+                raise UsageError(f"the mesh name {name!r} is not a variable name; add -o VAR to bind the mesh")
+            return self._spawn_mesh(name, args.procs, args.gpus, args.hosts, var or name)
+        if args.hosts is not None:
+            raise UsageError("--hosts applies to a bare mesh (%forge_spawn --procs N --hosts 1 -o NAME); a run's "
+                             "services spawn on the kernel's host")
+        if args.gpus:
+            _require_gpus()
+        cfg = _parse.resolve_config(args.recipe, self.shell.user_ns)
+        if args.name:
+            cfg = dataclasses.replace(cfg, name=args.name)
+        cfg = _parse.apply(cfg, _parse.spawn_overrides(args.replicas, args.procs, args.gpus, sets))
+        self.runs.check_free(cfg.name)
+        return self._spawn_run(cfg, var or "run")
+
+    async def _spawn_run(self, cfg: Any, var: str) -> None:
+        import forge_nb
+
+        run = await forge_nb.spawn(cfg, progress=True)
+        self._bind(run, var)
+
+    async def _spawn_mesh(self, name: str, procs: int, gpus: bool, hosts: int | None, var: str) -> None:
+        import forge_nb
+
+        try:
+            mesh = await forge_nb.spawn_mesh(name, procs, gpus, hosts=hosts, owner="user")
+        except (ValueError, forge_nb.ResourceError) as e:
+            raise UsageError(str(e)) from None
+        self.shell.user_ns[var] = mesh
+        print(f"mesh {mesh.name!r}: {mesh.procs} proc(s), pids {mesh.pids}; bound to `{var}`. "
+              f"{var}.spawn('name', ActorClass) puts an actor on it; %forge_meshes lists meshes")
+
+    @magic_arguments()
+    @argument("path", help="a run directory (runs/<name>-<time>)")
+    @argument("-o", "--output", metavar="VAR", help="variable for the Run (default: run)")
+    @line_magic
+    def forge_attach(self, line: str) -> Coroutine[Any, Any, None]:
+        """Bring back a run from its directory (in a new kernel): services respawn, the last checkpoint loads."""
+        args = parse_argstring(self.forge_attach, line)
+        var = _parse.identifier(args.output) if args.output else "run"
+        from pathlib import Path
+
+        if not (Path(args.path) / "config.json").is_file():
+            raise UsageError(f"{args.path!r} is not a run directory (no config.json); runs are under runs/ "
+                             "by default, or where run_dir pointed")
+        return self._attach(args.path, var)
+
+    async def _attach(self, path: str, var: str) -> None:
+        import forge_nb
+
+        run = await forge_nb.resume(path, progress=True)
+        self._bind(run, var)
+
+    def _bind(self, run: Any, var: str) -> None:
+        self.runs.add(run)
+        self.shell.user_ns[var] = run
+        self.shell.user_ns.update(run.services)
+        bound = ", ".join(f"`{n}`" for n in [var, *run.services])
+        replicas = ", ".join(f"{n} x{len(getattr(s, 'replicas', [s]))}" for n, s in run.services.items())
+        print(f"run {run.name!r} is up ({replicas}); bound to {bound}. "
+              "Next: %forge_run (background loops) or %forge_step N; %forge_status shows it")
+
+    @magic_arguments()
+    @argument("-o", "--output", metavar="VAR", help="variable for the RunConfig (default: the cell's result)")
+    @cell_magic
+    def forge_config(self, line: str, cell: str) -> Any:
+        """The cell's YAML (forge_nb keys or torchforge's apps/grpo shape) as a validated RunConfig."""
+        args = parse_argstring(self.forge_config, line)
+        cfg = _parse.config_cell(cell)
+        if args.output:
+            self.shell.user_ns[_parse.identifier(args.output)] = cfg
+            print(f"RunConfig {cfg.name!r} -> `{args.output}`; %forge_spawn {args.output} spawns it")
+            return None
+        return cfg
+
+    @line_magic
+    def forge_meshes(self, line: str) -> None:
+        """Every process mesh this kernel holds: name, procs, pids, state, GPUs, owner, failures."""
+        if line.strip():
+            raise UsageError("%forge_meshes takes no arguments")
+        import forge_nb
+
+        infos = [m.info() for m in forge_nb.meshes()]
+        if not infos:
+            print("no meshes: %forge_spawn quickstart starts a run, %forge_spawn --procs N -o NAME a bare mesh")
+            return
+        display(_display.meshes_table(infos))
+
+    @magic_arguments()
+    @argument("--name", help="shut down only this run (default: every run and every mesh of the kernel)")
+    @line_magic
+    def forge_shutdown(self, line: str) -> Coroutine[Any, Any, None]:
+        """Stop loops, services and meshes, then check that every recorded process has exited (15 s)."""
+        args = parse_argstring(self.forge_shutdown, line)
+        only = self.runs.get(args.name) if args.name else None
+        return self._shutdown(only)
+
+    async def _shutdown(self, only: Any) -> None:
+        import forge_nb
+
+        runs = [only] if only is not None else self.runs.live(include_namespace=True)
+        pids = _run_pids(only) if only is not None else [p for m in forge_nb.meshes() for p in m.pids]
+        meshes = len(forge_nb.meshes())
+        try:
+            for run in runs:
+                self.runs.cancel_stepping(run.name)
+                await run.shutdown()
+                self.runs.forget(run)
+        finally:
+            if only is None:
+                await forge_nb.stop_all()
+        left = await _wait_gone(pids, EXIT_WAIT_S)
+        what = (f"run {only.name!r}" if only is not None else
+                f"{len(runs)} run(s) and {meshes} mesh(es)")
+        if left:
+            raise RuntimeError(f"shut down {what}, but process(es) {left} are still alive after {EXIT_WAIT_S:.0f} s; "
+                               f"kill them (kill -9 {' '.join(map(str, left))}) or restart the kernel")
+        print(f"shut down {what}: all {len(pids)} process(es) exited ({', '.join(map(str, pids)) or 'none'})")
+        others = _children(os.getpid())
+        if others:
+            print(f"{len(others)} other process(es) started by this kernel still run, not spawned through "
+                  f"forge_nb.runtime: {', '.join(f'{p} ({c})' for p, c in others.items())}")
+
+
+def _require_gpus() -> None:
+    from forge_nb import runtime
+
+    if runtime.visible_gpus() == 0:
+        raise UsageError("--gpus: this machine has no CUDA device; leave --gpus out to run on CPU")
+
+
+def _run_pids(run: Any) -> list[int]:
+    return [p for replicas in run.status()["services"].values() for r in replicas for p in r.pids]
+
+
+async def _wait_gone(pids: list[int], within: float) -> list[int]:
+    from forge_nb._procs import pid_alive
+
+    deadline = time.monotonic() + within
+    while True:
+        left = [p for p in pids if pid_alive(p)]
+        if not left or time.monotonic() > deadline:
+            return left
+        await asyncio.sleep(0.2)
+
+
+def _children(root: int) -> dict[int, str]:
+    """Live descendants of ``root`` -> their command line (Linux /proc; empty elsewhere)."""
+    from forge_nb._procs import pid_alive
+
+    if not os.path.isdir("/proc"):
+        return {}
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found: dict[int, str] = {}
+    todo = [p for p, pp in parent.items() if pp == root]
+    while todo:
+        pid = todo.pop()
+        if pid_alive(pid):
+            try:
+                with open(f"/proc/{pid}/cmdline") as f:
+                    found[pid] = " ".join(f.read().split("\0")).strip()[:80]
+            except OSError:
+                continue
+        todo += [p for p, pp in parent.items() if pp == pid]
+    return found

@@ -1,0 +1,206 @@
+"""The quickstart driven through the magics in a real kernel: spawn, run, set, interrupt, pause, step, shutdown.
+
+One kernel and one run are shared by the tests of this module (the spawn starts two vLLM engines and
+takes about a minute); the tests run in file order and each leaves the run in the state the next expects.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+
+import pytest
+
+from forge_nb._procs import pid_alive
+from tests.kernel_client import Kernel, Reply
+
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600),
+              pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (the cpu or gpu extra)")]
+
+HELPERS = """
+import asyncio, json
+
+async def _until(predicate, timeout):
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while not predicate():
+        if loop.time() - start > timeout:
+            return False
+        await asyncio.sleep(0.25)
+    return True
+
+def _value(*values):
+    print("VALUE", json.dumps(values, default=str))
+"""
+
+
+def ok(reply: Reply) -> Reply:
+    assert reply.status == "ok", f"{reply.error}\n{reply.stdout[-3000:]}\n{reply.stderr[-3000:]}"
+    return reply
+
+
+def value(reply: Reply) -> list:
+    """What the cell passed to ``_value(...)`` (procs' logs share the cell's stdout, hence the marker)."""
+    ok(reply)
+    line = next(line for line in reversed(reply.stdout.splitlines()) if line.startswith("VALUE "))
+    return json.loads(line[len("VALUE "):])
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    k = Kernel(cwd=str(tmp_path_factory.mktemp("magics-kernel")))
+    try:
+        ok(k.run("%load_ext forge_nb\n" + HELPERS))
+        spawned = k.run("%forge_spawn quickstart --set loop.rollout_loops=2", timeout=480)
+        if spawned.status != "ok":
+            pytest.fail(f"the quickstart did not spawn: {spawned.error}\n{spawned.stderr[-3000:]}")
+        k.spawned = spawned
+        yield k
+    finally:
+        try:
+            if k.is_alive():
+                k.run("%forge_shutdown", timeout=120)
+        finally:
+            k.shutdown(now=True)
+
+
+def test_spawn_binds_the_run_and_its_services(kernel):
+    assert "is up (policy x2, trainer x1); bound to `run`, `policy`, `trainer`" in kernel.spawned.stdout
+    kinds = value(kernel.run("_value(type(run).__name__, run.name, run.state, sorted(run.services), "
+                             "type(policy).__name__, policy is run.policy, trainer is run.trainer)"))
+    assert kinds == ["Run", "quickstart", "ready", ["policy", "trainer"], "Service", True, True]
+    meshes = ok(kernel.run("%forge_meshes")).text
+    assert "3 mesh(es) held by this kernel" in meshes
+    assert "quickstart-policy-r0" in meshes and "quickstart-policy-r1" in meshes and "quickstart-trainer" in meshes
+
+
+def test_run_trains_in_the_background_and_status_shows_it(kernel):
+    started = time.monotonic()
+    reply = ok(kernel.run("%forge_run"))
+    assert time.monotonic() - started < 30, "%forge_run must return at once"
+    assert "is running in the background (2 rollout loop(s) + training)" in reply.stdout
+    reached, step, state, error = value(kernel.run(
+        "_value(await _until(lambda: run.current_step >= 2, 240), run.current_step, run.state, run.error)",
+        timeout=300))
+    assert reached and state == "running" and error is None, (step, state, error)
+    status = ok(kernel.run("%forge_status")).text
+    assert "run 'quickstart': running, step" in status
+    assert "train running" in status and "rollout0 running" in status and "rollout1 running" in status
+    replica_rows = [line for line in status.splitlines() if line.startswith(("policy ", "trainer "))]
+    assert len(replica_rows) == 3 and all(" healthy " in row for row in replica_rows), status
+
+
+def test_set_is_recorded_as_a_set_event(kernel):
+    assert "lr=0.001 applies at the next step boundary" in ok(kernel.run("%forge_set lr=1e-3")).stdout
+    recorded, lr = value(kernel.run(
+        "_value(await _until(lambda: any(e['kind'] == 'set' and e['changes'] == {'lr': 0.001} "
+        "for e in run.metrics.events), 120), run.hparams['lr'])", timeout=180))
+    assert recorded and lr == 0.001
+    wrong = kernel.run("%forge_set bogus=1")  # a UsageError is shown on stderr, without a traceback
+    assert wrong.status == "error" and "UsageError: %forge_set: unknown name(s) ['bogus']; hot-changeable:" \
+        in wrong.stderr, wrong
+
+
+@pytest.mark.parametrize(("code", "raised"), [("import time\ntime.sleep(60)", "KeyboardInterrupt"),
+                                              ("await asyncio.sleep(60)", "CancelledError")],
+                         ids=["blocking", "awaiting"])
+def test_an_interrupt_cancels_only_the_cell(kernel, code, raised):
+    msg = kernel.submit("_before = run.current_step\n" + code)
+    kernel.wait_busy(msg)
+    time.sleep(2)
+    kernel.interrupt()
+    reply = kernel.collect(msg, timeout=60)
+    assert reply.status == "error" and raised in reply.error, reply
+    grew, before, after, state, loops = value(kernel.run(
+        "_value(await _until(lambda: run.current_step > _before + 1, 180), _before, run.current_step, run.state, "
+        "run.status()['loops'])", timeout=240))
+    assert grew and state == "running", (before, after, state)
+    assert set(loops.values()) == {"running"}, loops
+
+
+def test_episodes_table(kernel):
+    table = ok(kernel.run("%forge_episodes -n 3")).text
+    assert "3 episode(s), newest last" in table
+    assert "episode_id" in table and "reward" in table and "response" in table
+
+
+def test_dashboard_displays_the_run(kernel):
+    reply = ok(kernel.run("%forge_dashboard"))
+    assert reply.results, "nothing was displayed"
+    # one dashboard per run: closing it stops its poll task
+    ok(kernel.run("import forge_nb.widgets\nforge_nb.widgets.dashboard(run).close()"))
+
+
+def test_pause_stops_step_growth(kernel):
+    assert "pauses at the next boundary" in ok(kernel.run("%forge_pause")).stdout
+    # the step in flight finishes; then the count must stay put
+    settled, steps, state = value(kernel.run(
+        "_seen = [run.current_step, asyncio.get_running_loop().time()]\n"
+        "def _settled():\n"
+        "    now = asyncio.get_running_loop().time()\n"
+        "    if run.current_step != _seen[0]:\n"
+        "        _seen[:] = [run.current_step, now]\n"
+        "    return now - _seen[1] > 4\n"
+        "_ok = await _until(_settled, 60)\n"
+        "_a = run.current_step\n"
+        "await asyncio.sleep(8)\n"
+        "_value(_ok, [_a, run.current_step], run.state)", timeout=120))
+    assert settled and steps[0] == steps[1] and state == "paused", (steps, state)
+
+
+def test_step_waits_for_exactly_n_steps(kernel):
+    before = value(kernel.run("_value(run.current_step)"))[0]
+    reply = ok(kernel.run("%forge_step 1", timeout=180))
+    assert "run 'quickstart': 1 step(s), now paused" in reply.text
+    assert value(kernel.run("_value(run.current_step, run.state)")) == [before + 1, "paused"]
+    # --steps: in the background, then a pause
+    reply = ok(kernel.run("%forge_run --steps 2"))
+    assert "2 step(s) in the background" in reply.stdout
+    done, step = value(kernel.run(
+        "_value(await _until(lambda: run.state == 'paused', 180), run.current_step)", timeout=240))
+    assert done and step == before + 3
+
+
+def test_shutdown_leaves_no_process(kernel):
+    pids = value(kernel.run("import forge_nb\n_value([p for m in forge_nb.meshes() for p in m.pids])"))[0]
+    assert len(pids) == 3 and all(pid_alive(p) for p in pids)
+    reply = ok(kernel.run("%forge_shutdown", timeout=180))
+    assert "shut down 1 run(s) and 3 mesh(es): all 3 process(es) exited" in reply.stdout, reply.stdout[-2000:]
+    assert not [p for p in pids if pid_alive(p)]
+    assert "no meshes" in ok(kernel.run("%forge_meshes")).stdout
+    assert "UsageError: no run yet" in kernel.run("%forge_status").stderr
+    # whatever else still runs under the kernel, the magic names it
+    for pid in _descendants(kernel.pid):
+        assert f"{pid} (" in reply.stdout, (pid, reply.stdout[-2000:])
+
+
+@pytest.mark.xfail(strict=True, reason="torchstore's storage-volume process (spawned by forge_nb.weights, not "
+                                       "through forge_nb.runtime) outlives weights.shutdown_store()")
+def test_no_process_at_all_is_left_under_the_kernel(kernel):
+    leftover = _descendants(kernel.pid)
+    assert not leftover, f"processes left under the kernel after %forge_shutdown: {leftover}"
+
+
+def _descendants(root: int) -> dict[int, str]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = {}, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/cmdline") as f:
+                found[pid] = f.read().replace("\0", " ")[:120]
+        except OSError:
+            continue
+        todo += children.get(pid, [])
+    return found
