@@ -52,8 +52,15 @@ def _ts() -> Any:
     return ts
 
 
+_store_mesh: runtime.Mesh | None = None
+
+
 async def initialize_store() -> None:
-    """Start the kernel's torchstore (a controller and one storage volume). Kernel only; idempotent."""
+    """Start the kernel's torchstore (a controller and one storage volume). Kernel only; idempotent.
+
+    The storage volume gets a process of the runtime's (left to itself, torchstore would spawn one
+    the runtime does not know, which would outlive ``shutdown_store``)."""
+    global _store_mesh
     ts = _ts()
     remove_orphaned_shm()
     try:
@@ -61,10 +68,12 @@ async def initialize_store() -> None:
         return  # already running
     except Exception:
         pass
-    await ts.initialize()
+    _store_mesh = await runtime.spawn_mesh("torchstore", 1, owner="torchstore")
+    await ts.initialize(mesh=_store_mesh.proc_mesh)
 
 
 async def shutdown_store() -> None:
+    global _store_mesh
     ts = _ts()
     try:
         for version in await stored_versions():
@@ -72,6 +81,9 @@ async def shutdown_store() -> None:
         await ts.shutdown()
     finally:
         ts.reset_client()
+        if _store_mesh is not None:
+            await _store_mesh.stop()
+            _store_mesh = None
 
 
 async def push_state_dict(state_dict: dict[str, torch.Tensor], version: int, transport: str = "auto") -> None:
