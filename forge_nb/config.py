@@ -269,6 +269,7 @@ def _translate(raw: dict[str, Any]) -> dict[str, Any]:
         loop.setdefault("rollout_loops", raw.pop("rollout_threads"))
     policy, services, actors = raw.pop("policy", {}) or {}, raw.pop("services", {}) or {}, raw.pop("actors", {}) or {}
     gen: dict[str, Any] = {k: v for k, v in policy.items() if k in ("engine_args", "sampling_params")}
+    gen |= raw.pop("generator", None) or {}  # forge_nb's own section
     for k in ("num_replicas", "procs", "with_gpus"):
         if k in services.get("policy", {}):
             gen[k] = services["policy"][k]
@@ -285,7 +286,7 @@ def _translate(raw: dict[str, Any]) -> dict[str, Any]:
         trainer["max_norm"] = float(trainer_raw["training"]["max_norm"])
     if trainer_raw.get("training", {}).get("steps"):
         loop.setdefault("max_steps", int(trainer_raw["training"]["steps"]))
-    for k in ("loss", "loss_config"):
+    for k in ("lr", "max_norm", "loss", "loss_config", "procs", "with_gpus", "extra"):  # forge_nb's own names
         if k in trainer_raw:
             trainer[k] = trainer_raw[k]
     for k in ("procs", "with_gpus"):

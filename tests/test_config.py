@@ -102,3 +102,8 @@ def test_the_real_torchforge_yaml_if_present():
     text = subprocess.run(["git", "-C", str(repo), "show", "HEAD:apps/grpo/qwen3_1_7b.yaml"],
                           capture_output=True, text=True, check=True).stdout
     assert from_yaml(text).model == "Qwen/Qwen3-1.7B"
+
+
+def test_forge_nb_style_sections_in_yaml_are_read_not_dropped():
+    cfg = from_yaml("trainer: {lr: 5.0, procs: 3, loss_config: {beta: 0}}\ngenerator: {num_replicas: 3}\n")
+    assert (cfg.trainer.lr, cfg.trainer.procs, cfg.generator.num_replicas) == (5.0, 3, 3)
