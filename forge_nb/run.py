@@ -60,11 +60,12 @@ class Run:
         self._hparams = dict(hparams or {})
         self.trainer_hparams = tuple(n for n in trainer_hparams if n != "temperature")
         self._pending: dict[str, Any] = {}
+        self._apply_lock = asyncio.Lock()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._running = asyncio.Event()
         self.collect_allowed, self.batch_ready = asyncio.Event(), asyncio.Event()
         self.collect_allowed.set()
-        self._training_parked = asyncio.Event()
+        self.training_idle = asyncio.Event()  # set while the training loop is between steps
         self._steps_left: int | None = None
         self._steps_waiter: asyncio.Future[None] | None = None
         self._recent: deque[dict[str, Any]] = deque(maxlen=2000)
@@ -161,6 +162,10 @@ class Run:
         """Run exactly ``n`` training steps, then pause; returns their metric rows."""
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"step(n={n!r}): n must be an integer >= 1")
+        training = self._tasks.get("train")
+        if training is not None and not training.done():
+            self.pause()  # a step already in flight finishes first and is not one of the n
+            await self.training_idle.wait()
         first = len(self.metrics.rows)
         self._steps_left = n
         self._steps_waiter = asyncio.get_running_loop().create_future()
@@ -187,7 +192,7 @@ class Run:
         training = self._tasks.get("train")
         if training is not None and not training.done():
             try:
-                await asyncio.wait_for(self._training_parked.wait(), timeout)
+                await asyncio.wait_for(self.training_idle.wait(), timeout)
             except TimeoutError:
                 logger.warning("run %s: the training step did not finish in %ss; cancelling it", self.name, timeout)
         await self._cancel_loops()
@@ -224,7 +229,13 @@ class Run:
         return dict(self._pending)
 
     async def apply_changes(self) -> None:
-        """Apply queued changes (called by the training loop between steps); records a "set" event."""
+        """Apply queued changes (called by the training loop between steps); records a "set" event.
+
+        Serialized: a step never starts while changes queued before it are still being applied."""
+        async with self._apply_lock:
+            await self._apply_pending()
+
+    async def _apply_pending(self) -> None:
         if not self._pending:
             return
         changes, self._pending = self._pending, {}
@@ -244,16 +255,7 @@ class Run:
     # -- called by the loops --------------------------------------------------------------------
 
     async def wait_until_running(self) -> None:
-        if self._running.is_set():
-            return
-        is_training = asyncio.current_task() is self._tasks.get("train")
-        if is_training:
-            self._training_parked.set()
-        try:
-            await self._running.wait()
-        finally:
-            if is_training:
-                self._training_parked.clear()
+        await self._running.wait()
 
     def accept(self, group: list[Episode]) -> None:
         """A finished group: quarantined episodes are recorded and dropped, the rest buffered."""
