@@ -69,6 +69,13 @@ async def rollout_loop(run: Run, index: int) -> None:
 
 async def training_loop(run: Run) -> None:
     """Train on a batch, push the weights, update every generator; one step at a time."""
+    try:
+        await _train_forever(run)
+    finally:  # cancelled mid-step or failed: either way no step is in flight any more
+        run.training_idle.set()
+
+
+async def _train_forever(run: Run) -> None:
     cfg = run.config
     waited_since = time.monotonic()
     starved_reported = False
