@@ -64,6 +64,7 @@ class Service:
         self.actor_cls = actor_cls
         self.options = options
         self._endpoints = set(actor_cls.endpoint_names())
+        self._adverbs: dict[str, Any] = {}
         self.replicas = [Replica(self.name, i, actor_cls, options, args, kwargs, self._state_changed)
                          for i in range(options.num_replicas)]
         self.events: deque[ServiceEvent] = deque(maxlen=1000)
@@ -92,7 +93,10 @@ class Service:
             known = ", ".join(sorted(self.__dict__.get("_endpoints", ()))) or "none"
             raise AttributeError(f"{type(self).__name__} {self.__dict__.get('name')!r} has no endpoint "
                                  f"{name!r}; its endpoints: {known}")
-        return self._endpoint(name)
+        endpoint = self.__dict__["_adverbs"].get(name)
+        if endpoint is None:  # made once per name: `svc.ep` sits on the hot path of every request
+            endpoint = self.__dict__["_adverbs"][name] = self._endpoint(name)
+        return endpoint
 
     def _endpoint(self, name: str) -> Any:
         return ServiceEndpoint(self, name)
