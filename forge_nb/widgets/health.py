@@ -1,0 +1,131 @@
+"""HealthGrid: one row per replica of each service, coloured by state, refreshed on events and by polling.
+
+The grid reads ``service.status()`` (plain ``ReplicaStatus`` records, duck-typed here: widgets never
+import the service layer) and renders an HTML table per service: state, pids, requests in flight,
+served, failures, restarts, latency p50/p95, and the weight-version lag (the run's version minus
+the replica's). It refreshes when a service reports a state change (``service.subscribe``) and
+when the dashboard's poll ticks (in-flight counts and latencies change without events). Rows carry
+``data-replica`` and ``data-state`` so a browser test can read them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as w
+
+from forge_nb.widgets._throttle import Throttle
+
+FIELDS = ("service", "index", "state", "pids", "in_flight", "served", "failures", "restarts",
+          "latency_p50_ms", "latency_p95_ms", "last_error", "version")
+COLORS = {"healthy": "#2ca02c", "starting": "#1f77b4", "recovering": "#d62728", "failed": "#7f0000",
+          "stopped": "#7f7f7f"}
+Snapshot = dict[str, list[dict[str, Any]]]
+
+
+def status_dict(status: Any) -> dict[str, Any]:
+    """A ReplicaStatus (or anything with its attributes, or a dict) as a plain dict."""
+    if isinstance(status, dict):
+        return {f: status.get(f) for f in FIELDS}
+    return {f: getattr(status, f, None) for f in FIELDS}
+
+
+def snapshot(services: dict[str, Any]) -> Snapshot:
+    """service name -> its replicas' status dicts."""
+    return {name: [status_dict(s) for s in svc.status()] for name, svc in services.items()}
+
+
+def _cell(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "&ndash;"
+    if isinstance(value, float):
+        return f"{value:.1f}{unit}"
+    return f"{html.escape(str(value))}{unit}"
+
+
+def render_health(snap: Snapshot, run_version: int | None) -> str:
+    """The HTML tables of a snapshot (also the grid's part of the plain HTML view)."""
+    if not snap:
+        return "<div class='forge-health'><i>no services yet</i></div>"
+    head = "".join(f"<th style='padding:2px 6px;text-align:left'>{h}</th>" for h in (
+        "replica", "state", "pids", "in flight", "served", "failures", "restarts", "p50 ms", "p95 ms",
+        "version lag", "last error"))
+    parts = ["<div class='forge-health'>"]
+    for name, rows in snap.items():
+        healthy = sum(r["state"] == "healthy" for r in rows)
+        parts.append(f"<div data-service='{html.escape(name)}' style='margin:4px 0'>"
+                     f"<b>{html.escape(name)}</b> &mdash; {healthy}/{len(rows)} healthy"
+                     f"<table style='border-collapse:collapse;font-size:12px'><tr>{head}</tr>")
+        for r in rows:
+            state = str(r["state"])
+            lag = (run_version - r["version"]) if run_version is not None and r["version"] is not None else None
+            error = str(r["last_error"] or "")
+            cells = [
+                _cell(f"{name}[{r['index']}]"),
+                f"<span style='background:{COLORS.get(state, '#999')};color:white;padding:1px 6px;"
+                f"border-radius:3px'>{html.escape(state)}</span>",
+                _cell(",".join(str(p) for p in r["pids"] or []) or None),
+                _cell(r["in_flight"]), _cell(r["served"]), _cell(r["failures"]), _cell(r["restarts"]),
+                _cell(r["latency_p50_ms"]), _cell(r["latency_p95_ms"]), _cell(lag),
+                f"<span title='{html.escape(error)}'>{html.escape(error[:60])}</span>",
+            ]
+            tds = "".join(f"<td style='padding:2px 6px'>{c}</td>" for c in cells)
+            parts.append(f"<tr data-replica='{html.escape(name)}[{r['index']}]' "
+                         f"data-state='{html.escape(state)}'>{tds}</tr>")
+        parts.append("</table></div>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+class HealthGrid:
+    """The replica health grid of a run's services; ``refresh()`` re-reads every status."""
+
+    def __init__(self, services: Callable[[], dict[str, Any]], version: Callable[[], int | None],
+                 loop: asyncio.AbstractEventLoop | None = None,
+                 on_error: Callable[[BaseException], None] | None = None, interval: float = 0.1):
+        self._services = services
+        self._version = version
+        self.html = w.HTML(render_health({}, None))
+        self.widget = self.html
+        self.snapshot: Snapshot = {}
+        self.throttle = Throttle(self.refresh, interval=interval, loop=loop, on_error=on_error)
+        self._subscribed: set[int] = set()  # id() of services already subscribed to
+        self.closed = False
+
+    def refresh(self) -> None:
+        if self.closed:
+            return
+        services = dict(self._services() or {})
+        for svc in services.values():
+            self._subscribe(svc)
+        self.snapshot = snapshot(services)
+        value = render_health(self.snapshot, self._version())
+        if value != self.html.value:
+            self.html.value = value
+
+    def _subscribe(self, svc: Any) -> None:
+        """Hear of the service's state changes (services have no unsubscribe: the hook holds a weakref)."""
+        if id(svc) in self._subscribed or not hasattr(svc, "subscribe"):
+            return
+        self._subscribed.add(id(svc))
+        ref = weakref.ref(self)
+
+        def on_event(event: Any) -> None:
+            grid = ref()
+            if grid is not None and not grid.closed:
+                grid.throttle.poke()
+
+        svc.subscribe(on_event)
+
+    def states(self) -> dict[str, str]:
+        """"service[i]" -> state, from the last refresh."""
+        return {f"{name}[{r['index']}]": r["state"] for name, rows in self.snapshot.items() for r in rows}
+
+    def close(self) -> None:
+        self.closed = True
+        self.throttle.cancel()
+        self.html.close()

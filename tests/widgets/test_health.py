@@ -1,0 +1,70 @@
+"""The health grid over a real service on monarch meshes: a SIGKILLed replica turns red, then healthy."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from forge_nb.widgets import Dashboard
+from forge_nb.widgets.health import render_health, status_dict
+from tests.actors_for_tests import Worker
+from tests.widgets.stand_in import StandInRun
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _cells(html: str, replica: str) -> list[str]:
+    """The text of each cell of one replica's row."""
+    row = re.search(rf"<tr data-replica='{re.escape(replica)}'.*?</tr>", html).group(0)
+    return [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+
+
+def _state_in_grid(html: str, replica: str) -> str | None:
+    m = re.search(rf"data-replica='{re.escape(replica)}' data-state='(\w+)'", html)
+    return m.group(1) if m else None
+
+
+async def test_grid_turns_recovering_within_a_second_then_healthy_again(runtime) -> None:
+    svc = await Worker.options(num_replicas=2, restart_backoff=0.1, route_wait_timeout=60.0).as_service()
+    run = StandInRun(services={"worker": svc})
+    seen: dict[str, float] = {}  # state -> when the service reported it
+    svc.subscribe(lambda e: seen.setdefault(e.new, e.time) if e.replica == 0 else None)
+    d = Dashboard(run)
+    try:
+        await asyncio.gather(*(svc.work.route(i) for i in range(4)))
+        await asyncio.sleep(0.7)  # one poll: served counts and latencies
+        grid = d.health.html.value
+        assert _state_in_grid(grid, "worker[0]") == "healthy" and _state_in_grid(grid, "worker[1]") == "healthy"
+        assert "2/2 healthy" in grid and str(svc.replicas[0].mesh.pids[0]) in grid
+        assert sum(s.served for s in svc.status()) == 4
+        run.version = 3
+        svc.replicas[1].version = 2
+        d.tick()
+        cells = _cells(d.health.html.value, "worker[1]")
+        assert cells[0] == "worker[1]" and cells[1] == "healthy" and cells[9] == "1"  # version lag 3 - 2
+        assert int(cells[4]) >= 1 and float(cells[7]) > 0  # served, p50 latency
+
+        os.kill(svc.replicas[0].mesh.pids[0], signal.SIGKILL)
+        drawn: dict[str, float] = {}
+        deadline = time.monotonic() + 60
+        while "healthy" not in drawn and time.monotonic() < deadline:
+            state = _state_in_grid(d.health.html.value, "worker[0]")
+            if state is not None and state not in drawn and (state != "healthy" or "recovering" in drawn):
+                drawn[state] = time.time()
+            await asyncio.sleep(0.02)
+        assert "recovering" in drawn and "healthy" in drawn, (drawn, seen)
+        assert drawn["recovering"] - seen["recovering"] < 1.0
+        assert drawn["healthy"] - seen["healthy"] < 1.0
+        assert "#d62728" in render_health({"worker": [status_dict(svc.status()[0]) | {"state": "recovering"}]}, 0)
+        row = d.health.snapshot["worker"][0]
+        assert row["restarts"] == 1 and row["failures"] == 1 and "process died" in (row["last_error"] or "")
+        assert d.health.states() == {"worker[0]": "healthy", "worker[1]": "healthy"}
+        assert not d.errors.messages
+    finally:
+        d.close()
+        await svc.shutdown()
