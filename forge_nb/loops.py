@@ -22,6 +22,7 @@ generation and training after the current step. A loop that raises stops the run
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -90,7 +91,11 @@ async def _train_forever(run: Run) -> None:
                 run.metrics.event("starved", waited_s=round(time.monotonic() - waited_since, 1),
                                   message="the trainer has waited for a batch; are the generators healthy?")
                 starved_reported = True
-            await run.batch_ready.wait()
+            # wake up by the starvation deadline at the latest, so a trainer that waits forever says so
+            waited = time.monotonic() - waited_since
+            patience = 1.0 if starved_reported else max(0.05, cfg.loop.starved_after_s - waited)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(run.batch_ready.wait(), patience)
             run.batch_ready.clear()
             continue
         sync = cfg.loop.mode == "sync"
