@@ -9,5 +9,6 @@ class ProcInfo(Actor):
     """Answers with its pid so the kernel can account for, and if need be kill, every proc."""
 
     @endpoint
-    async def pid(self) -> int:
-        return os.getpid()
+    async def pid(self) -> tuple[int, int]:
+        """(pid, process group): the group also holds whatever this proc starts (e.g. vLLM's engine)."""
+        return os.getpid(), os.getpgid(0)

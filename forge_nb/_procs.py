@@ -31,3 +31,18 @@ def kill_pids(pids: list[int], grace: float) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def kill_groups(pgids: list[int]) -> None:
+    """SIGKILL whole process groups: what a dead proc's children (vLLM's engine and workers) still share.
+
+    A monarch proc leads its own group; the processes it starts inherit it and are re-parented when it
+    dies, so only the group still names them. Never this process's own group.
+    """
+    own = os.getpgid(0)
+    for pgid in pgids:
+        if pgid > 1 and pgid != own:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

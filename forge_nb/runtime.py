@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge_nb._monarch_compat import await_maybe
-from forge_nb._procs import kill_pids, pid_alive
+from forge_nb._procs import kill_groups, kill_pids, pid_alive
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +170,7 @@ class Mesh:
         self.owner = owner
         self.proc_mesh: Any = None
         self.pids: list[int] = []
+        self.pgids: list[int] = []
         self.state: MeshState = "running"
         self.failures: list[Failure] = []
         self.created = time.time()
@@ -221,6 +222,7 @@ class Mesh:
         except Exception as e:  # a mesh with a dead proc may refuse a clean stop
             logger.debug("mesh %s did not stop cleanly: %s", self.name, e)
         kill_pids(self.alive_pids(), grace=2.0)
+        kill_groups(self.pgids)  # what the procs started and left behind (vLLM engines and workers)
         _release(self)
 
     def _record(self, failure: Failure) -> None:
@@ -299,7 +301,8 @@ async def spawn_mesh(
 
         info = mesh.spawn("procinfo", ProcInfo)
         pids = await info.pid.call()
-        mesh.pids = [pid for _, pid in sorted(pids.items(), key=lambda kv: kv[0].rank)]
+        ranked = [value for _, value in sorted(pids.items(), key=lambda kv: kv[0].rank)]
+        mesh.pids, mesh.pgids = [pid for pid, _ in ranked], [pgid for _, pgid in ranked]
         _start_watchdog(mesh._loop)
     except BaseException:
         await mesh.stop(timeout=5)
@@ -379,6 +382,8 @@ async def _watch_pids() -> None:
         for mesh in running:
             dead = [rank for rank, pid in enumerate(mesh.pids) if not pid_alive(pid)]
             if dead:
+                # a dead proc's children live on, re-parented; its process group still names them
+                kill_groups([mesh.pgids[r] for r in dead if r < len(mesh.pgids)])
                 mesh._record(Failure(
                     mesh=mesh.name, actor_mesh="", ranks=dead,
                     message=f"process(es) {[mesh.pids[r] for r in dead]} of mesh {mesh.name!r} exited",
@@ -395,6 +400,7 @@ def _kill_everything() -> None:
     """atexit: the event loop may be gone, so go straight to signals."""
     pids = [p for m in list(_meshes.values()) for p in m.pids]
     kill_pids(pids, grace=3.0)
+    kill_groups([g for m in list(_meshes.values()) for g in m.pgids])
     _meshes.clear()
 
 

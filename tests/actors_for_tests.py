@@ -121,3 +121,14 @@ class WeightsReader(Actor):
         from forge_nb import weights
 
         return {k: float(v.float().sum()) for k, v in (await weights.load_state_dict(version)).items()}
+
+
+class Parent(Actor):
+    """Starts a child process of its own, as a vLLM generator starts its engine and workers."""
+
+    @endpoint
+    async def start_child(self) -> int:
+        import subprocess
+
+        self.child = subprocess.Popen(["sleep", "600"])
+        return self.child.pid

@@ -177,3 +177,20 @@ def _children() -> set[int]:
             if int(fields[1]) == os.getpid() and fields[0] != "Z":
                 kids.add(int(entry))
     return kids
+
+
+async def test_a_dead_procs_own_children_do_not_outlive_it(runtime):
+    """vLLM's engine and workers are children of the generator's proc: when it is SIGKILLed they are
+    re-parented, not killed. The runtime kills the dead proc's process group."""
+    from tests.actors_for_tests import Parent
+
+    mesh = await runtime.spawn_mesh("t-orphans")
+    grandchild = await mesh.spawn("parent", Parent).start_child.call_one()
+    assert pid_alive(grandchild)
+    os.kill(mesh.pids[0], signal.SIGKILL)
+    assert await _wait_for(lambda: not pid_alive(grandchild), timeout=15), "an orphan outlived its proc"
+
+    again = await runtime.spawn_mesh("t-orphans-stop")
+    grandchild = await again.spawn("parent", Parent).start_child.call_one()
+    await again.stop()
+    assert await _wait_for(lambda: not pid_alive(grandchild), timeout=15), "stop() left a child behind"
