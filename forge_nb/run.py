@@ -71,7 +71,7 @@ class Run:
         self._recent: deque[dict[str, Any]] = deque(maxlen=2000)
         # Where every accepted episode ended up (see ledger()); the buffer counts its own part.
         self._ledger = dict.fromkeys(("accepted", "quarantined", "trained", "skipped_step", "trainer_died",
-                                      "rolled_back"), 0)
+                                      "rolled_back", "cleared"), 0)
         self._gen_tokens, self._gen_since = 0, time.monotonic()
         policy.set_catch_up(self._catch_up)
         for name, service in self.services.items():
@@ -108,11 +108,19 @@ class Run:
 
     def ledger(self) -> dict[str, Any]:
         """Where every accepted episode went. ``balanced`` says the books add up:
-        accepted = quarantined + trained + skipped_step + trainer_died + rolled_back + evicted + buffered."""
+        accepted = quarantined + trained + skipped_step + trainer_died + rolled_back + cleared + evicted + buffered."""
         counts = {**self._ledger, **{k: v for k, v in self.replay_buffer.counters().items() if k != "added"},
                   "buffered": len(self.replay_buffer)}
         ends = sum(v for k, v in counts.items() if k not in ("accepted", "sampled"))
         return {**counts, "balanced": counts["accepted"] == ends}
+
+    def clear_buffer(self, reason: str) -> int:
+        """Drop every buffered episode, counted in the ledger and recorded as an event."""
+        n = len(self.replay_buffer)
+        self._ledger["cleared"] += n
+        self.replay_buffer.clear()
+        self.metrics.event("buffer_cleared", episodes=n, reason=reason)
+        return n
 
     def count(self, outcome: str, n: int) -> None:
         """Record that ``n`` episodes ended as ``outcome`` (a key of the ledger)."""
@@ -330,8 +338,7 @@ class Run:
         state = self.dir.load_state() or {"step": 0, "version": 0}
         from_step, from_version = self.current_step, self.version
         self.current_step, self.version = int(state["step"]), int(info["step"])
-        self._ledger["rolled_back"] += len(self.replay_buffer)
-        self.replay_buffer.clear()  # made by weights the rewind took back
+        self.clear_buffer("made by weights the rewind took back")
         await self.trainer.push_weights.call(self.version)
         await self.policy.update_weights.fanout(self.version)
         self.set_version(self.version)

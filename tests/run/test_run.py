@@ -144,7 +144,7 @@ async def test_a_starved_trainer_says_so(run):
         await asyncio.sleep(3600)
 
     run.episode_fn = stuck
-    run.replay_buffer.clear()
+    run.clear_buffer("the test wants a trainer with nothing to train on")
     run.config.loop.starved_after_s = 0.5
     run.start()
     assert await _until(lambda: any(e["kind"] == "starved" for e in run.metrics.events), timeout=30)
