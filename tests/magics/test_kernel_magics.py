@@ -72,7 +72,7 @@ def test_spawn_binds_the_run_and_its_services(kernel):
                              "type(policy).__name__, policy is run.policy, trainer is run.trainer)"))
     assert kinds == ["Run", "quickstart", "ready", ["policy", "trainer"], "Service", True, True]
     meshes = ok(kernel.run("%forge_meshes")).text
-    assert "3 mesh(es) held by this kernel" in meshes
+    assert "4 mesh(es) held by this kernel" in meshes  # 2 generators, the trainer, torchstore's volume
     assert "quickstart-policy-r0" in meshes and "quickstart-policy-r1" in meshes and "quickstart-trainer" in meshes
 
 
@@ -165,7 +165,7 @@ def test_step_waits_for_exactly_n_steps(kernel):
 
 def test_shutdown_leaves_no_process(kernel):
     pids = value(kernel.run("import forge_nb\n_value([p for m in forge_nb.meshes() for p in m.pids])"))[0]
-    assert len(pids) == 3 and all(pid_alive(p) for p in pids)
+    assert len(pids) == 4 and all(pid_alive(p) for p in pids)  # torchstore's storage volume has a mesh too
     reply = ok(kernel.run("%forge_shutdown", timeout=180))
     # 2 generator replicas, the trainer and torchstore's storage volume
     assert "shut down 1 run(s) and 4 mesh(es): all 4 process(es) exited" in reply.stdout, reply.stdout[-2000:]
