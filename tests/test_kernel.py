@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from forge_nb._procs import pid_alive
 from tests.kernel_client import Kernel
 
 pytestmark = pytest.mark.timeout(240)
@@ -30,18 +31,11 @@ def _pids(reply) -> list[int]:
 def _gone(pids: list[int], within: float) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if not any(_exists(p) for p in pids):
+        if not any(pid_alive(p) for p in pids):
             return True
         time.sleep(0.2)
     return False
 
-
-def _exists(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture
@@ -70,7 +64,7 @@ def test_actor_killed_while_a_cell_waits_does_not_kill_the_kernel(kernel):
     # The other proc still answers from the same kernel.
     again = kernel.run("print(await sleeper.slice(procs=1).sleep.call_one(0.1))")
     assert again.status == "ok" and "0.1" in again.stdout, again
-    assert _exists(survivor)
+    assert pid_alive(survivor)
 
 
 def test_actor_killed_while_the_kernel_is_idle_is_recorded_not_fatal(kernel):
@@ -85,7 +79,7 @@ def test_actor_killed_while_the_kernel_is_idle_is_recorded_not_fatal(kernel):
 @pytest.mark.parametrize("now", [False, True], ids=["restart", "restart-now"])
 def test_no_process_survives_a_kernel_restart(kernel, now):
     pids = _pids(kernel.run(SPAWN))
-    assert all(_exists(p) for p in pids)
+    assert all(pid_alive(p) for p in pids)
     kernel.restart(now=now)
     assert _gone(pids, within=15), f"procs {pids} outlived a kernel restart"
     assert kernel.run("print(6 * 7)").stdout.strip() == "42"

@@ -150,18 +150,10 @@ def test_no_process_outlives_its_controller(tmp_path, how):
     pids = [int(p) for line in out.stdout.splitlines() if line.startswith("PIDS") for p in line.split()[1:]]
     assert len(pids) == 2, out.stdout + out.stderr
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(_exists(p) for p in pids):
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.2)
-    assert not [p for p in pids if _exists(p)], f"procs outlived a controller that {how}ed"
+    assert not [p for p in pids if pid_alive(p)], f"procs outlived a controller that {how}ed"
 
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone for our purpose
-        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 def _children() -> set[int]:
