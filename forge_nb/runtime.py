@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import functools
 import itertools
 import logging
@@ -175,6 +176,7 @@ class Mesh:
         self.failures: list[Failure] = []
         self.created = time.time()
         self._listeners: list[Callable[[Failure], None]] = []
+        self._context = contextvars.copy_context()  # the spawner's; failures are recorded in it
         self._loop: asyncio.AbstractEventLoop | None = None
         self._actor_names: list[str] = []
 
@@ -357,7 +359,10 @@ def _fault_hook(failure: Any) -> None:
         )
         loop = mesh._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(mesh._record, record)
+            # Run it in the spawner's context, not this monarch thread's: monarch keeps the current
+            # actor in a context variable, and a respawn started from its context spawns on a
+            # proc that has no host mesh (AttributeError: 'NoneType' object has no attribute 'slice').
+            loop.call_soon_threadsafe(mesh._record, record, context=mesh._context.copy())
         else:
             mesh._record(record)
     except Exception:  # the hook must never take the kernel down

@@ -93,6 +93,25 @@ async def test_sigkill_mid_request_is_retried_once_and_the_replica_respawns(runt
         await ledger.shutdown()
 
 
+async def test_respawn_works_when_monarch_reports_the_death_before_the_watchdog(runtime, monkeypatch):
+    # monarch's fault hook runs on its own thread, inside a context that names another actor; a respawn
+    # started from there used to fail ("'NoneType' object has no attribute 'slice'"), which happened
+    # whenever monarch beat the pid watchdog, as on a loaded CI machine.
+    monkeypatch.setattr(runtime, "WATCHDOG_PERIOD_S", 120.0)
+    await asyncio.sleep(2 * 0.25)  # let a running watchdog pick up the new period
+    svc = await Worker.options(num_replicas=2, **FAST).as_service()
+    try:
+        old = svc.replicas[0].mesh.pids[0]
+        os.kill(old, signal.SIGKILL)
+        assert await _until(lambda: svc.replicas[0].state == "recovering")
+        assert await _until(lambda: _healthy(svc), timeout=60), svc.replicas[0].last_error
+        assert svc.replicas[0].mesh.pids[0] != old and svc.replicas[0].restarts == 1
+        assert await svc.get_setups.fanout() == [1, 1]
+    finally:
+        await svc.shutdown()
+        runtime._watchdog.cancel()  # it sleeps the long period; the next spawn starts a fresh one
+
+
 async def test_hung_replica_times_out_and_the_late_answer_is_discarded(runtime):
     svc = await Worker.options(num_replicas=2, request_timeout=2.0, **FAST).as_service()
     try:
