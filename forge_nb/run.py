@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -69,6 +69,7 @@ class Run:
         self._steps_left: int | None = None
         self._steps_waiter: asyncio.Future[None] | None = None
         self._recent: deque[dict[str, Any]] = deque(maxlen=2000)
+        self._pinned: Counter[int] = Counter()  # weight versions a respawned generator is loading
         # Where every accepted episode ended up (see ledger()); the buffer counts its own part.
         self._ledger = dict.fromkeys(("accepted", "quarantined", "trained", "skipped_step", "trainer_died",
                                       "rolled_back", "cleared"), 0)
@@ -300,11 +301,11 @@ class Run:
                 replica.version = version
 
     async def drop_old_weights(self) -> None:
-        """Keep only the current version in torchstore: a respawned generator catches up to it."""
+        """Keep only the current version in torchstore (and any a catching-up generator is loading)."""
         from forge_nb import weights
 
         for version in await weights.stored_versions():
-            if version != self.version:
+            if version != self.version and self._pinned[version] <= 0:
                 await weights.drop_version(version)
 
     def take_generated_tokens_per_s(self) -> float:
@@ -347,10 +348,20 @@ class Run:
                            version=self.version, message="the trainer restarted from its last complete checkpoint")
 
     async def _catch_up(self, replica: Any) -> None:
-        """A (re)spawned generator loads the current weights before it takes traffic."""
-        if self.version > 0:
-            await replica.actor.update_weights.call_one(self.version)
-        replica.version = self.version
+        """A (re)spawned generator loads the current weights before it takes traffic.
+
+        Training goes on meanwhile, and each step drops the older versions from torchstore; the version
+        being loaded is pinned (``drop_old_weights`` keeps it) so it is not deleted mid-read. The replica
+        may come back a few versions behind: the next step's weight sync brings it current, and the
+        buffer's ``max_policy_age`` governs what it generates until then."""
+        version = self.version
+        if version > 0:
+            self._pinned[version] += 1
+            try:
+                await replica.actor.update_weights.call_one(version)
+            finally:
+                self._pinned[version] -= 1
+        replica.version = version
 
     # -- internals ------------------------------------------------------------------------------
 
