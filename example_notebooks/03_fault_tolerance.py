@@ -31,8 +31,9 @@ print("killed", old_pid, "at step", run.current_step)
 
 # %%
 step_at_kill = run.current_step
-while victim.state != "healthy" or victim.mesh.pids[0] == old_pid:
-    await asyncio.sleep(0.5)
+while victim.state == "healthy" and victim.mesh.pids[0] == old_pid:  # noticed within a second
+    await asyncio.sleep(0.2)
+await victim.wait_healthy(timeout=300)  # raises, naming the reason, if the respawn gives up
 print(f"replica back with pid {victim.mesh.pids[0]}, weights v{victim.version}; run at step {run.current_step}")
 for event in run.metrics.events_frame("replica").itertuples():
     print(f"step {event.step}: {event.service}[{event.replica}] {event.old} -> {event.new}")

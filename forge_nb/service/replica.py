@@ -112,6 +112,16 @@ class Replica:
         if self.mesh is not None:
             await self.mesh.stop()
 
+    async def wait_healthy(self, timeout: float = 120.0) -> None:
+        """Wait until this replica serves again; raise if it gave up (failed) or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        while not self.healthy:
+            if self.state in ("failed", "stopped"):
+                raise ReplicaDied(f"{self.name} is {self.state}: {self.last_error}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name} still {self.state} after {timeout:.0f} s: {self.last_error}")
+            await asyncio.sleep(0.1)
+
     def _process_died(self, failure: runtime.Failure) -> None:
         self._mark_dead(f"process died: {failure.message.splitlines()[0][:200]}")
 
