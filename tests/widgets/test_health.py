@@ -1,4 +1,7 @@
-"""The health grid over a real service on monarch meshes: a SIGKILLed replica turns red, then healthy."""
+"""The health grid over a real service on monarch meshes: a SIGKILLed replica turns red, then healthy.
+
+The grid is built as the Dashboard builds it (services and version are read through callables), over
+a service of real replicas; the grid of a real Run is covered in test_dashboard_run.py."""
 
 from __future__ import annotations
 
@@ -10,10 +13,8 @@ import time
 
 import pytest
 
-from forge_nb.widgets import Dashboard
-from forge_nb.widgets.health import render_health, status_dict
+from forge_nb.widgets.health import HealthGrid, render_health, status_dict
 from tests.actors_for_tests import Worker
-from tests.widgets.stand_in import StandInRun
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -29,23 +30,24 @@ def _state_in_grid(html: str, replica: str) -> str | None:
     return m.group(1) if m else None
 
 
-async def test_grid_turns_recovering_within_a_second_then_healthy_again(runtime) -> None:
+async def test_healthturns_recovering_within_a_second_then_healthy_again(runtime) -> None:
     svc = await Worker.options(num_replicas=2, restart_backoff=0.1, route_wait_timeout=60.0).as_service()
-    run = StandInRun(services={"worker": svc})
+    version = {"run": 0}
+    errors: list[BaseException] = []
+    health = HealthGrid(lambda: {"worker": svc}, lambda: version["run"], asyncio.get_running_loop(), errors.append)
     seen: dict[str, float] = {}  # state -> when the service reported it
     svc.subscribe(lambda e: seen.setdefault(e.new, e.time) if e.replica == 0 else None)
-    d = Dashboard(run)
     try:
         await asyncio.gather(*(svc.work.route(i) for i in range(4)))
-        await asyncio.sleep(0.7)  # one poll: served counts and latencies
-        grid = d.health.html.value
+        health.refresh()  # the dashboard's poll: served counts and latencies
+        grid = health.html.value
         assert _state_in_grid(grid, "worker[0]") == "healthy" and _state_in_grid(grid, "worker[1]") == "healthy"
         assert "2/2 healthy" in grid and str(svc.replicas[0].mesh.pids[0]) in grid
         assert sum(s.served for s in svc.status()) == 4
-        run.version = 3
+        version["run"] = 3
         svc.replicas[1].version = 2
-        d.tick()
-        cells = _cells(d.health.html.value, "worker[1]")
+        health.refresh()
+        cells = _cells(health.html.value, "worker[1]")
         assert cells[0] == "worker[1]" and cells[1] == "healthy" and cells[9] == "1"  # version lag 3 - 2
         assert int(cells[4]) >= 1 and float(cells[7]) > 0  # served, p50 latency
 
@@ -53,7 +55,7 @@ async def test_grid_turns_recovering_within_a_second_then_healthy_again(runtime)
         drawn: dict[str, float] = {}
         deadline = time.monotonic() + 60
         while "healthy" not in drawn and time.monotonic() < deadline:
-            state = _state_in_grid(d.health.html.value, "worker[0]")
+            state = _state_in_grid(health.html.value, "worker[0]")  # redrawn on the service's events
             if state is not None and state not in drawn and (state != "healthy" or "recovering" in drawn):
                 drawn[state] = time.time()
             await asyncio.sleep(0.02)
@@ -61,10 +63,10 @@ async def test_grid_turns_recovering_within_a_second_then_healthy_again(runtime)
         assert drawn["recovering"] - seen["recovering"] < 1.0
         assert drawn["healthy"] - seen["healthy"] < 1.0
         assert "#d62728" in render_health({"worker": [status_dict(svc.status()[0]) | {"state": "recovering"}]}, 0)
-        row = d.health.snapshot["worker"][0]
+        row = health.snapshot["worker"][0]
         assert row["restarts"] == 1 and row["failures"] == 1 and "process died" in (row["last_error"] or "")
-        assert d.health.states() == {"worker[0]": "healthy", "worker[1]": "healthy"}
-        assert not d.errors.messages
+        assert health.states() == {"worker[0]": "healthy", "worker[1]": "healthy"}
+        assert not errors
     finally:
-        d.close()
+        health.close()
         await svc.shutdown()

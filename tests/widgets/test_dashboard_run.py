@@ -1,0 +1,253 @@
+"""The dashboard and the inline panel app over a real quickstart Run, widget state asserted in this process.
+
+One Run (two vLLM CPU generator replicas, a trainer, torchstore) is shared by the module; tests run in
+file order, each leaves it paused, and the last one stops it with the stop button. Every check reads
+what the Run itself holds (its metrics rows, services, hparams, episodes), so nothing here is a
+stand-in: a widget that drew the wrong row, or a button that called the wrong method, fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.request
+
+import pytest
+import pytest_asyncio
+
+import forge_nb
+from forge_nb.widgets import Dashboard, dashboard, panel_app, serve
+
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600), pytest.mark.asyncio(loop_scope="module")]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def run(tmp_path_factory):
+    cfg = forge_nb.quickstart(name="widgets", run_dir=str(tmp_path_factory.mktemp("run")))
+    run = await forge_nb.spawn(cfg, progress=False)
+    await run.step(2)
+    yield run
+    await run.shutdown()
+
+
+async def _until(predicate, timeout: float = 120.0) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.05)
+    return predicate()
+
+
+def _states(grid_html: str) -> dict[str, str]:
+    return dict(re.findall(r"data-replica='([^']+)' data-state='(\w+)'", grid_html))
+
+
+async def test_history_is_drawn_at_once_then_each_step_is_added(run) -> None:
+    d = Dashboard(run)
+    try:
+        mean = d.curves.trace("reward/mean")
+        assert list(mean.x) == [r["step"] for r in run.metrics.rows]  # the history, drawn at once
+        rows = await run.step(2)
+        assert await _until(lambda: len(d.curves.trace("reward/mean").x) == len(run.metrics.rows))
+        assert list(d.curves.trace("reward/mean").y)[-2:] == pytest.approx([r["reward/mean"] for r in rows])
+        assert list(d.curves.trace("loss").y)[-1] == pytest.approx(rows[-1]["loss"])
+        assert list(d.curves.trace("entropy").x)[-1] == rows[-1]["step"]
+        assert d.curves.lags_ms and max(d.curves.lags_ms) < 1000
+        assert not d.errors.messages
+    finally:
+        d.close()
+
+
+async def test_health_grid_lists_every_replica_of_the_run_with_its_pids_and_version(run) -> None:
+    d = Dashboard(run)
+    try:
+        d.tick()
+        grid = d.health.html.value
+        expected = {f"{name}[{r.index}]" for name, svc in run.services.items() for r in svc.status()}
+        assert {"policy[0]", "policy[1]"} <= expected
+        assert _states(grid) == dict.fromkeys(expected, "healthy")
+        assert "2/2 healthy" in grid
+        for r in run.policy.replicas:
+            assert str(r.mesh.pids[0]) in grid and r.version == run.version  # no version lag
+    finally:
+        d.close()
+
+
+async def test_buttons_and_inputs_drive_the_run(run) -> None:
+    d = Dashboard(run, poll_interval=0.05)
+    try:
+        b = d.controls.buttons
+        at = run.current_step
+        b["start"].click()
+        assert await _until(lambda: run.current_step >= at + 1)
+        b["pause"].click()
+        assert await _until(lambda: "data-state='paused'" in d.controls.status.value)
+        assert run.state == "paused" and b["pause"].disabled and not b["resume"].disabled
+        b["resume"].click()
+        assert await _until(lambda: run.state == "running")
+        b["pause"].click()
+        assert await _until(lambda: run.state == "paused")
+
+        d.controls.inputs["lr"].value = 2e-3
+        d.controls.apply.click()
+        d.controls.step_n.value = 2
+        at = run.current_step
+        b["step"].click()
+        assert await _until(lambda: run.current_step == at + 2 and run.state == "paused")
+        assert run.hparams["lr"] == pytest.approx(2e-3) and run.metrics.last("lr") == pytest.approx(2e-3)
+
+        run.set(beta=0.05)  # changed elsewhere (a magic): the input follows
+        assert await _until(lambda: d.controls.inputs["beta"].value == pytest.approx(0.05), timeout=10)
+
+        d.controls.inputs["max_tokens"].value = 10_000  # the run refuses it; the dashboard says why
+        d.controls.apply.click()
+        assert await _until(lambda: any("max_res_tokens" in m for m in d.errors.messages), timeout=10)
+        assert any("run.set" in m for m in d.errors.messages)
+        assert run.hparams["max_tokens"] != 10_000
+    finally:
+        d.close()
+
+
+async def test_explorer_filters_the_runs_episodes_and_compares_a_prompt_across_versions(run) -> None:
+    d = Dashboard(run)
+    try:
+        ex = d.explorer
+        ex.n.value = 1000
+        ex.refresh()
+        episodes = run.episodes(1000)
+        assert episodes and ex.table.value.count("<tr>") == 1 + len(episodes)
+        versions = sorted({e["version"] for e in episodes})
+        assert len(versions) >= 2
+        ex.version.value = versions[-1]
+        newest = run.episodes(1000, version=versions[-1])
+        assert ex.table.value.count("<tr>") == 1 + len(newest)
+        ex.version.value = None
+        ex.min_reward.value = "0.5"
+        assert ex.table.value.count("<tr>") == 1 + len(run.episodes(1000, min_reward=0.5))
+        ex.min_reward.value = "abc"
+        assert any("not a number" in m for m in d.errors.messages)
+        ex.min_reward.value = ""
+        prompt = next(p for p in dict.fromkeys(e["prompt"] for e in episodes)
+                      if len({e["version"] for e in episodes if e["prompt"] == p}) >= 2)
+        ex.prompt.value = prompt
+        for v in {e["version"] for e in episodes if e["prompt"] == prompt}:
+            assert f"version {v}" in ex.compare.value
+    finally:
+        d.close()
+
+
+async def test_an_observer_error_is_shown_and_the_html_view_carries_the_numbers(run) -> None:
+    d = Dashboard(run)
+    try:
+        run.metrics.event("set", changes="lr=1")  # malformed: changes must be a dict
+        assert d.errors.messages and "metrics observer (event)" in d.errors.messages[0]
+        assert "AttributeError" in d.errors.output.outputs[0]["text"]
+        assert "1 dashboard callback error" in d.errors.title.value
+        rows = await run.step(1)
+        assert await _until(lambda: list(d.curves.trace("reward/mean").x)[-1] == rows[-1]["step"])  # goes on
+        page = d.to_html()
+        assert d._repr_html_() == page
+        assert "widgets" in page and f"step <b>{run.current_step}</b>" in page and "AttributeError" in page
+        assert "reward/mean" in page and "policy[1]" in page
+
+        from IPython.core.interactiveshell import InteractiveShell
+        from IPython.display import display
+
+        shell = InteractiveShell.instance()
+        bundles: list[dict] = []
+        shell.display_pub.publish = lambda data, **kw: bundles.append(data)  # type: ignore[method-assign]
+        display(d)
+        assert "application/vnd.jupyter.widget-view+json" in bundles[-1]
+        assert "reward/mean" in bundles[-1]["text/html"]
+    finally:
+        d.close()
+
+
+async def test_the_poll_task_is_owned_and_stops(run) -> None:
+    d = dashboard(run)
+    assert dashboard(run) is d  # re-running the cell does not stack pollers
+    task = d._task
+    assert task is not None and task.get_name() == "forge_nb.dashboard.poll.widgets" and d.polling
+    d.stop()
+    await asyncio.sleep(0.05)
+    assert task.cancelled() and not d.polling
+    drawn = len(d.curves.trace("reward/mean").x)
+    await run.step(1)
+    assert len(d.curves.trace("reward/mean").x) == drawn  # unsubscribed
+    d.start()  # resumes: the row recorded while stopped is drawn, nothing twice
+    assert d.polling and list(d.curves.trace("reward/mean").x) == [r["step"] for r in run.metrics.rows]
+    d.close()
+    fresh = dashboard(run)
+    assert fresh is not d
+    fresh.close()
+
+
+def test_without_an_event_loop_the_dashboard_says_it_will_not_refresh(run) -> None:
+    d = Dashboard(run)
+    try:
+        assert not d.polling and "no running event loop" in d.errors.messages[0]
+        assert len(d.curves.trace("reward/mean").x) == len(run.metrics.rows)  # drawn synchronously
+    finally:
+        d.close()
+
+
+async def test_the_inline_panel_app_draws_the_run_and_its_buttons_call_it(run) -> None:
+    view = panel_app(run).dashboard
+    try:
+        reward = next(i for i, t in enumerate(view.data.traces) if t.key == "reward/mean")
+        assert list(view.figure.data[reward].x) == [r["step"] for r in run.metrics.rows]
+        view._request_snapshot()
+        view._tick()
+        for r in run.policy.replicas:
+            assert f"data-replica='policy[{r.index}]' data-state='healthy'" in view.health.object
+        assert f"step <b>{run.current_step}</b>" in view.status.object
+        assert set(view.hparam_inputs) == set(run.hparams)
+
+        view.hparam_inputs["temperature"].value = 0.9
+        view.apply.clicks += 1
+        view.step_n.value = 1
+        at = run.current_step
+        view.buttons["step"].clicks += 1
+        assert await _until(lambda: run.current_step == at + 1 and run.state == "paused")
+        assert run.sampling_overrides["temperature"] == pytest.approx(0.9)
+        view._tick()
+        assert list(view.figure.data[reward].x)[-1] == run.current_step
+        view._request_episodes()
+        view._tick()
+        assert run.episodes(1)[0]["episode_id"] in view.episodes.object
+    finally:
+        view.close()
+
+
+async def test_the_served_panel_app_answers_on_localhost_and_stops(run) -> None:
+    server = serve(run)
+    try:
+        assert server.url.startswith("http://127.0.0.1:")
+
+        def get() -> str:
+            with urllib.request.urlopen(server.url, timeout=60) as r:
+                assert r.status == 200
+                return r.read().decode()
+
+        observers = len(run.metrics._observers)
+        page = await asyncio.to_thread(get)  # the session runs panel_app on the server's thread
+        assert "bokeh" in page.lower()
+        # the session subscribes to the run's metrics on this (the kernel's) loop
+        assert await _until(lambda: len(run.metrics._observers) == observers + 1, timeout=10)
+    finally:
+        await asyncio.to_thread(server.stop)
+    assert not server.thread.is_alive()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(server.url, timeout=2)
+
+
+async def test_the_stop_button_stops_the_run(run) -> None:
+    d = Dashboard(run, poll_interval=0.05)
+    try:
+        d.controls.buttons["stop"].click()
+        assert await _until(lambda: run.state == "stopped")
+        assert await _until(lambda: d.controls.buttons["stop"].disabled, timeout=5)
+        assert "data-state='stopped'" in d.controls.status.value
+    finally:
+        d.close()
