@@ -1,9 +1,11 @@
-"""Process helpers for the runtime: is a pid alive (zombies count as dead), and kill with a grace period."""
+"""Process helpers for the runtime: is a pid alive (zombies count as dead), kill with a grace period, and a
+reaper that kills a mesh's process groups when the kernel dies."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 
@@ -46,3 +48,38 @@ def kill_groups(pgids: list[int]) -> None:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+# A shell loop, in its own session (so a kill of the kernel's process group spares it): while the
+# kernel lives (a zombie is dead: its parent may be slow to reap it) and any of the groups still has a member, wait; once the kernel is gone, SIGKILL the
+# groups. PR_SET_PDEATHSIG takes a mesh proc along with a killed kernel, but not what the proc started
+# (vLLM's engine and workers), which is re-parented to init and would otherwise run on.
+_REAPER = """
+while [ -r /proc/{kernel}/status ] && ! grep -q '^State:.Z' /proc/{kernel}/status; do
+  alive=
+  for g in {groups}; do kill -0 -$g 2>/dev/null && alive=1; done
+  [ -n "$alive" ] || exit 0
+  sleep {period}
+done
+for g in {groups}; do kill -9 -$g 2>/dev/null; done
+"""
+
+
+def start_reaper(pgids: list[int], period: float = 0.5) -> subprocess.Popen[bytes] | None:
+    """Start a process that SIGKILLs the process groups ``pgids`` if this process dies, however it dies.
+
+    It ends by itself once the groups are empty; ``Mesh.stop`` ends it at once (the groups are killed
+    there). Returns None when there is no group to watch (never this process's own group)."""
+    own = os.getpgid(0)
+    groups = [g for g in pgids if g > 1 and g != own]
+    if not groups:
+        return None
+    script = _REAPER.format(kernel=os.getpid(), groups=" ".join(map(str, groups)), period=period)
+    return subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+
+
+def stop_reaper(reaper: subprocess.Popen[bytes] | None) -> None:
+    if reaper is not None and reaper.poll() is None:
+        reaper.kill()
+        reaper.wait(timeout=5)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge_nb._monarch_compat import await_maybe
-from forge_nb._procs import kill_groups, kill_pids, pid_alive
+from forge_nb._procs import kill_groups, kill_pids, pid_alive, start_reaper, stop_reaper
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +179,7 @@ class Mesh:
         self._context = contextvars.copy_context()  # the spawner's; failures are recorded in it
         self._loop: asyncio.AbstractEventLoop | None = None
         self._actor_names: list[str] = []
+        self._reaper: Any = None  # kills the procs' groups if the kernel dies (see _procs.start_reaper)
 
     def __repr__(self) -> str:
         return f"Mesh({self.name!r}, procs={self.procs}, state={self.state!r}, pids={self.pids})"
@@ -225,6 +226,7 @@ class Mesh:
             logger.debug("mesh %s did not stop cleanly: %s", self.name, e)
         kill_pids(self.alive_pids(), grace=2.0)
         kill_groups(self.pgids)  # what the procs started and left behind (vLLM engines and workers)
+        stop_reaper(self._reaper)
         _release(self)
 
     def _record(self, failure: Failure) -> None:
@@ -305,6 +307,7 @@ async def spawn_mesh(
         pids = await info.pid.call()
         ranked = [value for _, value in sorted(pids.items(), key=lambda kv: kv[0].rank)]
         mesh.pids, mesh.pgids = [pid for pid, _ in ranked], [pgid for _, pgid in ranked]
+        mesh._reaper = start_reaper(mesh.pgids)
         _start_watchdog(mesh._loop)
     except BaseException:
         await mesh.stop(timeout=5)

@@ -83,3 +83,25 @@ def test_no_process_survives_a_kernel_restart(kernel, now):
     kernel.restart(now=now)
     assert _gone(pids, within=15), f"procs {pids} outlived a kernel restart"
     assert kernel.run("print(6 * 7)").stdout.strip() == "42"
+
+
+def test_what_a_proc_started_does_not_outlive_a_sigkilled_kernel(kernel):
+    # a vLLM generator's proc starts its engine and workers; monarch's PR_SET_PDEATHSIG takes the proc
+    # along with the kernel but not them: the reaper kills the proc's process group
+    reply = kernel.run(SPAWN + """
+from tests.actors_for_tests import Parent
+print("CHILD", *(await mesh.spawn("parent", Parent).start_child.call()).values())
+""")
+    assert reply.status == "ok", (reply.error, reply.stdout[-2000:])
+    pids = _pids(reply)
+    children = [int(p) for p in next(line for line in reply.stdout.splitlines()
+                                     if line.startswith("CHILD")).split()[1:]]
+    assert len(children) == 2 and all(pid_alive(p) for p in children)
+    os.kill(kernel.pid, signal.SIGKILL)
+    try:
+        assert _gone([*pids, *children], within=15), {p: pid_alive(p) for p in [*pids, *children]}
+    finally:
+        for pid in [*pids, *children]:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    kernel.restart(now=True)
