@@ -1,5 +1,4 @@
-"""The quickstart driven through the magics in a real kernel: spawn, run, set, interrupt, pause, step, a kernel
-kill then %forge_attach, shutdown.
+"""The quickstart driven through the magics in a real kernel: spawn, run, set, interrupt, pause, step, shutdown.
 
 One kernel and one run are shared by the tests of this module (the spawn starts two vLLM engines and
 takes about a minute); the tests run in file order and each leaves the run in the state the next expects.
@@ -10,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import time
 
 import pytest
@@ -163,26 +161,6 @@ def test_step_waits_for_exactly_n_steps(kernel):
     done, step = value(kernel.run(
         "_value(await _until(lambda: run.state == 'paused', 180), run.current_step)", timeout=240))
     assert done and step == before + 3
-
-
-def test_a_killed_kernel_leaves_no_process_and_attach_brings_the_run_back(kernel):
-    run_dir, step, version = value(kernel.run(
-        "await run.checkpoint()\n_value(str(run.dir.path), run.current_step, run.version)", timeout=180))
-    under = _descendants(kernel.pid)  # mesh procs, vLLM engines and workers
-    assert len(under) >= 4
-    os.kill(kernel.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 15
-    while [p for p in under if pid_alive(p)] and time.monotonic() < deadline:
-        time.sleep(0.25)
-    assert not [p for p in under if pid_alive(p)], {p: c for p, c in under.items() if pid_alive(p)}
-
-    kernel.restart(now=True)  # a fresh kernel, as after "Restart Kernel"
-    ok(kernel.run("%load_ext forge_nb\n" + HELPERS))
-    reply = ok(kernel.run(f"%forge_attach {run_dir}", timeout=480))
-    assert "run 'quickstart' is up" in reply.stdout
-    assert value(kernel.run("_value(run.current_step, run.version, run.state)")) == [step, version, "ready"]
-    ok(kernel.run("%forge_step 1", timeout=180))
-    assert value(kernel.run("_value(run.current_step, run.version)")) == [step + 1, version + 1]
 
 
 def test_shutdown_leaves_no_process(kernel):
