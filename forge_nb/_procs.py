@@ -50,10 +50,11 @@ def kill_groups(pgids: list[int]) -> None:
                 pass
 
 
-# A shell loop, in its own session (so a kill of the kernel's process group spares it): while the
-# kernel lives (a zombie is dead: its parent may be slow to reap it) and any of the groups still has a member, wait; once the kernel is gone, SIGKILL the
-# groups. PR_SET_PDEATHSIG takes a mesh proc along with a killed kernel, but not what the proc started
-# (vLLM's engine and workers), which is re-parented to init and would otherwise run on.
+# A shell loop, in its own session (so a kill of the kernel's process group spares it). While the
+# kernel lives (a zombie is dead: its parent may be slow to reap it) and any of the groups still has a
+# member, it waits; once the kernel is gone, it SIGKILLs the groups. PR_SET_PDEATHSIG takes a mesh proc
+# along with a killed kernel, but not what the proc started (vLLM's engine and workers), which is
+# re-parented to init and would otherwise run on.
 _REAPER = """
 while [ -r /proc/{kernel}/status ] && ! grep -q '^State:.Z' /proc/{kernel}/status; do
   alive=
