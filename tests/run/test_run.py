@@ -15,6 +15,7 @@ import pytest_asyncio
 
 import forge_nb
 from forge_nb.rl import Episode
+from tests.waiting import waiter
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600), pytest.mark.asyncio(loop_scope="module")]
 
@@ -30,13 +31,7 @@ async def run(tmp_path_factory):
     assert runtime.meshes() == [], "shutdown left meshes behind"
 
 
-async def _until(predicate, timeout=240.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.1)
-    return predicate()
+_until = waiter(timeout=240.0, interval=0.1)
 
 
 async def test_step_trains_exactly_n_steps_and_versions_move_everywhere(run):

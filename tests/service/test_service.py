@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 
 import pytest
 from monarch.actor import ActorError
@@ -13,19 +12,14 @@ from monarch.actor import ActorError
 from forge_nb._procs import pid_alive
 from forge_nb.service import NoHealthyReplica
 from tests.actors_for_tests import Ledger, Worker
+from tests.waiting import waiter
 
 pytestmark = pytest.mark.timeout(180)
 
 FAST = dict(restart_backoff=0.1, route_wait_timeout=60.0)
 
 
-async def _until(predicate, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.05)
-    return predicate()
+_until = waiter(timeout=30.0, interval=0.05)
 
 
 def _healthy(svc) -> bool:

@@ -16,17 +16,12 @@ from forge_nb.metrics import MetricsStore
 from forge_nb.widgets import Dashboard
 from forge_nb.widgets._throttle import Throttle
 from forge_nb.widgets.curves import Curves
+from tests.waiting import waiter
 
 pytestmark = pytest.mark.timeout(120)
 
 
-async def _until(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return predicate()
+_until = waiter(timeout=5.0, interval=0.02)
 
 
 def _record(store: MetricsStore, s: int) -> None:

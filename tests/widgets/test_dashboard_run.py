@@ -17,6 +17,7 @@ import pytest_asyncio
 
 import forge_nb
 from forge_nb.widgets import Dashboard, dashboard, panel_app, serve
+from tests.waiting import waiter
 
 # Written at the end of the second session and not yet seen through a whole run: expected-to-fail until
 # it has (remove the marker when it XPASSes; see the session's closing note and issue #8).
@@ -33,13 +34,7 @@ async def run(tmp_path_factory):
     await run.shutdown()
 
 
-async def _until(predicate, timeout: float = 120.0) -> bool:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.05)
-    return predicate()
+_until = waiter(timeout=120.0, interval=0.05)
 
 
 def _states(grid_html: str) -> dict[str, str]:
