@@ -28,6 +28,7 @@ from forge_nb import loops, rundir
 from forge_nb.config import RunConfig
 from forge_nb.metrics import MetricsStore
 from forge_nb.rl import Episode, ReplayBuffer
+from forge_nb.sft import SftData
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +46,14 @@ class Run:
     def __init__(self, config: RunConfig, *, policy: Any, trainer: Any, ref_model: Any, task: Any,
                  reward_fns: list[Any], pad_id: int, directory: rundir.RunDir,
                  episode_fn: EpisodeFn | None = None, hparams: dict[str, Any] | None = None,
-                 trainer_hparams: tuple[str, ...] = ("lr", "max_norm")):
+                 trainer_hparams: tuple[str, ...] = ("lr", "max_norm"), model: str | None = None):
         self.config, self.name = config, config.name
         self.policy, self.trainer, self.ref_model = policy, trainer, ref_model
         self.task, self.reward_fns, self.pad_id = task, reward_fns, pad_id
-        self.dir = directory
+        self.dir, self.model = directory, model
+        self.mode = "rl"  # or "sft" (see sft())
+        self.sft_data: SftData | None = None
+        self.exporters: list[Any] = []
         self.episode_fn: EpisodeFn = episode_fn or loops.generate_episode
         self.metrics = MetricsStore(directory.path)
         self.replay_buffer = ReplayBuffer(batch_size=config.batch_size, max_policy_age=config.max_policy_age,
@@ -71,8 +75,8 @@ class Run:
         self._recent: deque[dict[str, Any]] = deque(maxlen=2000)
         self._pinned: Counter[int] = Counter()  # weight versions a respawned generator is loading
         # Where every accepted episode ended up (see ledger()); the buffer counts its own part.
-        self._ledger = dict.fromkeys(("accepted", "quarantined", "trained", "skipped_step", "trainer_died",
-                                      "rolled_back", "cleared"), 0)
+        self._ledger = dict.fromkeys(("accepted", "quarantined", "trained", "skipped_step", "failed_step",
+                                      "trainer_died", "rolled_back", "cleared"), 0)
         self._gen_tokens, self._gen_since = 0, time.monotonic()
         policy.set_catch_up(self._catch_up)
         for name, service in self.services.items():
@@ -93,7 +97,7 @@ class Run:
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "state": self.state, "error": self.error, "step": self.current_step,
-                "version": self.version, "buffer": len(self.replay_buffer),
+                "version": self.version, "mode": self.mode, "buffer": len(self.replay_buffer),
                 "loops": {n: ("running" if not t.done() else "done") for n, t in self._tasks.items()},
                 "services": {n: s.status() for n, s in self.services.items()}, "last": self.metrics.last(),
                 "pending": dict(self._pending), "run_dir": str(self.dir.path), "health": self.health,
@@ -109,7 +113,8 @@ class Run:
 
     def ledger(self) -> dict[str, Any]:
         """Where every accepted episode went. ``balanced`` says the books add up:
-        accepted = quarantined + trained + skipped_step + trainer_died + rolled_back + cleared + evicted + buffered."""
+        accepted = quarantined + trained + skipped_step + failed_step + trainer_died + rolled_back + cleared
+        + evicted + buffered."""
         counts = {**self._ledger, **{k: v for k, v in self.replay_buffer.counters().items() if k != "added"},
                   "buffered": len(self.replay_buffer)}
         ends = sum(v for k, v in counts.items() if k not in ("accepted", "sampled"))
@@ -149,8 +154,12 @@ class Run:
             self.metrics.event("restart", after_error=self.error)
             self.error = None
         loop = asyncio.get_running_loop()
-        wanted = {"train": lambda: loops.training_loop(self)} | {
-            f"rollout{i}": (lambda i=i: loops.rollout_loop(self, i)) for i in range(self.config.loop.rollout_loops)}
+        if self.mode == "sft":
+            wanted = {"sft": lambda: loops.sft_loop(self)}
+        else:
+            wanted = {"train": lambda: loops.training_loop(self)} | {
+                f"rollout{i}": (lambda i=i: loops.rollout_loop(self, i))
+                for i in range(self.config.loop.rollout_loops)}
         for name, make in wanted.items():
             if name not in self._tasks or self._tasks[name].done():
                 task = loop.create_task(make(), name=f"forge_nb.{self.name}.{name}")
@@ -171,10 +180,8 @@ class Run:
         """Run exactly ``n`` training steps, then pause; returns their metric rows."""
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"step(n={n!r}): n must be an integer >= 1")
-        training = self._tasks.get("train")
-        if training is not None and not training.done():
-            self.pause()  # a step already in flight finishes first and is not one of the n
-            await self.training_idle.wait()
+        self.pause()  # a step already in flight finishes first and is not one of the n
+        await self._no_step_in_flight()
         first = len(self.metrics.rows)
         self._steps_left = n
         self._steps_waiter = asyncio.get_running_loop().create_future()
@@ -198,15 +205,56 @@ class Run:
     async def stop(self, timeout: float = 120.0) -> None:
         """Stop the loops at a step boundary (services stay up; ``start()`` continues)."""
         self.pause()
-        training = self._tasks.get("train")
-        if training is not None and not training.done():
-            try:
-                await asyncio.wait_for(self.training_idle.wait(), timeout)
-            except TimeoutError:
-                logger.warning("run %s: the training step did not finish in %ss; cancelling it", self.name, timeout)
-        await self._cancel_loops()
+        try:
+            await self._no_step_in_flight(timeout)
+        except TimeoutError:
+            logger.warning("run %s: the training step did not finish in %ss; cancelling it", self.name, timeout)
+        await self._cancel_loops()  # cancels synchronously, before its first await: no step can start
         if self.state not in ("failed",):
             self._set_state("stopped")
+
+    def export(self, kind: str, **options: Any) -> Any:
+        """Also send this run's metrics (history first) to "tensorboard", "trackio" or "wandb"; see
+        ``forge_nb.exporters``. Returns the exporter (``.close()`` stops it; shutdown closes it)."""
+        from forge_nb import exporters
+
+        exporter = exporters.export(self.metrics, kind, run_dir=self.dir.path, run_name=self.name,
+                                    config=self.config.to_dict(), **options)
+        self.exporters.append(exporter)
+        return exporter
+
+    async def sft(self, examples: list[dict[str, Any]] | None = None, *, batch_size: int | None = None) -> None:
+        """Switch to supervised fine-tuning (torchforge's apps/sft on the same trainer), e.g. a warm start.
+
+        ``examples``: ``{"request": ..., "response": ...}`` pairs (``target`` stands in for ``response``);
+        None imitates the task's own targets. The loops stop at a step boundary; then ``start()``,
+        ``step(n)``, ``pause()``, ``set(lr=...)`` and ``stop()`` drive SFT steps, which record metric rows
+        with ``sft=1`` and push their weights to the generators like RL steps. ``await run.rl()`` switches back.
+        """
+        from transformers import AutoTokenizer
+
+        if self.model is None:
+            raise RuntimeError(f"run {self.name!r} was built without its model path; spawn it with forge_nb.spawn")
+        data = SftData(AutoTokenizer.from_pretrained(self.model), examples=examples, task=self.task,
+                       request_len=self.config.max_req_tokens, response_len=self.config.max_res_tokens,
+                       pad_id=self.pad_id, batch_size=batch_size or self.config.batch_size, seed=self.config.seed)
+        await self._switch("sft")
+        self.sft_data = data
+        self.metrics.event("mode", mode="sft", examples=len(data) or "task", batch_size=data.batch_size)
+
+    async def rl(self) -> None:
+        """Switch back from SFT to the RL loops (after ``sft()``); ``start()`` or ``step(n)`` then runs them."""
+        await self._switch("rl")
+        self.sft_data = None
+        self.metrics.event("mode", mode="rl")
+
+    async def _switch(self, mode: str) -> None:
+        if self.state in ("stopping", "shut down"):
+            raise RuntimeError(f"run {self.name!r} is {self.state}; spawn a new one (forge_nb.spawn)")
+        if any(not t.done() for t in self._tasks.values()):
+            await self.stop()
+        self._tasks.clear()
+        self.mode = mode
 
     async def shutdown(self) -> None:
         """Stop loops, then services, then torchstore; afterwards no process of this run is left."""
@@ -220,6 +268,8 @@ class Run:
                 await service.shutdown()
         await weights.shutdown_store()
         self._set_state("shut down")
+        for exporter in self.exporters:
+            exporter.close()
 
     def set(self, **changes: Any) -> dict[str, Any]:
         """Queue hyperparameter changes for the next step boundary; returns what is pending."""
@@ -365,6 +415,21 @@ class Run:
 
     # -- internals ------------------------------------------------------------------------------
 
+    async def _no_step_in_flight(self, timeout: float | None = None) -> None:
+        """Return once the training loop is parked between steps (or not running); TimeoutError after
+        ``timeout``. Re-checked after every wake-up, with no await between the last check and the return:
+        the loop may start a step between the event being set and this task running. Cancelling a step in
+        flight would lose its episodes from the ledger and could leave the trainer an optimizer step ahead
+        of the run's version."""
+        training = self._training_task()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while training is not None and not training.done() and not self.training_idle.is_set():
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            await asyncio.wait_for(self.training_idle.wait(), left)
+
+    def _training_task(self) -> asyncio.Task[None] | None:
+        return self._tasks.get("sft" if self.mode == "sft" else "train")
+
     def _set_state(self, state: str) -> None:
         if state != self.state:
             self.state = state
@@ -384,7 +449,15 @@ class Run:
         self._set_state("failed")
         if self._steps_waiter is not None and not self._steps_waiter.done():
             self._steps_waiter.set_exception(RuntimeError(self.error))
-        asyncio.get_running_loop().create_task(self._cancel_loops(), name=f"forge_nb.{self.name}.cleanup")
+        asyncio.get_running_loop().create_task(self._stop_after_failure(), name=f"forge_nb.{self.name}.cleanup")
+
+    async def _stop_after_failure(self) -> None:
+        """The other loops stop as ``stop()`` stops them: a training step in flight finishes (and is
+        counted) before anything is cancelled."""
+        try:
+            await self._no_step_in_flight(timeout=120.0)
+        finally:
+            await self._cancel_loops()
 
     async def _cancel_loops(self) -> None:
         tasks = [t for t in self._tasks.values() if not t.done() and t is not asyncio.current_task()]

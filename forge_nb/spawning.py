@@ -99,7 +99,8 @@ async def _bring_up(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | N
     trainer_info = (await services["trainer"].info.call())[0]
     return Run(cfg, policy=services["policy"], trainer=services["trainer"], ref_model=services.get("ref_model"),
                task=task, reward_fns=list(task.reward_fns), pad_id=pad_id, directory=directory,
-               episode_fn=episode_fn, hparams=hparams, trainer_hparams=tuple(trainer_info["hparams"]))
+               episode_fn=episode_fn, hparams=hparams, trainer_hparams=tuple(trainer_info["hparams"]),
+               model=model)
 
 
 async def _start_all(starts: dict[str, Any], progress: bool) -> dict[str, Any]:

@@ -75,7 +75,8 @@ REPLICA_COLUMNS = ("service", "index", "state", "pids", "in_flight", "served", "
 
 def status_report(status: dict[str, Any]) -> Report:
     """``run.status()`` as a headline, a replica table, the loops and the last metrics."""
-    head = (f"run {status['name']!r}: {status['state']}, step {status['step']}, version {status['version']}, "
+    mode = " (supervised fine-tuning)" if status.get("mode") == "sft" else ""
+    head = (f"run {status['name']!r}: {status['state']}{mode}, step {status['step']}, version {status['version']}, "
             f"{status['buffer']} episode(s) buffered")
     parts: list[str | Table] = [head]
     if status.get("error"):

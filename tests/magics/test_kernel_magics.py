@@ -1,4 +1,5 @@
-"""The quickstart driven through the magics in a real kernel: spawn, run, set, interrupt, pause, step, shutdown.
+"""The quickstart driven through the magics in a real kernel: spawn, run, set, interrupt, pause, step, shutdown,
+then %forge_attach, a kernel kill, and %forge_attach in a fresh kernel.
 
 One kernel and one run are shared by the tests of this module (the spawn starts two vLLM engines and
 takes about a minute); the tests run in file order and each leaves the run in the state the next expects.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import time
 
 import pytest
@@ -163,6 +165,12 @@ def test_step_waits_for_exactly_n_steps(kernel):
     assert done and step == before + 3
 
 
+def test_a_checkpoint_keeps_the_run_for_a_later_attach(kernel):
+    kernel.saved = value(kernel.run(
+        "await run.checkpoint()\n_value(str(run.dir.path), run.current_step, run.version)", timeout=180))
+    assert kernel.saved[1] >= 3 and kernel.saved[2] >= 3
+
+
 def test_shutdown_leaves_no_process(kernel):
     pids = value(kernel.run("import forge_nb\n_value([p for m in forge_nb.meshes() for p in m.pids])"))[0]
     assert len(pids) == 4 and all(pid_alive(p) for p in pids)  # torchstore's storage volume has a mesh too
@@ -180,6 +188,32 @@ def test_shutdown_leaves_no_process(kernel):
 def test_no_process_at_all_is_left_under_the_kernel(kernel):
     leftover = _descendants(kernel.pid)
     assert not leftover, f"processes left under the kernel after %forge_shutdown: {leftover}"
+
+
+def test_attach_then_a_killed_kernel_leaves_nothing_and_attach_in_a_fresh_kernel_resumes(kernel):
+    """Last in the module: it kills the shared kernel. %forge_attach brings the shut-down run back from its
+    directory; a SIGKILLed kernel takes every process of it along within 15 s (monarch's procs by
+    PDEATHSIG, vLLM's engines by forge_nb's reaper); a fresh kernel attaches again and goes on."""
+    run_dir, step, version = kernel.saved
+    reply = ok(kernel.run(f"%forge_attach {run_dir}", timeout=480))
+    assert "run 'quickstart' is up" in reply.stdout, reply.stdout[-2000:]
+    assert value(kernel.run("_value(run.current_step, run.version, run.state)")) == [step, version, "ready"]
+    ok(kernel.run("%forge_step 1", timeout=180))
+    ok(kernel.run("await run.checkpoint()", timeout=180))
+    under = _descendants(kernel.pid)  # mesh procs, vLLM engines and their workers
+    assert len(under) >= 4, under
+    os.kill(kernel.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while [p for p in under if pid_alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert not [p for p in under if pid_alive(p)], {p: c for p, c in under.items() if pid_alive(p)}
+
+    kernel.restart(now=True)  # a fresh kernel, as after the kill the notebook starts a new one
+    ok(kernel.run("%load_ext forge_nb\n" + HELPERS))
+    reply = ok(kernel.run(f"%forge_attach {run_dir}", timeout=480))
+    assert "run 'quickstart' is up" in reply.stdout, reply.stdout[-2000:]
+    assert value(kernel.run("_value(run.current_step, run.version)")) == [step + 1, version + 1]
+    ok(kernel.run("%forge_shutdown", timeout=180))
 
 
 def _descendants(root: int) -> dict[int, str]:
