@@ -136,6 +136,7 @@ class Service:
         sessions = _SESSIONS.get() or {}
         in_session = self._id in sessions
         tried: set[int] = set()
+        deaths = 0
         while True:
             replica = await self._pick(tried, sessions.get(self._id) if in_session else None)
             if in_session:
@@ -143,7 +144,10 @@ class Service:
             try:
                 return await replica.call(endpoint, args, kwargs, all_ranks=all_ranks)
             except ReplicaDied:
-                if not retry or tried:
+                # Once on each other replica, and when every one has died under it (all killed at once),
+                # once more on the first to come back; a request that kills whatever runs it stops there.
+                deaths += 1
+                if not retry or deaths > len(self.replicas):
                     raise
                 tried.add(replica.index)
                 logger.info("%s.%s: %s died mid-request; retrying elsewhere",

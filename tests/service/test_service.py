@@ -87,6 +87,23 @@ async def test_sigkill_mid_request_is_retried_once_and_the_replica_respawns(runt
         await ledger.shutdown()
 
 
+async def test_every_replica_killed_requests_wait_for_the_respawns(runtime):
+    svc = await Worker.options(num_replicas=2, **FAST).as_service()
+    try:
+        old_pids = [r.mesh.pids[0] for r in svc.replicas]
+        requests = [asyncio.ensure_future(svc.work.route(i, 1.5)) for i in range(4)]
+        await asyncio.sleep(0.5)
+        os.kill(old_pids[0], signal.SIGKILL)
+        assert await _until(lambda: svc.replicas[0].state != "healthy")
+        await asyncio.sleep(0.3)  # its requests are now retried on replica 1, which dies under them too
+        os.kill(old_pids[1], signal.SIGKILL)
+        answers = await asyncio.gather(*requests)  # none fails: they are served by the respawned replicas
+        assert len(answers) == 4 and not set(answers) & set(old_pids)
+        assert all(r.restarts == 1 for r in svc.replicas)
+    finally:
+        await svc.shutdown()
+
+
 async def test_respawn_works_when_monarch_reports_the_death_before_the_watchdog(runtime, monkeypatch):
     # monarch's fault hook runs on its own thread, inside a context that names another actor; a respawn
     # started from there used to fail ("'NoneType' object has no attribute 'slice'"), which happened
