@@ -4,11 +4,14 @@
 returns a Run; then, from any cell: ``run.start()``, ``run.pause()``, ``run.resume()``,
 ``await run.step(n)``, ``run.set(lr=3e-4, temperature=0.7)`` (applied at the next step boundary,
 recorded as an event), ``run.metrics.frame()``, ``run.episodes(20)``, ``await run.stop()``,
-``await run.shutdown()``.
+``await run.shutdown()``; ``await run.sft(examples)`` / ``await run.rl()`` switch the same controls
+between supervised and RL steps (``forge_nb.sft``); ``run.export("tensorboard")`` also sends the
+metrics elsewhere (``forge_nb.exporters``).
 
 The Run is the only owner of background tasks: one training loop and ``loop.rollout_loops`` rollout
 loops (``forge_nb.loops``), named ``forge_nb.<run>.<loop>``, held by strong references. A loop that
-raises stops the run: the error is kept in ``run.error``, recorded as an event and logged. Shutdown
+raises stops the run: the error is kept in ``run.error``, recorded as an event and logged. Neither
+that nor ``stop()`` ever cancels a training step in flight (``_no_step_in_flight``). Shutdown
 order: loops (at a step boundary), then services (generators, reference, trainer), then torchstore.
 
 This module is longer than most because it is the single place where the run's state changes; the

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from forge_nb._procs import pid_alive
+from tests.procs import children
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,7 +58,7 @@ async def test_bad_procs_is_a_clear_error(runtime, procs):
 
 
 async def test_gpus_beyond_the_machine_are_refused_before_spawning(runtime):
-    before = _children()
+    before = children(os.getpid())
     ask = runtime.visible_gpus() + 1
     with pytest.raises(runtime.ResourceError) as err:
         await runtime.spawn_mesh("gpu-hungry", procs=ask, with_gpus=True)
@@ -65,7 +66,7 @@ async def test_gpus_beyond_the_machine_are_refused_before_spawning(runtime):
     assert "gpu-hungry" in msg and f"{ask} GPU" in msg
     assert ("no CUDA device" in msg) if runtime.visible_gpus() == 0 else ("visible are free" in msg)
     assert runtime.meshes() == []
-    assert _children() <= before
+    assert children(os.getpid()) <= before
 
 
 async def test_multi_host_is_refused_with_advice(runtime):
@@ -154,21 +155,6 @@ def test_no_process_outlives_its_controller(tmp_path, how):
         time.sleep(0.2)
     assert not [p for p in pids if pid_alive(p)], f"procs outlived a controller that {how}ed"
 
-
-
-def _children() -> set[int]:
-    """Live child processes of this one, read from /proc (no helper process of our own)."""
-    kids = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == os.getpid() and fields[0] != "Z":
-                kids.add(int(entry))
-    return kids
 
 
 async def test_a_dead_procs_own_children_do_not_outlive_it(runtime):

@@ -179,6 +179,9 @@ class Generator(ForgeActor):
             final = None
             async for output in engine.generate(engine_input, params, f"gen-{next(self._ids)}"):
                 final = output
+        except Exception as e:
+            self._exit_if_engine_dead(e)
+            raise
         finally:
             async with self._gate:
                 self._in_flight -= 1
@@ -205,6 +208,7 @@ class Generator(ForgeActor):
                     (report,) = await engine.collective_rpc("forge_nb_load_version", timeout=UPDATE_TIMEOUT_S,
                                                             args=(controller, version, UPDATE_TIMEOUT_S))
                 except Exception as e:
+                    self._exit_if_engine_dead(e)
                     self._broken = (
                         f"loading weights version {version} failed ({type(e).__name__}: {e}); the engine may "
                         f"hold a mix of versions {self._version} and {version}. Call update_weights again "
@@ -232,6 +236,16 @@ class Generator(ForgeActor):
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
+
+    def _exit_if_engine_dead(self, error: Exception) -> None:
+        """A vLLM engine that died (its EngineCore process killed or crashed) cannot come back inside this
+        actor. End the whole process instead: the service sees a replica death, retries the request on
+        another replica and respawns this one with a fresh engine, as for any killed process."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if isinstance(error, EngineDeadError):
+            logger.error("the vLLM engine of this generator died (%s); exiting so the service respawns it", error)
+            os._exit(70)
 
     def _require_engine(self, what: str) -> Any:
         if self._engine is None:

@@ -17,6 +17,7 @@ import pytest
 
 from forge_nb._procs import pid_alive
 from tests.kernel_client import Kernel, Reply
+from tests.procs import descendants
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600),
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (the cpu or gpu extra)")]
@@ -181,12 +182,12 @@ def test_shutdown_leaves_no_process(kernel):
     assert "no meshes" in ok(kernel.run("%forge_meshes")).stdout
     assert "UsageError: no run yet" in kernel.run("%forge_status").stderr
     # whatever else still runs under the kernel, the magic names it
-    for pid in _descendants(kernel.pid):
+    for pid in descendants(kernel.pid):
         assert f"{pid} (" in reply.stdout, (pid, reply.stdout[-2000:])
 
 
 def test_no_process_at_all_is_left_under_the_kernel(kernel):
-    leftover = _descendants(kernel.pid)
+    leftover = descendants(kernel.pid)
     assert not leftover, f"processes left under the kernel after %forge_shutdown: {leftover}"
 
 
@@ -200,7 +201,7 @@ def test_attach_then_a_killed_kernel_leaves_nothing_and_attach_in_a_fresh_kernel
     assert value(kernel.run("_value(run.current_step, run.version, run.state)")) == [step, version, "ready"]
     ok(kernel.run("%forge_step 1", timeout=180))
     ok(kernel.run("await run.checkpoint()", timeout=180))
-    under = _descendants(kernel.pid)  # mesh procs, vLLM engines and their workers
+    under = descendants(kernel.pid)  # mesh procs, vLLM engines and their workers
     assert len(under) >= 4, under
     os.kill(kernel.pid, signal.SIGKILL)
     deadline = time.monotonic() + 15
@@ -214,26 +215,3 @@ def test_attach_then_a_killed_kernel_leaves_nothing_and_attach_in_a_fresh_kernel
     assert "run 'quickstart' is up" in reply.stdout, reply.stdout[-2000:]
     assert value(kernel.run("_value(run.current_step, run.version)")) == [step + 1, version + 1]
     ok(kernel.run("%forge_shutdown", timeout=180))
-
-
-def _descendants(root: int) -> dict[int, str]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = {}, list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        try:
-            with open(f"/proc/{pid}/cmdline") as f:
-                found[pid] = f.read().replace("\0", " ")[:120]
-        except OSError:
-            continue
-        todo += children.get(pid, [])
-    return found

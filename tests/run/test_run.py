@@ -173,8 +173,6 @@ async def test_sft_warm_start_has_the_same_controls_then_rl_goes_on(run):
     assert [e["mode"] for e in run.metrics.events if e["kind"] == "mode"][-2:] == ["sft", "rl"]
 
 
-@pytest.mark.xfail(strict=False, reason="seen failing at the end of the first session, before run.clear_buffer() "
-                   "kept the ledger whole; not yet re-run since (issue #10 stays open until it passes)")
 async def test_generator_killed_mid_rollout_at_seeded_times_loses_nothing(run):
     import os
     import random
@@ -197,8 +195,6 @@ async def test_generator_killed_mid_rollout_at_seeded_times_loses_nothing(run):
     assert run.health == "ok"
 
 
-@pytest.mark.xfail(strict=False, reason="seen failing at the end of the first session, before run.clear_buffer() "
-                   "kept the ledger whole; not yet re-run since (issue #10 stays open until it passes)")
 async def test_all_generators_killed_the_run_is_down_then_continues(run):
     import os
     import signal
@@ -213,8 +209,27 @@ async def test_all_generators_killed_the_run_is_down_then_continues(run):
     assert run.ledger()["balanced"] and run.state == "stopped"
 
 
-@pytest.mark.xfail(strict=False, reason="seen failing at the end of the first session, before run.clear_buffer() "
-                   "kept the ledger whole; not yet re-run since (issue #10 stays open until it passes)")
+async def test_a_dead_engine_in_a_live_generator_process_is_respawned(run):
+    """vLLM's EngineCore is a child of the generator's proc: killed alone, it leaves an actor that answers
+    but cannot generate. The generator ends its process on EngineDeadError, so the service respawns it."""
+    import os
+    import signal
+
+    from tests.procs import descendants
+
+    victim = run.policy.replicas[0]
+    restarts = victim.restarts
+    (engine,) = [p for p, cmd in descendants(victim.mesh.pids[0]).items() if "EngineCore" in cmd]
+    os.kill(engine, signal.SIGKILL)
+    run.start()
+    assert await _until(lambda: victim.restarts == restarts + 1 and victim.state == "healthy")
+    steps = run.current_step
+    assert await _until(lambda: run.current_step >= steps + 2)  # training went on
+    await run.stop()
+    assert run.state == "stopped" and run.ledger()["balanced"], run.ledger()
+    assert await run.policy.get_version.fanout() == [run.version, run.version]
+
+
 async def test_trainer_killed_mid_step_rewinds_to_its_last_checkpoint(run):
     import os
     import signal
@@ -237,8 +252,6 @@ async def test_trainer_killed_mid_step_rewinds_to_its_last_checkpoint(run):
     assert (await run.trainer.info.call())[0]["step"] == run.version
 
 
-@pytest.mark.xfail(strict=False, reason="seen failing at the end of the first session, before run.clear_buffer() "
-                   "kept the ledger whole; not yet re-run since (issue #10 stays open until it passes)")
 async def test_checkpoint_then_resume_in_a_fresh_run_keeps_history(run):
     run.start()
     await run.step(1)
