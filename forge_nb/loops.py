@@ -47,8 +47,9 @@ async def generate_episode(run: Run, sample: dict[str, Any]) -> list[Episode]:
                 response_len=cfg.max_res_tokens, target=target, completion=c)
         for c in completions
     ]
+    reward_fns = list(run.reward_fns)  # one group, one set of reward functions, whatever a cell changes
     for episode in group:
-        (await score(run.reward_fns, prompt, episode.completion.text, target)).apply_to(episode)
+        (await score(reward_fns, prompt, episode.completion.text, target)).apply_to(episode)
     if run.ref_model is not None:
         input_ids = torch.stack([torch.cat([e.request_tensor, e.response_tensor]) for e in group])
         ref = await run.ref_model.forward.route(input_ids, cfg.max_req_tokens)

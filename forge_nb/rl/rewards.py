@@ -219,6 +219,7 @@ async def score(reward_fns: Sequence[RewardFn], prompt: str, response: str, targ
     Sync functions run on the calling thread (keep them fast, or make them async); async ones are
     awaited in order. See the module docstring for the quarantine contract.
     """
+    reward_fns = list(reward_fns)  # a cell may replace the caller's list while an async reward awaits
     if not reward_fns:
         raise ValueError("score() needs at least one reward function, e.g. [MathReward()]")
     names: list[str] = []

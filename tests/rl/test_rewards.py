@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import threading
 
@@ -169,3 +170,17 @@ def test_reward_name() -> None:
     assert reward_name(lambda p, r, t: 0.0) == "lambda"
     assert reward_name(functools.partial(my_reward, "p")) == "my_reward"
     assert reward_name(Judge().grade).endswith("Judge.grade")
+
+
+async def test_score_uses_the_functions_it_was_called_with_when_the_list_changes_meanwhile() -> None:
+    # A notebook cell replaces run.reward_fns[:] while a paused run's last rollout is still scoring.
+    fns: list = []
+
+    async def slow(prompt, response, target):
+        await asyncio.sleep(0)
+        fns.append(lambda p, r, t: 0.0)  # the cell's change lands while this reward awaits
+        return 1.0
+
+    fns.append(slow)
+    result = await score(fns, "p", "r", None)
+    assert result.quarantine is None and result.rewards == {"slow": 1.0}
