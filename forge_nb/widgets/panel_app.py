@@ -147,10 +147,13 @@ class PanelDashboard:
             return
         while self._queue:
             kind, row = self._queue.popleft()
-            if kind == "step":
-                self.data.add_row(row)
-            elif kind == "event":
-                self.data.add_event(row)
+            try:  # one malformed row is reported and skipped; the rest are still drawn
+                if kind == "step":
+                    self.data.add_row(row)
+                elif kind == "event":
+                    self.data.add_event(row)
+            except Exception as e:
+                self._report(f"metrics {kind}", e)
         # The pane patched the figure's message stubs: plotly_restyle/relayout reach the browser as
         # incremental updates (no re-render of the whole plot); new traces re-send the figure.
         self.data.apply(self.figure)

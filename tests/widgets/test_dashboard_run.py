@@ -85,7 +85,7 @@ async def test_buttons_and_inputs_drive_the_run(run) -> None:
         b["resume"].click()
         assert await _until(lambda: run.state == "running")
         b["pause"].click()
-        assert await _until(lambda: run.state == "paused")
+        assert await _until(lambda: run.state == "paused" and run.training_idle.is_set())  # no step in flight
 
         d.controls.inputs["lr"].value = 2e-3
         d.controls.apply.click()
@@ -138,7 +138,8 @@ async def test_explorer_filters_the_runs_episodes_and_compares_a_prompt_across_v
 async def test_an_observer_error_is_shown_and_the_html_view_carries_the_numbers(run) -> None:
     d = Dashboard(run)
     try:
-        run.metrics.event("set", changes="lr=1")  # malformed: changes must be a dict
+        bad = run.metrics.event("set", changes="lr=1")  # malformed: changes must be a dict
+        run.metrics.events.remove(bad)  # the later tests' dashboards replay the history: keep it clean
         assert d.errors.messages and "metrics observer (event)" in d.errors.messages[0]
         assert "AttributeError" in d.errors.output.outputs[0]["text"]
         assert "1 dashboard callback error" in d.errors.title.value
@@ -206,11 +207,14 @@ async def test_the_inline_panel_app_draws_the_run_and_its_buttons_call_it(run) -
         view.apply.clicks += 1
         view.step_n.value = 1
         at = run.current_step
+        bad = run.metrics.event("set", changes="lr=1")  # malformed: reported, and the rows after it drawn
+        run.metrics.events.remove(bad)
         view.buttons["step"].clicks += 1
         assert await _until(lambda: run.current_step == at + 1 and run.state == "paused")
         assert run.sampling_overrides["temperature"] == pytest.approx(0.9)
         view._tick()
         assert list(view.figure.data[reward].x)[-1] == run.current_step
+        assert any(m.startswith("metrics event: AttributeError") for m in view.errors), view.errors
         view._request_episodes()
         view._tick()
         assert run.episodes(1)[0]["episode_id"] in view.episodes.object
