@@ -283,6 +283,9 @@ class Run:
         if "max_tokens" in changes and not 1 <= int(changes["max_tokens"]) <= self.config.max_res_tokens:
             raise ValueError(f"max_tokens={changes['max_tokens']}: must be between 1 and max_res_tokens="
                              f"{self.config.max_res_tokens} (longer responses would be cut in training)")
+        if changes.get("beta") and self.ref_model is None:
+            raise ValueError(f"beta={changes['beta']}: the KL penalty needs reference logprobs and this run has no "
+                             "ReferenceModel; spawn it with use_reference=True (or keep beta=0)")
         if "difficulty" in changes and not hasattr(self.task, "difficulty"):
             raise ValueError(f"difficulty: the task {type(self.task).__name__} has no difficulty to change")
         self._pending.update(changes)

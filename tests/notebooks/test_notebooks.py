@@ -33,13 +33,7 @@ def test_every_notebook_source_converts():
                 assert not cell.source.startswith("# %%"), path.name
 
 
-# 05 failed in the last run of the first session, with no time left to find out why (see issue #9).
-_UNSETTLED = {"05_custom_environment": "failed at the end of the first session; cause not yet found"}
-CASES = [pytest.param(p, marks=pytest.mark.xfail(strict=False, reason=_UNSETTLED[p.stem]))
-         if p.stem in _UNSETTLED else p for p in NOTEBOOKS]
-
-
-@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_executes(path, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     runner = _runner()

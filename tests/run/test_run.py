@@ -67,6 +67,9 @@ async def test_set_applies_at_the_next_step_boundary_and_is_recorded(run):
         run.set(learning_rate=1.0)
     with pytest.raises(ValueError, match="max_res_tokens"):
         run.set(max_tokens=999)
+    with pytest.raises(ValueError, match="use_reference=True"):  # a KL penalty without a reference model
+        run.set(beta=0.05)
+    assert run._pending == {}  # a refused change queues nothing
     run.set(lr=1e-3, temperature=0.7)
     await run.step(1)
     (event,) = [e for e in run.metrics.events if e["kind"] == "set"][-1:]

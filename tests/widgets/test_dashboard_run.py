@@ -19,10 +19,7 @@ import forge_nb
 from forge_nb.widgets import Dashboard, dashboard, panel_app, serve
 from tests.waiting import waiter
 
-# Written at the end of the second session and not yet seen through a whole run: expected-to-fail until
-# it has (remove the marker when it XPASSes; see the session's closing note and issue #8).
-pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600), pytest.mark.asyncio(loop_scope="module"),
-              pytest.mark.xfail(strict=False, reason="new in session 2, not yet seen passing as a whole")]
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600), pytest.mark.asyncio(loop_scope="module")]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -95,8 +92,8 @@ async def test_buttons_and_inputs_drive_the_run(run) -> None:
         assert await _until(lambda: run.current_step == at + 2 and run.state == "paused")
         assert run.hparams["lr"] == pytest.approx(2e-3) and run.metrics.last("lr") == pytest.approx(2e-3)
 
-        run.set(beta=0.05)  # changed elsewhere (a magic): the input follows
-        assert await _until(lambda: d.controls.inputs["beta"].value == pytest.approx(0.05), timeout=10)
+        run.set(max_norm=0.5)  # changed elsewhere (a magic): the input follows
+        assert await _until(lambda: d.controls.inputs["max_norm"].value == pytest.approx(0.5), timeout=10)
 
         d.controls.inputs["max_tokens"].value = 10_000  # the run refuses it; the dashboard says why
         d.controls.apply.click()
