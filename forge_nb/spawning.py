@@ -65,15 +65,24 @@ async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progr
 
 
 async def _bring_up(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | None, progress: bool) -> Run:
-    from forge_nb.actors.generator import Generator
-    from forge_nb.actors.reference import ReferenceModel
-    from forge_nb.actors.trainer import RLTrainer
-
     task = make_task(cfg)
     model = _model_path(cfg, task, directory)
     pad_id = _pad_id(model)
     runtime.ensure_started()
-    await weights.initialize_store()
+    started_store = await weights.initialize_store()
+    try:
+        return await _start_services(cfg, directory, episode_fn, progress, task, model, pad_id)
+    except BaseException:
+        if started_store:  # nothing of a failed spawn stays behind (its started services are already down)
+            await weights.shutdown_store()
+        raise
+
+
+async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | None, progress: bool,
+                          task: Any, model: str, pad_id: int) -> Run:
+    from forge_nb.actors.generator import Generator
+    from forge_nb.actors.reference import ReferenceModel
+    from forge_nb.actors.trainer import RLTrainer
 
     sampling = {"n": cfg.group_size, "max_tokens": cfg.max_res_tokens, **cfg.generator.sampling_params}
     engine_args = {"max_model_len": cfg.max_req_tokens + cfg.max_res_tokens + 8, "seed": cfg.seed,

@@ -55,8 +55,9 @@ def _ts() -> Any:
 _store_mesh: runtime.Mesh | None = None
 
 
-async def initialize_store() -> None:
-    """Start the kernel's torchstore (a controller and one storage volume). Kernel only; idempotent.
+async def initialize_store() -> bool:
+    """Start the kernel's torchstore (a controller and one storage volume). Kernel only; idempotent:
+    returns True when this call started it, False when it was already running.
 
     The storage volume gets a process of the runtime's (left to itself, torchstore would spawn one
     the runtime does not know, which would outlive ``shutdown_store``)."""
@@ -65,11 +66,12 @@ async def initialize_store() -> None:
     remove_orphaned_shm()
     try:
         await ts.keys(PREFIX)
-        return  # already running
+        return False  # already running
     except Exception:
         pass
     _store_mesh = await runtime.spawn_mesh("torchstore", 1, owner="torchstore")
     await ts.initialize(mesh=_store_mesh.proc_mesh)
+    return True
 
 
 async def shutdown_store() -> None:
