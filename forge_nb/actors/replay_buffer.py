@@ -6,10 +6,20 @@ needs no process. This actor wraps the same class so seed code runs unchanged::
     buf = await ReplayBuffer.options(procs=1).as_actor(batch_size=16, max_policy_age=1, collate=collate)
     await buf.add.call_one(episode)
     batch = await buf.sample.call_one(curr_policy_version=3)
+
+With ``snapshot_path=...`` the buffer survives its process: every call that changes it writes a snapshot
+(atomically, before the call returns), and a respawned actor restores it in ``setup()``. So nothing a
+call returned for is lost; a call in flight when the process died raises ``ReplicaDied`` to its caller
+(actors do not retry), which is how the caller counts what did not make it. ``restored()`` says what
+came back (episodes and the cumulative counters, so ``counters["added"]`` can be checked against the
+caller's own count).
 """
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 from monarch.actor import endpoint
@@ -22,29 +32,50 @@ from forge_nb.service.actor import ForgeActor
 class ReplayBuffer(ForgeActor):
     """The endpoints of ``forge_nb.rl.ReplayBuffer``, in its own process."""
 
-    def __init__(self, **kwargs: Any):
+    def __init__(self, snapshot_path: str | None = None, **kwargs: Any):
         self._kwargs = kwargs
+        self._snapshot = Path(snapshot_path) if snapshot_path else None
+        self._restored: dict[str, Any] | None = None
         self.buffer: _Buffer | None = None
 
     @endpoint
     async def setup(self) -> None:
         self.buffer = _Buffer(**self._kwargs)  # invalid arguments raise here, where the caller sees them
+        if self._snapshot is not None and self._snapshot.exists():
+            import torch
+
+            state = torch.load(self._snapshot, weights_only=False)
+            self.buffer.load_state_dict(state["buffer"])
+            self._restored = {"path": str(self._snapshot), "episodes": len(self.buffer),
+                              "counters": self.buffer.counters(),
+                              "snapshot_age_s": round(time.time() - state["time"], 3)}
 
     @endpoint
     async def add(self, episode: Episode) -> None:
         self._buf().add(episode)
+        self._save()
 
     @endpoint
     async def sample(self, curr_policy_version: int, batch_size: int | None = None) -> Any:
-        return self._buf().sample(curr_policy_version, batch_size)
+        batch = self._buf().sample(curr_policy_version, batch_size)
+        self._save()
+        return batch
 
     @endpoint
     async def evict(self, curr_policy_version: int) -> int:
-        return self._buf().evict(curr_policy_version)
+        n = self._buf().evict(curr_policy_version)
+        self._save()
+        return n
 
     @endpoint
     async def clear(self) -> None:
         self._buf().clear()
+        self._save()
+
+    @endpoint
+    async def restored(self) -> dict[str, Any] | None:
+        """What ``setup()`` restored from the snapshot (path, episodes, counters, age), or None."""
+        return self._restored
 
     @endpoint
     async def length(self) -> int:
@@ -61,6 +92,16 @@ class ReplayBuffer(ForgeActor):
     @endpoint
     async def load_state_dict(self, state: dict[str, Any]) -> None:
         self._buf().load_state_dict(state)
+
+    def _save(self) -> None:
+        if self._snapshot is None:
+            return
+        import torch
+
+        self._snapshot.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._snapshot.with_name(self._snapshot.name + ".tmp")
+        torch.save({"buffer": self._buf().state_dict(), "time": time.time()}, tmp)
+        os.replace(tmp, self._snapshot)  # a process killed mid-write leaves the previous snapshot whole
 
     def _buf(self) -> _Buffer:
         if self.buffer is None:

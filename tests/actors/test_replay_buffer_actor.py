@@ -37,3 +37,38 @@ async def test_bad_arguments_reach_the_caller(runtime):
     with pytest.raises(RuntimeError, match="batch_size"):
         await ReplayBuffer.as_actor(batch_size=0, max_policy_age=1)
     assert runtime.meshes() == []
+
+
+async def test_a_killed_buffer_comes_back_from_its_snapshot_with_nothing_acknowledged_lost(runtime, tmp_path):
+    import os
+    import signal
+
+    from forge_nb.service import ReplicaDied
+
+    snapshot = tmp_path / "buffer.pt"
+    buf = await ReplayBuffer.options(procs=1, restart_backoff=0.1).as_actor(
+        batch_size=2, max_policy_age=1, snapshot_path=str(snapshot))
+    try:
+        assert await buf.restored.call_one() is None  # a fresh buffer restored nothing
+        acknowledged = 0
+        for i in range(5):
+            await buf.add.call_one(_episode(0, i))
+            acknowledged += 1
+        await buf.sample.call_one(curr_policy_version=0)  # 2 leave the buffer, 3 stay
+        old = buf.replica.mesh.pids[0]
+        os.kill(old, signal.SIGKILL)
+        try:
+            await buf.add.call_one(_episode(0, 99))  # waited for the respawned actor, and stored
+            acknowledged += 1
+        except ReplicaDied:  # reached the dying process: its caller knows it was not stored
+            pass
+        await buf.replica.wait_healthy(timeout=60)
+        assert buf.replica.mesh.pids[0] != old
+        restored = await buf.restored.call_one()
+        assert restored["episodes"] == 3 and restored["counters"]["added"] == 5  # all 5 acknowledged adds
+        assert restored["counters"]["sampled"] == 2
+        assert (await buf.counters.call_one())["added"] == acknowledged  # nothing acknowledged is missing
+        batch = await buf.sample.call_one(curr_policy_version=1)  # the restored episodes are usable
+        assert {e.episode_id for e in batch[0]} <= {f"e0-{i}" for i in (*range(5), 99)}
+    finally:
+        await buf.shutdown()
