@@ -233,6 +233,31 @@ async def test_a_dead_engine_in_a_live_generator_process_is_respawned(run):
     assert await run.policy.get_version.fanout() == [run.version, run.version]
 
 
+async def test_an_update_that_reaches_only_some_replicas_mixes_no_stale_versions(run):
+    """A frozen generator misses weight updates (they time out, it is killed and respawned) while the other
+    takes them: training goes on, and no batch holds an episode older than max_policy_age."""
+    import os
+    import signal
+
+    victim = run.policy.replicas[1]
+    restarts, first = victim.restarts, len(run.metrics.rows)
+    run.policy.options.request_timeout = 5.0
+    try:
+        run.start()
+        await asyncio.sleep(1.0)
+        os.kill(victim.mesh.pids[0], signal.SIGSTOP)  # alive but answering nothing, weight updates included
+        assert await _until(lambda: victim.restarts == restarts + 1 and victim.state == "healthy")
+        steps = run.current_step
+        assert await _until(lambda: run.current_step >= steps + 2)
+        await run.stop()
+    finally:
+        run.policy.options.request_timeout = 300.0
+    assert any(e["kind"] == "replica" and "request_timeout" in str(e.get("reason")) for e in run.metrics.events)
+    rows = run.metrics.rows[first:]
+    assert rows and all(r["policy_age/max"] <= run.config.max_policy_age for r in rows if "policy_age/max" in r)
+    assert run.ledger()["balanced"], run.ledger()
+
+
 async def test_trainer_killed_mid_step_rewinds_to_its_last_checkpoint(run):
     import os
     import signal
