@@ -85,6 +85,8 @@ async def _train_forever(run: Run) -> None:
         run.training_idle.set()
         await run.wait_until_running()
         run.training_idle.clear()  # from here a step may be in flight: stop() waits instead of cancelling
+        if await run.recover_trainer_if_it_died():
+            continue
         await run.apply_changes()
         batch = run.replay_buffer.sample(curr_policy_version=run.version)
         if batch is None:
@@ -191,6 +193,8 @@ async def sft_loop(run: Run) -> None:
             run.training_idle.set()
             await run.wait_until_running()
             run.training_idle.clear()
+            if await run.recover_trainer_if_it_died():
+                continue
             await run.apply_changes()
             await sft_one_step(run, run.sft_data.next_batch())
             run.step_budget_spent()

@@ -81,6 +81,7 @@ class Run:
         self._ledger = dict.fromkeys(("accepted", "quarantined", "trained", "skipped_step", "failed_step",
                                       "trainer_died", "rolled_back", "cleared"), 0)
         self._gen_tokens, self._gen_since = 0, time.monotonic()
+        self._trainer_failures_seen = self._trainer_failures()
         policy.set_catch_up(self._catch_up)
         for name, service in self.services.items():
             service.subscribe(lambda e, name=name: self.metrics.event(
@@ -387,11 +388,24 @@ class Run:
         self.metrics.event("checkpoint", path=path, version=self.version)
         return path
 
+    async def recover_trainer_if_it_died(self) -> bool:
+        """Called by the training loops before each step. A trainer process that died between steps is
+        respawned by its service with its last complete checkpoint, and a later call would succeed
+        without a word: the run must rewind to that checkpoint all the same. True if it did."""
+        if self._trainer_failures() == self._trainer_failures_seen:
+            return False
+        await self.recover_trainer("the trainer's process died between steps")
+        return True
+
+    def _trainer_failures(self) -> int:
+        return sum(r.failures for r in self.trainer.replicas)
+
     async def recover_trainer(self, reason: str) -> None:
         """The trainer died mid-step. Its service respawns it and it loads its last complete checkpoint
         (or its initial weights); the run rewinds to that point, visibly, and goes on."""
         self.metrics.event("trainer_died", step=self.current_step, reason=reason[:300])
         info = (await self.trainer.info.call())[0]  # waits for the respawned, restored trainer
+        self._trainer_failures_seen = self._trainer_failures()
         state = self.dir.load_state() or {"step": 0, "version": 0}
         from_step, from_version = self.current_step, self.version
         self.current_step, self.version = int(state["step"]), int(info["step"])
