@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -14,17 +13,12 @@ import pytest
 
 from forge_nb._procs import pid_alive
 from tests.procs import children
+from tests.waiting import waiter
 
 pytestmark = pytest.mark.timeout(120)
 
 
-async def _wait_for(predicate, timeout: float = 15.0, every: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(every)
-    return predicate()
+_wait_for = waiter(timeout=15.0, interval=0.05)
 
 
 async def test_spawn_records_pids_and_stop_removes_them(runtime):
