@@ -82,12 +82,8 @@ async def _train_forever(run: Run) -> None:
     waited_since = time.monotonic()
     starved_reported = False
     while True:
-        run.training_idle.set()
-        await run.wait_until_running()
-        run.training_idle.clear()  # from here a step may be in flight: stop() waits instead of cancelling
-        if await run.recover_trainer_if_it_died():
+        if not await _step_boundary(run):
             continue
-        await run.apply_changes()
         batch = run.replay_buffer.sample(curr_policy_version=run.version)
         if batch is None:
             run.training_idle.set()  # nothing sampled: waiting for a batch is a safe place to stop
@@ -116,6 +112,20 @@ async def _train_forever(run: Run) -> None:
         if cfg.loop.max_steps is not None and run.current_step >= cfg.loop.max_steps:
             run.metrics.event("done", message=f"reached loop.max_steps={cfg.loop.max_steps}")
             run.pause()
+
+
+async def _step_boundary(run: Run) -> bool:
+    """What the RL and SFT training loops do between steps: park (``training_idle`` set, so ``stop()``
+    may cancel the loop) until the run is running; from then on a step may be in flight, so ``stop()``
+    waits for it instead. A trainer that died meanwhile rewinds the run first (False: start over);
+    otherwise the queued hot changes are applied and the step may begin (True)."""
+    run.training_idle.set()
+    await run.wait_until_running()
+    run.training_idle.clear()
+    if await run.recover_trainer_if_it_died():
+        return False
+    await run.apply_changes()
+    return True
 
 
 async def train_one_step(run: Run, episodes: list[Episode], wait_s: float) -> dict[str, Any]:
@@ -190,12 +200,8 @@ async def sft_loop(run: Run) -> None:
     at step boundaries, honours ``run.step(n)`` and ``run.set(lr=...)``, pushes every step's weights."""
     try:
         while True:
-            run.training_idle.set()
-            await run.wait_until_running()
-            run.training_idle.clear()
-            if await run.recover_trainer_if_it_died():
+            if not await _step_boundary(run):
                 continue
-            await run.apply_changes()
             await sft_one_step(run, run.sft_data.next_batch())
             run.step_budget_spent()
     finally:

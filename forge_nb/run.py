@@ -152,8 +152,7 @@ class Run:
 
     def start(self) -> None:
         """Start (or resume) the loops in the background; the cell returns at once."""
-        if self.state in ("stopping", "shut down"):
-            raise RuntimeError(f"run {self.name!r} is {self.state}; spawn a new one (forge_nb.spawn)")
+        self._require_not_shut_down()
         if self.state == "failed":  # the user fixed the cause (e.g. replaced run.episode_fn): go on
             self.metrics.event("restart", after_error=self.error)
             self.error = None
@@ -253,8 +252,7 @@ class Run:
         self.metrics.event("mode", mode="rl")
 
     async def _switch(self, mode: str) -> None:
-        if self.state in ("stopping", "shut down"):
-            raise RuntimeError(f"run {self.name!r} is {self.state}; spawn a new one (forge_nb.spawn)")
+        self._require_not_shut_down()
         if any(not t.done() for t in self._tasks.values()):
             await self.stop()
         self._tasks.clear()
@@ -446,6 +444,10 @@ class Run:
         while training is not None and not training.done() and not self.training_idle.is_set():
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             await asyncio.wait_for(self.training_idle.wait(), left)
+
+    def _require_not_shut_down(self) -> None:
+        if self.state in ("stopping", "shut down"):
+            raise RuntimeError(f"run {self.name!r} is {self.state}; spawn a new one (forge_nb.spawn)")
 
     def _training_task(self) -> asyncio.Task[None] | None:
         return self._tasks.get("sft" if self.mode == "sft" else "train")
