@@ -15,13 +15,20 @@ Two transports behind the same three calls (``push_state_dict``, ``load_state_di
   load is the copy into the model. ``bench/weight_sync.py`` measures both against plain memcpy.
 
 The file is written under a temporary name and renamed before the manifest is stored, so a reader
-never sees a partial version. ``drop_version`` deletes the manifest and the file.
+never sees a partial version. ``drop_version`` deletes the manifest and keeps the file as a *spare*
+for its writer's next push (at most ``SPARES`` per writer): filling a new tmpfs file costs about
+twice a memcpy, because the kernel zeroes every page first, while a spare's pages are already there.
+A reader holds a shared ``flock`` on the file for as long as its views are alive (the lock lives
+with the mapping), and a writer reuses a spare only when it gets the exclusive lock, so a file is
+never rewritten under a reader that still looks at it.
 Every function works in any process (kernel or actor): torchstore is reached through
 ``forge_nb._torchstore``, which carries the monarch-0.7 compatibility binding.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import mmap
 import os
 import socket
@@ -34,6 +41,7 @@ from forge_nb import runtime
 
 PREFIX = "policy"
 SHM_MANIFEST = "__shm__"
+SPARES = 2  #: dropped shared-memory files kept per writer for its next pushes
 _ALIGN = 64
 
 
@@ -81,6 +89,8 @@ async def shutdown_store() -> None:
         for version in await stored_versions():
             await drop_version(version)
         await ts.shutdown()
+        for spare in shm_root().glob("*-spare.*.bin"):  # nothing will be pushed to this store again
+            spare.unlink(missing_ok=True)
     finally:
         ts.reset_client()
         if _store_mesh is not None:
@@ -130,12 +140,14 @@ async def drop_version(version: int) -> int:
     for key in keys:
         if key.endswith(SHM_MANIFEST):
             manifest = await ts.get(key)
-            Path(manifest["path"]).unlink(missing_ok=True)
+            _retire(Path(manifest["path"]))
         await ts.delete(key)
     return len(keys)
 
 
 # -- the shared-memory transport ----------------------------------------------------------------------
+# Files under shm_root(), each named after its writer's pid: "{pid}-policy.v{v}.bin" (a version),
+# "{pid}-policy.v{v}.tmp" (being written) and "{pid}-spare.v{v}.bin" (a dropped version's file).
 
 
 def remove_orphaned_shm() -> list[str]:
@@ -143,7 +155,7 @@ def remove_orphaned_shm() -> list[str]:
     from forge_nb._procs import pid_alive
 
     removed = []
-    for path in shm_root().glob("*-policy.v*.*") if shm_root().is_dir() else []:
+    for path in shm_root().iterdir() if shm_root().is_dir() else []:
         pid = path.name.split("-", 1)[0]
         if pid.isdigit() and not pid_alive(int(pid)):
             path.unlink(missing_ok=True)
@@ -157,18 +169,56 @@ def _write_shm(state_dict: dict[str, torch.Tensor], version: int) -> dict[str, A
         nbytes = tensor.numel() * tensor.element_size()
         entries.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes))
         offset += -(-nbytes // _ALIGN) * _ALIGN
+    size = max(offset, 1)
     root = shm_root()
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"{os.getpid()}-{weights_key(version)}.bin"
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "w+b") as f:
-        f.truncate(max(offset, 1))
-        buffer = _map(f.fileno(), max(offset, 1), mmap.MAP_SHARED)
+    fd = _take_spare(size, tmp)
+    if fd is None:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.ftruncate(fd, size)
+    try:
+        buffer = _map(fd, size, mmap.MAP_SHARED)
         for (_, _, _, start, nbytes), tensor in zip(entries, state_dict.values(), strict=True):
             buffer[start : start + nbytes].copy_(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
         del buffer
-    os.replace(tmp, path)
+        fcntl.flock(fd, fcntl.LOCK_UN)  # a reused spare was locked; readers may lock it from now on
+        os.replace(tmp, path)
+    finally:
+        os.close(fd)
     return {"host": socket.gethostname(), "path": str(path), "entries": entries}
+
+
+def _take_spare(size: int, tmp: Path) -> int | None:
+    """An open fd of one of this process's spare files of ``size`` bytes, locked and renamed to ``tmp``;
+    None when there is none that no reader holds."""
+    for spare in sorted(shm_root().glob(f"{os.getpid()}-spare.*.bin")):
+        try:
+            fd = os.open(spare, os.O_RDWR)
+        except FileNotFoundError:  # removed meanwhile (shutdown_store)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_size != size:  # the model changed shape: no use for it any more
+                spare.unlink(missing_ok=True)
+            else:
+                os.replace(spare, tmp)
+                return fd
+        except (BlockingIOError, FileNotFoundError):  # a reader still maps it, or it was removed
+            pass
+        os.close(fd)
+    return None
+
+
+def _retire(path: Path) -> None:
+    """A dropped version's file: keep it as a spare for its writer's next push, or delete it."""
+    writer = path.name.split("-", 1)[0]
+    if len(list(path.parent.glob(f"{writer}-spare.*.bin"))) >= SPARES:
+        path.unlink(missing_ok=True)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(path, path.with_name(path.name.replace("-policy.", "-spare.", 1)))
 
 
 def _read_shm(manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -176,11 +226,22 @@ def _read_shm(manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
         raise RuntimeError(
             f"policy weights were pushed to shared memory on host {manifest['host']!r}, but this is "
             f"{socket.gethostname()!r}; push with transport='torchstore' for readers on other hosts")
-    # MAP_PRIVATE: copy-on-write views, so nothing is copied until the model copies them in (and a
-    # consumer that writes to them changes its own copy, never the file). Not pre-populated: populating
-    # a writable private mapping would copy every page.
-    size = os.path.getsize(manifest["path"])
-    buffer = torch.from_file(manifest["path"], shared=False, size=size, dtype=torch.uint8)
+    path = manifest["path"]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        # The shared lock lasts as long as the mapping (which holds the open file): until every view
+        # below is gone, the writer will not reuse this file for a later version.
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        if os.stat(path).st_ino != os.fstat(fd).st_ino:  # dropped and reused between open and lock
+            raise FileNotFoundError(f"{path} was dropped while it was being opened")
+        # MAP_PRIVATE: copy-on-write views, so nothing is copied until the model copies them in (and a
+        # consumer that writes to them changes its own copy, never the file). Not pre-populated:
+        # populating a writable private mapping would copy every page.
+        view = mmap.mmap(fd, os.fstat(fd).st_size, flags=mmap.MAP_PRIVATE,
+                         prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+    buffer = torch.frombuffer(view, dtype=torch.uint8)
     out = {}
     for name, dtype, shape, start, nbytes in manifest["entries"]:
         out[name] = buffer[start : start + nbytes].view(getattr(torch, dtype)).view(shape)

@@ -122,6 +122,21 @@ class WeightsReader(Actor):
 
         return {k: float(v.float().sum()) for k, v in (await weights.load_state_dict(version)).items()}
 
+    @endpoint
+    async def hold(self, version: int) -> None:
+        """Load ``version`` and keep its views alive, as a slow consumer would."""
+        from forge_nb import weights
+
+        self.held = await weights.load_state_dict(version)
+
+    @endpoint
+    async def held_checksums(self) -> dict[str, float]:
+        return {k: float(v.float().sum()) for k, v in self.held.items()}
+
+    @endpoint
+    async def release(self) -> None:
+        del self.held
+
 
 class Parent(Actor):
     """Starts a child process of its own, as a vLLM generator starts its engine and workers."""

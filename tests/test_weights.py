@@ -41,7 +41,53 @@ async def test_push_in_one_process_load_in_another(store, runtime, transport, tm
     files = list((tmp_path / "shm").glob("*")) if (tmp_path / "shm").exists() else []
     assert len(files) == (1 if transport == "shm" else 0)
     await weights.drop_version(1)
-    assert await weights.stored_versions() == [] and not list((tmp_path / "shm").glob("*.bin"))
+    assert await weights.stored_versions() == [] and not list((tmp_path / "shm").glob("*-policy.*"))
+
+
+def _checksums(state: dict[str, torch.Tensor]) -> dict[str, float]:
+    return {k: float(v.float().sum()) for k, v in state.items()}
+
+
+def _version_file(shm, version: int):
+    (path,) = shm.glob(f"*-policy.v{version}.bin")
+    return path
+
+
+async def test_a_dropped_file_is_reused_unless_a_reader_still_holds_it(store, runtime, tmp_path):
+    from tests.actors_for_tests import WeightsReader
+
+    shm = tmp_path / "shm"
+    await weights.push_state_dict(_state(1.0), 1, transport="shm")
+    first = _version_file(shm, 1).stat().st_ino
+    mesh = await runtime.spawn_mesh("reader")
+    reader = mesh.spawn("reader", WeightsReader)
+    await reader.hold.call_one(1)  # another process keeps views of version 1
+    await weights.drop_version(1)
+    assert len(list(shm.glob("*-spare.*.bin"))) == 1
+    await weights.push_state_dict(_state(2.0), 2, transport="shm")
+    assert _version_file(shm, 2).stat().st_ino != first  # held: not rewritten under the reader
+    assert await reader.held_checksums.call_one() == _checksums(_state(1.0))
+    await reader.release.call_one()
+    await weights.drop_version(2)
+    await weights.push_state_dict(_state(3.0), 3, transport="shm")
+    assert _version_file(shm, 3).stat().st_ino == first  # released: version 1's pages carry version 3
+    assert await reader.checksums.call_one(3) == _checksums(_state(3.0))
+    assert await weights.stored_versions() == [3] and len(list(shm.glob("*-spare.*.bin"))) == 1
+
+
+async def test_spares_are_bounded_and_shutdown_removes_every_file(runtime, tmp_path, monkeypatch):
+    shm = tmp_path / "shm"
+    monkeypatch.setenv("FORGE_NB_SHM_DIR", str(shm))
+    await weights.initialize_store()
+    try:
+        for version in range(1, 6):
+            await weights.push_state_dict(_state(float(version)), version, transport="shm")
+        for version in range(1, 5):
+            await weights.drop_version(version)
+        assert len(list(shm.glob("*-spare.*.bin"))) == weights.SPARES
+    finally:
+        await weights.shutdown_store()
+    assert list(shm.iterdir()) == []
 
 
 async def test_shm_views_are_private_copies_on_write(store):
@@ -60,9 +106,9 @@ async def test_missing_version_names_what_exists(store):
 
 def test_orphaned_shm_files_of_dead_writers_are_removed(tmp_path, monkeypatch):
     monkeypatch.setenv("FORGE_NB_SHM_DIR", str(tmp_path))
-    dead = tmp_path / "999999999-policy.v3.bin"
+    dead = [tmp_path / "999999999-policy.v3.bin", tmp_path / "999999999-spare.v2.bin"]
     mine = tmp_path / f"{os.getpid()}-policy.v4.bin"
-    dead.write_bytes(b"x")
-    mine.write_bytes(b"y")
-    assert weights.remove_orphaned_shm() == [str(dead)]
-    assert mine.exists() and not dead.exists()
+    for path in [*dead, mine]:
+        path.write_bytes(b"x")
+    assert sorted(weights.remove_orphaned_shm()) == sorted(map(str, dead))
+    assert mine.exists() and not any(path.exists() for path in dead)
