@@ -65,8 +65,9 @@ async def rollout_loop(run: Run, index: int) -> None:
         await run.wait_until_running()
         await run.collect_allowed.wait()
         sample = run.task.sample()
+        rewinds = run.rewinds
         group = await run.episode_fn(run, sample)
-        run.accept(group)
+        run.accept(group, rewinds_before=rewinds)
 
 
 async def training_loop(run: Run) -> None:
@@ -132,21 +133,22 @@ async def train_one_step(run: Run, episodes: list[Episode], wait_s: float) -> di
     """train_step -> push_weights -> update_weights.fanout, with the step's metrics recorded."""
     t0 = time.perf_counter()
     episode_metrics = _episode_metrics(run, episodes)  # policy age against the version that trains them
+    run.count("in_step", len(episodes))  # the ledger balances while the step runs, too
     try:
         results = await run.trainer.train_step.call(collate(episodes))
     except ReplicaDied as error:  # the step is lost with its process; rewind to the last checkpoint
-        run.count("trainer_died", len(episodes))
+        run.settle_step("trainer_died", len(episodes))
         await run.recover_trainer(str(error))
         return {}
     except Exception:  # the trainer raised: the run stops with this error (Run._loop_done)
-        run.count("failed_step", len(episodes))
+        run.settle_step("failed_step", len(episodes))
         raise
     out = dict(results[0])
     t1 = time.perf_counter()
     if _skipped(run, out):
-        run.count("skipped_step", len(episodes))
+        run.settle_step("skipped_step", len(episodes))
     else:
-        run.count("trained", len(episodes))
+        run.settle_step("trained", len(episodes))
         if not await _publish(run, out, t1):
             return {}
     out.update(episode_metrics)

@@ -77,9 +77,11 @@ class Run:
         self._steps_waiter: asyncio.Future[None] | None = None
         self._recent: deque[dict[str, Any]] = deque(maxlen=2000)
         self._pinned: Counter[int] = Counter()  # weight versions a respawned generator is loading
+        self._rewound_to: list[int] = []  # the version each rewind went back to, in order
         # Where every accepted episode ended up (see ledger()); the buffer counts its own part.
+        # ``in_step`` is not an end: the episodes of the training step in flight, until it settles them.
         self._ledger = dict.fromkeys(("accepted", "quarantined", "trained", "skipped_step", "failed_step",
-                                      "trainer_died", "rolled_back", "cleared"), 0)
+                                      "trainer_died", "rolled_back", "cleared", "in_step"), 0)
         self._gen_tokens, self._gen_since = 0, time.monotonic()
         self._trainer_failures_seen = self._trainer_failures()
         policy.set_catch_up(self._catch_up)
@@ -116,9 +118,9 @@ class Run:
         return "ok" if all(st == "healthy" for s in states.values() for st in s) else "degraded"
 
     def ledger(self) -> dict[str, Any]:
-        """Where every accepted episode went. ``balanced`` says the books add up:
+        """Where every accepted episode went. ``balanced`` says the books add up, at any moment:
         accepted = quarantined + trained + skipped_step + failed_step + trainer_died + rolled_back + cleared
-        + evicted + buffered."""
+        + evicted + buffered + in_step (the batch of the training step in flight; 0 between steps)."""
         counts = {**self._ledger, **{k: v for k, v in self.replay_buffer.counters().items() if k != "added"},
                   "buffered": len(self.replay_buffer)}
         ends = sum(v for k, v in counts.items() if k not in ("accepted", "sampled"))
@@ -134,6 +136,11 @@ class Run:
 
     def count(self, outcome: str, n: int) -> None:
         """Record that ``n`` episodes ended as ``outcome`` (a key of the ledger)."""
+        self._ledger[outcome] += n
+
+    def settle_step(self, outcome: str, n: int) -> None:
+        """The step in flight with ``n`` episodes ended as ``outcome``: they leave ``in_step`` for it."""
+        self._ledger["in_step"] -= n
         self._ledger[outcome] += n
 
     def episodes(self, n: int = 50, version: int | None = None, min_reward: float | None = None,
@@ -321,8 +328,20 @@ class Run:
     async def wait_until_running(self) -> None:
         await self._running.wait()
 
-    def accept(self, group: list[Episode]) -> None:
-        """A finished group: quarantined episodes are recorded and dropped, the rest buffered."""
+    @property
+    def rewinds(self) -> int:
+        """How many times the run has rewound to a checkpoint; a rollout notes it before generating."""
+        return len(self._rewound_to)
+
+    def accept(self, group: list[Episode], rewinds_before: int | None = None) -> None:
+        """A finished group: quarantined episodes are recorded and dropped, the rest buffered.
+
+        ``rewinds_before``: ``run.rewinds`` when the group's generation began. Episodes made by weights
+        a rewind since then took back (versions above the one it went back to) are dropped as
+        ``rolled_back``. The version number alone cannot tell: during a weight update the generators
+        already updated make version v+1 while the run still says v, and after a rewind the numbers
+        are used again by the new weights."""
+        taken_back = min(self._rewound_to[rewinds_before:], default=None) if rewinds_before is not None else None
         for episode in group:
             completion = episode.completion
             self._gen_tokens += len(completion.token_ids) if completion is not None else 0
@@ -335,7 +354,7 @@ class Run:
             if episode.quarantine:
                 self._ledger["quarantined"] += 1
                 self.metrics.event("quarantine", episode_id=episode.episode_id, reason=episode.quarantine)
-            elif (episode.policy_version or 0) > self.version:  # made by weights a rewind took back
+            elif taken_back is not None and (episode.policy_version or 0) > taken_back:
                 self._ledger["rolled_back"] += 1
             else:
                 self.replay_buffer.add(episode)
@@ -382,7 +401,7 @@ class Run:
         """Trainer checkpoint, buffer snapshot and the run's counters, in the run directory."""
         path = (await self.trainer.save_checkpoint.call(self.version))[0]
         self.dir.save_state(step=self.current_step, version=self.version, buffer=self.replay_buffer.state_dict(),
-                            hparams=self._hparams, ledger=dict(self._ledger))
+                            hparams=self._hparams, ledger=dict(self._ledger), mode=self.mode)
         self.metrics.event("checkpoint", path=path, version=self.version)
         return path
 
@@ -407,6 +426,7 @@ class Run:
         state = self.dir.load_state() or {"step": 0, "version": 0}
         from_step, from_version = self.current_step, self.version
         self.current_step, self.version = int(state["step"]), int(info["step"])
+        self._rewound_to.append(self.version)
         self.clear_buffer("made by weights the rewind took back")
         await self.trainer.push_weights.call(self.version)
         await self.policy.update_weights.fanout(self.version)

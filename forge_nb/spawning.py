@@ -60,7 +60,13 @@ async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progr
         run.metrics.event("rewind", from_step=last_recorded, to_step=run.current_step,
                           message=f"steps {run.current_step + 1}..{last_recorded} came after the last checkpoint "
                                   "and are trained again")
-    run.metrics.event("resume", from_step=run.current_step, version=run.version)
+    if state.get("mode") == "sft":  # the SFT examples live in the notebook, not in the checkpoint
+        message = ("checkpointed during SFT: the run resumes in RL mode; `await run.sft(examples)` goes on "
+                   "with supervised steps")
+        logger.warning("resume %s: %s", directory.path, message)
+        run.metrics.event("resume", from_step=run.current_step, version=run.version, message=message)
+    else:
+        run.metrics.event("resume", from_step=run.current_step, version=run.version)
     return run
 
 

@@ -182,18 +182,33 @@ async def test_generator_killed_mid_rollout_at_seeded_times_loses_nothing(run):
     import signal
 
     rng = random.Random(1234)
+    rolled_back = run.ledger()["rolled_back"]
+    unbalanced: list[dict] = []
+
+    async def audit() -> None:  # the books add up at every moment, mid-step and mid-respawn included
+        while True:
+            if not (ledger := run.ledger())["balanced"]:
+                unbalanced.append(ledger)
+            await asyncio.sleep(0.02)
+
+    auditor = asyncio.create_task(audit())
     run.start()
-    for _ in range(2):
-        await asyncio.sleep(rng.uniform(1.0, 4.0))
-        victim = run.policy.replicas[rng.randrange(2)]
-        assert await _until(lambda v=victim: v.state == "healthy")
-        os.kill(victim.mesh.pids[0], signal.SIGKILL)
-        assert await _until(lambda v=victim: v.state == "healthy" and v.restarts >= 1)
-    steps = run.current_step
-    assert await _until(lambda: run.current_step >= steps + 2)  # training went on
-    await run.stop()
+    try:
+        for _ in range(2):
+            await asyncio.sleep(rng.uniform(1.0, 4.0))
+            victim = run.policy.replicas[rng.randrange(2)]
+            assert await _until(lambda v=victim: v.state == "healthy")
+            os.kill(victim.mesh.pids[0], signal.SIGKILL)
+            assert await _until(lambda v=victim: v.state == "healthy" and v.restarts >= 1)
+        steps = run.current_step
+        assert await _until(lambda: run.current_step >= steps + 2)  # training went on
+        await run.stop()
+    finally:
+        auditor.cancel()
     ledger = run.ledger()
-    assert ledger["balanced"], ledger
+    assert ledger["balanced"] and ledger["in_step"] == 0, ledger
+    assert not unbalanced, unbalanced[:3]
+    assert ledger["rolled_back"] == rolled_back, ledger  # no rewind: no episode may be dropped as one
     assert await run.policy.get_version.fanout() == [run.version, run.version]  # came back current
     assert run.health == "ok"
 
@@ -241,6 +256,7 @@ async def test_an_update_that_reaches_only_some_replicas_mixes_no_stale_versions
 
     victim = run.policy.replicas[1]
     restarts, first = victim.restarts, len(run.metrics.rows)
+    rolled_back = run.ledger()["rolled_back"]
     run.policy.options.request_timeout = 5.0
     try:
         run.start()
@@ -256,6 +272,9 @@ async def test_an_update_that_reaches_only_some_replicas_mixes_no_stale_versions
     rows = run.metrics.rows[first:]
     assert rows and all(r["policy_age/max"] <= run.config.max_policy_age for r in rows if "policy_age/max" in r)
     assert run.ledger()["balanced"], run.ledger()
+    # the replica that took each update made version v+1 while the update waited for the frozen one:
+    # those episodes are good, not made by weights a rewind took back
+    assert run.ledger()["rolled_back"] == rolled_back, run.ledger()
 
 
 async def test_trainer_killed_mid_step_rewinds_to_its_last_checkpoint(run):
@@ -305,6 +324,7 @@ async def test_trainer_killed_between_steps_rewinds_too(run):
 async def test_checkpoint_then_resume_in_a_fresh_run_keeps_history(run):
     run.start()
     await run.step(1)
+    await run.sft([{"request": "c", "response": "cccc"}], batch_size=4)  # checkpointed in SFT mode
     await run.checkpoint()
     step, version = run.current_step, run.version
     await run.step(1)  # one step after the checkpoint: resume shows it as a rewind
@@ -318,6 +338,7 @@ async def test_checkpoint_then_resume_in_a_fresh_run_keeps_history(run):
         assert len(again.metrics.rows) == rows_before  # history intact
         kinds = [e["kind"] for e in again.metrics.events]
         assert "rewind" in kinds and kinds[-1] == "resume"
+        assert again.mode == "rl" and "checkpointed during SFT" in again.metrics.events[-1]["message"]
         assert await again.policy.get_version.fanout() == [version, version]
         rows = await again.step(1)
         assert rows[-1]["step"] == step + 1 and again.version == version + 1
