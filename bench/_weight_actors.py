@@ -39,9 +39,12 @@ class Pusher(Actor):
 
 
 class Loader(Actor):
-    """Loads a version and copies it into its own parameters, as a generator's weight reload does."""
+    """Loads a version and copies it into its own parameters, as a generator's weight reload does.
 
-    def __init__(self) -> None:
+    ``threads``: the loaders split the host's cores, as vLLM's CPU workers do (one core each here)."""
+
+    def __init__(self, threads: int) -> None:
+        torch.set_num_threads(threads)
         self.params: dict[str, torch.Tensor] = {}
 
     @endpoint
@@ -49,9 +52,9 @@ class Loader(Actor):
         from forge_nb import weights
 
         start = time.perf_counter()
-        incoming = await weights.load_state_dict(version)
-        for name, tensor in incoming.items():
-            if name not in self.params:
-                self.params[name] = torch.empty_like(tensor)
-            self.params[name].copy_(tensor)
+        with await weights.open_version(version) as incoming:  # the generator's path
+            for name, tensor in incoming.items():
+                if name not in self.params:
+                    self.params[name] = torch.empty_like(tensor)
+                self.params[name].copy_(tensor)
         return time.perf_counter() - start

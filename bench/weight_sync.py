@@ -6,7 +6,9 @@ In one run, on the same bytes (transformer-shaped bf16 tensors):
   tensors as monarch messages), push then N concurrent loads;
 * shm: ``forge_nb.weights`` with its same-host shared-memory transport (the default), push then N loads.
 A load includes copying into the loader's own tensors, as a generator's reload does. GB/s is
-bytes / (push + slowest load). Ends with ``RESULT weight_sync_vs_memcpy <shm GB/s / memcpy GB/s>``.
+bytes / (push + slowest load), the median of ``--repeats`` rounds after one warm-up round (in a
+run, every push after the first reuses a dropped version's shared-memory file).
+Ends with ``RESULT weight_sync_vs_memcpy <shm GB/s / memcpy GB/s>``.
 
     .venv/bin/python bench/weight_sync.py [--mb 512] [--loaders 2] [--repeats 3]
 """
@@ -50,23 +52,26 @@ async def main(mb: int, loaders: int, repeats: int) -> None:
     push_mesh = await runtime.spawn_mesh("bench-pusher")
     load_mesh = await runtime.spawn_mesh("bench-loaders", procs=loaders)
     pusher = push_mesh.spawn("pusher", Pusher, mb)
-    loader = load_mesh.spawn("loader", Loader)
+    threads = max(1, (os.cpu_count() or 1) // loaders)
+    loader = load_mesh.spawn("loader", Loader, threads)
     nbytes = await pusher.nbytes.call_one()
     results: dict[str, list[tuple[float, float]]] = {"torchstore": [], "shm": []}
     version = 0
-    for _ in range(repeats):
+    for repeat in range(1 + repeats):  # the first round is a warm-up, as a run's first push is
         for transport in ("torchstore", "shm"):  # alternate, so noise hits both alike
             version += 1
             push_s = await pusher.push.call_one(version, transport)
             load_s = max(v for _, v in (await loader.load.call(version)).items())
-            await weights.drop_version(version)
-            results[transport].append((push_s, load_s))
+            await weights.drop_version(version)  # as a run does once every generator has the next one
+            if repeat:
+                results[transport].append((push_s, load_s))
     memcpy = memcpy_gbps(mb, repeats)
     await push_mesh.stop()
     await load_mesh.stop()
     await weights.shutdown_store()
 
-    print(f"state dict: {nbytes / 2**20:.0f} MiB bf16, {loaders} loaders, median of {repeats}")
+    print(f"state dict: {nbytes / 2**20:.0f} MiB bf16, {loaders} loaders ({threads} thread(s) each), "
+          f"median of {repeats}")
     print(f"{'':12}{'push s':>9}{'load s':>9}{'GB/s':>9}{'vs memcpy':>11}")
     print(f"{'memcpy':12}{'':>9}{'':>9}{memcpy:9.2f}{1.0:11.3f}")
     gbps = {}

@@ -32,6 +32,7 @@ import fcntl
 import mmap
 import os
 import socket
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -98,16 +99,19 @@ async def shutdown_store() -> None:
             _store_mesh = None
 
 
-async def push_state_dict(state_dict: dict[str, torch.Tensor], version: int, transport: str = "auto") -> None:
-    """Store ``state_dict`` (HF parameter names, full tensors) as policy version ``version``."""
+async def push_state_dict(state_dict: dict[str, torch.Tensor], version: int, transport: str = "auto",
+                          dtype: torch.dtype | None = None) -> None:
+    """Store ``state_dict`` (HF parameter names, full tensors, any device) as policy version ``version``;
+    with ``dtype``, floating-point tensors are stored as that type (converted as they are copied in,
+    so a trainer can pass its live float32 parameters: no temporary copy)."""
     if transport == "auto":
         transport = "shm" if shm_root().parent.is_dir() else "torchstore"
     ts = _ts()
     if transport == "shm":
-        manifest = _write_shm(state_dict, version)
+        manifest = _write_shm(state_dict, version, dtype)
         await ts.put(f"{weights_key(version)}/{SHM_MANIFEST}", manifest)
     elif transport == "torchstore":
-        await ts.put_state_dict({k: v.detach() for k, v in state_dict.items()}, weights_key(version))
+        await ts.put_state_dict({k: _as(v.detach(), dtype) for k, v in state_dict.items()}, weights_key(version))
     else:
         raise ValueError(f"transport={transport!r}: use 'auto', 'shm' or 'torchstore'")
 
@@ -115,14 +119,33 @@ async def push_state_dict(state_dict: dict[str, torch.Tensor], version: int, tra
 async def load_state_dict(version: int) -> dict[str, torch.Tensor]:
     """Fetch policy ``version``; a KeyError names the versions that exist.
 
-    With the shm transport the tensors are read-only views of the mapped file: copy them into the
-    model (as ``load_state_dict``/vLLM's reload do); do not write to them."""
+    With the shm transport the tensors are copy-on-write views of the mapped file, valid for as long
+    as they are referenced (a consumer that writes to them changes its own copy). A reader that
+    loads every version into a model should use :func:`open_version`, which is faster."""
+    manifest, state_dict = await _fetch(version)
+    return state_dict if manifest is None else _read_shm(manifest)
+
+
+async def open_version(version: int) -> LoadedVersion:
+    """Policy ``version`` to copy into a model inside ``with``; a KeyError names the versions that exist::
+
+        with await weights.open_version(v) as state_dict:
+            model.load_state_dict(state_dict)   # the views are valid inside the block only
+
+    With the shm transport the views are read-only and come from a mapping this process keeps for the
+    next versions written to the same file, so a load costs one copy with no page faults."""
+    manifest, state_dict = await _fetch(version)
+    return LoadedVersion(manifest, state_dict)
+
+
+async def _fetch(version: int) -> tuple[dict[str, Any] | None, dict[str, torch.Tensor]]:
+    """(the shm manifest, {}) or (None, the tensors through torchstore)."""
     ts = _ts()
     key = weights_key(version)
     try:
         if await ts.exists(f"{key}/{SHM_MANIFEST}"):
-            return _read_shm(await ts.get(f"{key}/{SHM_MANIFEST}"))
-        return await ts.get_state_dict(key)
+            return await ts.get(f"{key}/{SHM_MANIFEST}"), {}
+        return None, await ts.get_state_dict(key)
     except Exception as e:
         have = await stored_versions()
         raise KeyError(f"policy version {version} is not in torchstore (stored: {have or 'none'})") from e
@@ -163,31 +186,58 @@ def remove_orphaned_shm() -> list[str]:
     return removed
 
 
-def _write_shm(state_dict: dict[str, torch.Tensor], version: int) -> dict[str, Any]:
+def _as(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+
+
+def _write_shm(state_dict: dict[str, torch.Tensor], version: int, dtype: torch.dtype | None = None) -> dict[str, Any]:
     entries, offset = [], 0
     for name, tensor in state_dict.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        entries.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes))
+        stored = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+        nbytes = tensor.numel() * torch.empty((), dtype=stored).element_size()
+        entries.append((name, str(stored).removeprefix("torch."), tuple(tensor.shape), offset, nbytes))
         offset += -(-nbytes // _ALIGN) * _ALIGN
     size = max(offset, 1)
     root = shm_root()
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"{os.getpid()}-{weights_key(version)}.bin"
     tmp = path.with_suffix(".tmp")
+    _forget_gone(_writer_maps, root.glob(f"{os.getpid()}-*"))
     fd = _take_spare(size, tmp)
     if fd is None:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.ftruncate(fd, size)
     try:
-        buffer = _map(fd, size, mmap.MAP_SHARED)
-        for (_, _, _, start, nbytes), tensor in zip(entries, state_dict.values(), strict=True):
-            buffer[start : start + nbytes].copy_(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
-        del buffer
+        inode = os.fstat(fd).st_ino
+        buffer = _writer_maps.get(inode)
+        if buffer is None:
+            buffer = _writer_maps[inode] = _map(fd, size, mmap.MAP_SHARED)
+        for (_, stored, _, start, nbytes), tensor in zip(entries, state_dict.values(), strict=True):
+            # one pass per tensor: from any device and dtype straight into the file's pages
+            buffer[start : start + nbytes].view(getattr(torch, stored)).copy_(tensor.detach().reshape(-1))
         fcntl.flock(fd, fcntl.LOCK_UN)  # a reused spare was locked; readers may lock it from now on
         os.replace(tmp, path)
     finally:
         os.close(fd)
     return {"host": socket.gethostname(), "path": str(path), "entries": entries}
+
+
+# This process's mappings of shared-memory files, by inode, kept while the file exists: a push into (or
+# a load from) a file mapped before costs one copy, with no page-table set-up for its pages.
+_writer_maps: dict[int, torch.Tensor] = {}
+_reader_maps: dict[int, tuple[int, torch.Tensor]] = {}  # inode -> (its fd, to lock on; the mapping)
+
+
+def _forget_gone(maps: dict[int, Any], paths: Any) -> None:
+    """Drop the mappings of files that are gone (so their memory is freed)."""
+    alive = set()
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            alive.add(path.stat().st_ino)
+    for inode in [i for i in maps if i not in alive]:
+        entry = maps.pop(inode)
+        if isinstance(entry, tuple):
+            os.close(entry[0])
 
 
 def _take_spare(size: int, tmp: Path) -> int | None:
@@ -221,11 +271,60 @@ def _retire(path: Path) -> None:
         os.replace(path, path.with_name(path.name.replace("-policy.", "-spare.", 1)))
 
 
-def _read_shm(manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
+class LoadedVersion:
+    """What :func:`open_version` returns: ``with`` it to get the state dict (see there)."""
+
+    def __init__(self, manifest: dict[str, Any] | None, state_dict: dict[str, torch.Tensor]):
+        self.manifest, self.state_dict = manifest, state_dict
+        self._locked: int | None = None
+
+    def __enter__(self) -> dict[str, torch.Tensor]:
+        if self.manifest is None:
+            return self.state_dict
+        _same_host(self.manifest)
+        path = Path(self.manifest["path"])
+        inode = path.stat().st_ino  # FileNotFoundError: dropped
+        if inode in _reader_maps and os.fstat(_reader_maps[inode][0]).st_nlink == 0:
+            os.close(_reader_maps.pop(inode)[0])  # a deleted file whose inode number came back
+        if inode not in _reader_maps:
+            _forget_gone(_reader_maps, path.parent.iterdir())
+            fd = os.open(path, os.O_RDONLY)
+            if os.fstat(fd).st_ino != inode:
+                os.close(fd)
+                raise FileNotFoundError(f"{path} was dropped while it was being opened")
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            view = mmap.mmap(fd, os.fstat(fd).st_size, flags=flags, prot=mmap.PROT_READ)
+            with warnings.catch_warnings():  # read-only on purpose: a write would change every reader's weights
+                warnings.filterwarnings("ignore", message="The given buffer is not writable")
+                _reader_maps[inode] = (fd, torch.frombuffer(view, dtype=torch.uint8))
+        fd, buffer = _reader_maps[inode]
+        fcntl.flock(fd, fcntl.LOCK_SH)  # until __exit__: the writer will not reuse this file meanwhile
+        self._locked = fd
+        if os.stat(path).st_ino != inode:  # dropped (and perhaps reused) before the lock was taken
+            self.__exit__()
+            raise FileNotFoundError(f"{path} was dropped while it was being opened")
+        return _views(buffer, self.manifest)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._locked is not None:
+            fcntl.flock(self._locked, fcntl.LOCK_UN)
+            self._locked = None
+
+
+def _views(buffer: torch.Tensor, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {name: buffer[start : start + nbytes].view(getattr(torch, dtype)).view(shape)
+            for name, dtype, shape, start, nbytes in manifest["entries"]}
+
+
+def _same_host(manifest: dict[str, Any]) -> None:
     if manifest["host"] != socket.gethostname():
         raise RuntimeError(
             f"policy weights were pushed to shared memory on host {manifest['host']!r}, but this is "
             f"{socket.gethostname()!r}; push with transport='torchstore' for readers on other hosts")
+
+
+def _read_shm(manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
+    _same_host(manifest)
     path = manifest["path"]
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -241,11 +340,7 @@ def _read_shm(manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
                          prot=mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
-    buffer = torch.frombuffer(view, dtype=torch.uint8)
-    out = {}
-    for name, dtype, shape, start, nbytes in manifest["entries"]:
-        out[name] = buffer[start : start + nbytes].view(getattr(torch, dtype)).view(shape)
-    return out
+    return _views(torch.frombuffer(view, dtype=torch.uint8), manifest)
 
 
 def _map(fd: int, size: int, sharing: int) -> torch.Tensor:

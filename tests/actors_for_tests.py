@@ -123,6 +123,15 @@ class WeightsReader(Actor):
         return {k: float(v.float().sum()) for k, v in (await weights.load_state_dict(version)).items()}
 
     @endpoint
+    async def checksums_open(self, version: int) -> tuple[dict[str, float], int]:
+        """Checksums through ``open_version`` (the generators' path), and how many files it keeps mapped."""
+        from forge_nb import weights
+
+        with await weights.open_version(version) as state_dict:
+            sums = {k: float(v.float().sum()) for k, v in state_dict.items()}
+        return sums, len(weights._reader_maps)
+
+    @endpoint
     async def hold(self, version: int) -> None:
         """Load ``version`` and keep its views alive, as a slow consumer would."""
         from forge_nb import weights

@@ -75,6 +75,40 @@ async def test_a_dropped_file_is_reused_unless_a_reader_still_holds_it(store, ru
     assert await weights.stored_versions() == [3] and len(list(shm.glob("*-spare.*.bin"))) == 1
 
 
+async def test_open_version_reads_every_version_through_one_kept_mapping(store, runtime, tmp_path):
+    from tests.actors_for_tests import WeightsReader
+
+    shm = tmp_path / "shm"
+    mesh = await runtime.spawn_mesh("reader")
+    reader = mesh.spawn("reader", WeightsReader)
+    await weights.push_state_dict(_state(1.0), 1, transport="shm")
+    inode = _version_file(shm, 1).stat().st_ino
+    assert await reader.checksums_open.call_one(1) == (_checksums(_state(1.0)), 1)
+    await weights.drop_version(1)
+    await weights.push_state_dict(_state(2.0), 2, transport="shm")
+    assert _version_file(shm, 2).stat().st_ino == inode
+    # the reader's mapping of that file is reused, and it sees the new version's bytes
+    assert await reader.checksums_open.call_one(2) == (_checksums(_state(2.0)), 1)
+
+    with await weights.open_version(2) as state_dict:  # locked while in the block
+        await weights.drop_version(2)
+        await weights.push_state_dict(_state(3.0), 3, transport="shm")
+        assert _version_file(shm, 3).stat().st_ino != inode
+        assert _checksums(state_dict) == _checksums(_state(2.0))
+    with pytest.raises(KeyError, match="version 2 is not in torchstore"):
+        await weights.open_version(2)
+
+
+@pytest.mark.parametrize("transport", ["shm", "torchstore"])
+async def test_push_converts_floating_tensors_to_the_dtype_asked_for(store, transport):
+    state = {"w": torch.linspace(-3, 3, 40).reshape(5, 8), "ids": torch.arange(6), "t": torch.ones(4, 4).t()}
+    await weights.push_state_dict(state, 1, transport=transport, dtype=torch.bfloat16)
+    got = await weights.load_state_dict(1)
+    assert got["w"].dtype == torch.bfloat16 and torch.equal(got["w"], state["w"].to(torch.bfloat16))
+    assert got["ids"].dtype == torch.int64 and torch.equal(got["ids"], state["ids"])
+    assert torch.equal(got["t"].float(), state["t"])  # a non-contiguous view is laid out whole
+
+
 async def test_spares_are_bounded_and_shutdown_removes_every_file(runtime, tmp_path, monkeypatch):
     shm = tmp_path / "shm"
     monkeypatch.setenv("FORGE_NB_SHM_DIR", str(shm))

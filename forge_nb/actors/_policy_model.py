@@ -127,9 +127,10 @@ class PolicyModel:
         )
         return out.logits
 
-    def hf_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    def hf_state_dict(self, dtype: torch.dtype | None = None, copy: bool = True) -> dict[str, torch.Tensor]:
         """Whole HF-named weights on the CPU. Collective when sharded: every rank must call it; rank 0 gets
-        the weights, the others an empty dict."""
+        the weights, the others an empty dict. ``copy=False`` may return the live parameters themselves
+        (read them before the next optimizer step)."""
         if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -137,7 +138,7 @@ class PolicyModel:
                 self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
             )
         else:
-            state = {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+            state = {k: v.detach().to("cpu", copy=copy) for k, v in self.module.state_dict().items()}
         if self._titan is not None and state:
             state = self._titan.to_hf(state)
         if dtype is not None:

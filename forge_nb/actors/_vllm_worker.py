@@ -158,7 +158,7 @@ def _run(coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
     return asyncio.run_coroutine_threadsafe(coro, _loop).result(timeout)
 
 
-async def _fetch(controller_ref: bytes, version: int) -> dict[str, Any]:
+async def _fetch(controller_ref: bytes, version: int) -> Any:
     global _client_ref
     import torchstore.api
     from torchstore.client import LocalClient
@@ -175,7 +175,7 @@ async def _fetch(controller_ref: bytes, version: int) -> dict[str, Any]:
             controller=controller, strategy=strategy
         )
         _client_ref = controller_ref
-    return await weights.load_state_dict(version)
+    return await weights.open_version(version)
 
 
 def _mismatch(pushed: set[str], expected: set[str]) -> str | None:
@@ -205,19 +205,23 @@ class TorchstoreWeightLoader:
         """
         start = time.perf_counter()
         try:
-            state_dict = _run(_fetch(controller_ref, version), timeout)
+            loaded = _run(_fetch(controller_ref, version), timeout)
+            state_dict = loaded.__enter__()  # shared memory: locked until __exit__, after the reload
         except Exception as e:
             return {"refused": f"fetching it from torchstore failed ({type(e).__name__}: {e})"}
-        fetched = time.perf_counter()
-        expected = checkpoint_names(self.vllm_config.model_config.model)
-        if expected is not None and (why := _mismatch(set(state_dict), expected)):
-            return {"refused": why}
-        # reload_weights, not model.load_weights: vLLM's CPU kernels repack weights after the first
-        # load (parameters become empty), and reload_weights redoes that processing.
-        self.model_runner.reload_weights(weights_iterator=iter(state_dict.items()))
-        return {
-            "tensors": len(state_dict),
-            "bytes": sum(t.numel() * t.element_size() for t in state_dict.values()),
-            "fetch_s": fetched - start,
-            "load_s": time.perf_counter() - fetched,
-        }
+        try:
+            fetched = time.perf_counter()
+            expected = checkpoint_names(self.vllm_config.model_config.model)
+            if expected is not None and (why := _mismatch(set(state_dict), expected)):
+                return {"refused": why}
+            # reload_weights, not model.load_weights: vLLM's CPU kernels repack weights after the first
+            # load (parameters become empty), and reload_weights redoes that processing.
+            self.model_runner.reload_weights(weights_iterator=iter(state_dict.items()))
+            return {
+                "tensors": len(state_dict),
+                "bytes": sum(t.numel() * t.element_size() for t in state_dict.values()),
+                "fetch_s": fetched - start,
+                "load_s": time.perf_counter() - fetched,
+            }
+        finally:
+            loaded.__exit__(None, None, None)

@@ -210,10 +210,12 @@ class RLTrainer(ForgeActor):
         from forge_nb.weights import push_state_dict
 
         start = time.perf_counter()
-        state = self._policy().hf_state_dict(self.train_cfg.torch_dtype)
-        size = sum(t.numel() * t.element_size() for t in state.values())
+        dtype = self.train_cfg.torch_dtype
+        state = self._policy().hf_state_dict(copy=False)  # converted to `dtype` as it is written
+        size = sum(t.numel() * (dtype.itemsize if dtype and t.is_floating_point() else t.element_size())
+                   for t in state.values())
         if self.rank == 0:
-            await push_state_dict(state, version)
+            await push_state_dict(state, version, dtype=dtype)
         return {"version": float(version), "seconds": time.perf_counter() - start, "mb": size / 2**20}
 
     @endpoint
