@@ -113,9 +113,11 @@ class Service:
     def status(self) -> list[ReplicaStatus]:
         return [r.status() for r in self.replicas]
 
-    def subscribe(self, callback: Callable[[ServiceEvent], None]) -> None:
-        """``callback(event)`` on every replica state change, on the kernel's event loop."""
+    def subscribe(self, callback: Callable[[ServiceEvent], None]) -> Callable[[], None]:
+        """``callback(event)`` on every replica state change, on the kernel's event loop; returns an
+        unsubscribe function."""
         self._subscribers.append(callback)
+        return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
 
     def set_catch_up(self, hook: Callable[[Replica], Awaitable[None]] | None) -> None:
         """Run ``await hook(replica)`` on a respawned replica before it takes traffic."""

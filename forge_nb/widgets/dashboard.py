@@ -113,7 +113,6 @@ class Dashboard:
     def start(self) -> None:
         """Start (or restart after ``stop()``) the poll task and the metrics subscription."""
         if self._unsubscribe is None:
-            self.health.closed = False
             self._listen()
         if self.polling:
             return
@@ -139,7 +138,7 @@ class Dashboard:
             self._unsubscribe()
             self._unsubscribe = None
         self.curves.throttle.cancel()
-        self.health.closed = True  # the services' hooks (they have no unsubscribe) go quiet
+        self.health.unsubscribe()
         if _live.get(id(self.run)) is self:
             del _live[id(self.run)]
 

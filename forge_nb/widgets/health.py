@@ -93,7 +93,7 @@ class HealthGrid:
         self.widget = self.html
         self.snapshot: Snapshot = {}
         self.throttle = Throttle(self.refresh, interval=interval, loop=loop, on_error=on_error)
-        self._subscribed: set[int] = set()  # id() of services already subscribed to
+        self._unsubscribe: dict[int, Callable[[], None]] = {}  # id() of each service subscribed to -> undo
         self.closed = False
 
     def refresh(self) -> None:
@@ -108,10 +108,10 @@ class HealthGrid:
             self.html.value = value
 
     def _subscribe(self, svc: Any) -> None:
-        """Hear of the service's state changes (services have no unsubscribe: the hook holds a weakref)."""
-        if id(svc) in self._subscribed or not hasattr(svc, "subscribe"):
+        """Hear of the service's state changes. The hook holds only a weakref, so a grid that is dropped
+        without ``unsubscribe()`` goes quiet instead of being kept alive by the service."""
+        if id(svc) in self._unsubscribe or not hasattr(svc, "subscribe"):
             return
-        self._subscribed.add(id(svc))
         ref = weakref.ref(self)
 
         def on_event(event: Any) -> None:
@@ -119,7 +119,14 @@ class HealthGrid:
             if grid is not None and not grid.closed:
                 grid.throttle.poke()
 
-        svc.subscribe(on_event)
+        self._unsubscribe[id(svc)] = svc.subscribe(on_event) or (lambda: None)
+
+    def unsubscribe(self) -> None:
+        """Stop hearing of state changes (the next ``refresh()`` subscribes again)."""
+        for undo in self._unsubscribe.values():
+            undo()
+        self._unsubscribe.clear()
+        self.throttle.cancel()
 
     def states(self) -> dict[str, str]:
         """"service[i]" -> state, from the last refresh."""
@@ -127,5 +134,5 @@ class HealthGrid:
 
     def close(self) -> None:
         self.closed = True
-        self.throttle.cancel()
+        self.unsubscribe()
         self.html.close()
