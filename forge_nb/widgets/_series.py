@@ -45,13 +45,42 @@ REWARD_SUMMARIES = frozenset({"reward/mean", "reward/min", "reward/max", "reward
 MARKS = {"set": ("hot change", "#7b1fa2", "triangle-down", 0.92), "failure": ("failure", "#d62728", "x", 0.80)}
 
 
+class Column:
+    """A float64 column that grows by doubling. ``view()`` is the filled part without a copy, and stays
+    valid as the column grows (appends write past it; growing and halving move to a new buffer), so a
+    flush hands numpy arrays to the figure instead of converting whole lists each time."""
+
+    __slots__ = ("_buf", "_n")
+
+    def __init__(self) -> None:
+        self._buf = np.empty(64)
+        self._n = 0
+
+    def append(self, value: float) -> None:
+        if self._n == len(self._buf):
+            self._buf = np.concatenate([self._buf, np.empty(len(self._buf))])
+        self._buf[self._n] = value
+        self._n += 1
+
+    def keep_every_other(self, start: int) -> None:
+        kept = self._buf[start:self._n:2]
+        self._n = len(kept)
+        self._buf = np.concatenate([kept, np.empty(max(64, self._n))])
+
+    def view(self) -> np.ndarray:
+        return self._buf[:self._n]
+
+    def __len__(self) -> int:
+        return self._n
+
+
 @dataclass(slots=True)
 class Trace:
     key: str  #: metric name, or "mark:set" / "mark:failure"
     panel: int
     kind: str  #: "line", "upper", "lower" or "mark"
-    x: list[float] = field(default_factory=list)
-    y: list[float] = field(default_factory=list)
+    x: Column = field(default_factory=Column)
+    y: Column = field(default_factory=Column)
     text: list[str] = field(default_factory=list)
 
 
@@ -132,7 +161,8 @@ class CurveData:
             t.text.append(text)
         if len(t.x) > self.max_points:  # halve, keeping the newest point: long runs stay cheap to draw
             start = (len(t.x) - 1) % 2
-            t.x, t.y = t.x[start::2], t.y[start::2]
+            t.x.keep_every_other(start)
+            t.y.keep_every_other(start)
             if t.text:
                 t.text = t.text[start::2]
         self.dirty.add(i)
@@ -145,7 +175,7 @@ class CurveData:
 
     def arrays(self, i: int) -> dict[str, Any]:
         t = self.traces[i]
-        data: dict[str, Any] = {"x": np.asarray(t.x, dtype=float), "y": np.asarray(t.y, dtype=float)}
+        data: dict[str, Any] = {"x": t.x.view(), "y": t.y.view()}
         if t.kind == "mark":
             data["text"] = list(t.text)
         return data
@@ -211,7 +241,7 @@ class CurveData:
         changed = [i for i in dirty if i not in new]
         if changed or marks_dirty:
             # plotly_restyle skips the per-property validation of ``trace.x = ...`` (5x faster here):
-            # the arrays are float64 numpy arrays built by this class, valid by construction.
+            # the arrays are float64 numpy views kept by this class, valid by construction.
             lines = [i for i in changed if self.traces[i].kind != "mark"]
             marks = [i for i in changed if self.traces[i].kind == "mark"]
             with fig.batch_update():
@@ -225,4 +255,5 @@ class CurveData:
 
     def last_values(self) -> dict[str, tuple[float, float]]:
         """metric -> (step, last value), for the plain HTML view."""
-        return {t.key: (t.x[-1], t.y[-1]) for t in self.traces if t.kind != "mark" and t.x}
+        return {t.key: (float(t.x.view()[-1]), float(t.y.view()[-1])) for t in self.traces
+                if t.kind != "mark" and len(t.x)}

@@ -134,3 +134,18 @@ async def test_band_and_markers_for_hot_changes_and_failures() -> None:
 def test_a_run_without_metrics_is_refused_with_a_clear_message() -> None:
     with pytest.raises(TypeError, match="no .metrics store"):
         Dashboard(object())
+
+
+def test_long_runs_are_halved_and_arrays_already_drawn_never_change() -> None:
+    from forge_nb.widgets._series import CurveData
+
+    data = CurveData(max_points=10)
+    drawn = []
+    for s in range(1, 200):
+        data.add_row({"step": s, "loss": 1.0 / s})
+        drawn.append((s, data.arrays(data._index["loss"])["x"]))  # what a flush would hand the figure
+    x = list(data.arrays(data._index["loss"])["x"])
+    assert len(x) <= 10 and x[-1] == 199 and x == sorted(x)  # bounded, newest kept, in order
+    assert data.last_values()["loss"] == (199.0, pytest.approx(1 / 199))
+    for s, arr in drawn:  # appends and halvings later never wrote into a handed-out array
+        assert arr[-1] == s and list(arr) == sorted(arr)
