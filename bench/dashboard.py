@@ -3,18 +3,24 @@ with the dashboard on and off, in one run.
 
 The measurement runs inside a real IPython kernel (started here through jupyter_client, its output and
 that of the monarch/vLLM processes sent to a log file), so widget updates pay for their comm messages
-as in a notebook; no browser is attached. It spawns the CPU quickstart run, warms up, then alternates
-blocks of ``run.step(N)`` with no dashboard and with a displayed ``Dashboard(run)``, so that noise on
-this shared machine hits both alike. Reported:
+as in a notebook; no browser is attached. It spawns the CPU quickstart run, warms up, starts it, and
+lets it train without a pause while the dashboard is switched on and off in windows of equal length,
+in the order off, on, on, off, on, off, off, on, ... (each pair of pairs mirrored, so a drift in training
+speed as the policy learns hits both modes alike). The first ``--settle-s`` of a window (building or
+closing a dashboard) is not counted. Earlier versions ran ``run.step(N)`` blocks from a paused run; the
+buffer state each block started from swung its rate 1-7 steps/s, which hid a few percent either way.
+Reported:
 
 - latency p50/p95: per drawn row, from ``MetricsStore.record`` (the row's time) to the end of the
   ``fig.batch_update()`` that put it in the FigureWidget (``Dashboard.curves.lags_ms``);
-- throughput: median time per training step (row to row, pooled over the blocks of each mode) with the
-  dashboard on and off, and the slowdown (``RESULT dashboard_slowdown_pct``); block rates are printed too;
-- the dashboard's own time on the kernel thread (figure flushes + health/status polls), in ms per s:
-  a steadier measure of its cost than the throughput difference on a noisy machine.
+- throughput: training steps per second in the "on" windows against the "off" windows (pooled: all
+  steps over all time of each mode), and the slowdown (``RESULT dashboard_slowdown_pct``); the median
+  of the mirrored pairs is printed beside it;
+- where the time goes: the dashboard's own time on the kernel thread (figure flushes + health/status
+  polls), the kernel process's garbage-collection pauses, and the machine's busy CPU seconds per step
+  (from /proc/stat, every process: the run's, the kernel's IOPub thread, this client decoding messages).
 
-    .venv/bin/python bench/dashboard.py [--rounds R] [--steps N] [--synthetic] [--log PATH]
+    .venv/bin/python bench/dashboard.py [--pairs P] [--window-s S] [--synthetic] [--log PATH]
 
 ``--synthetic`` replaces the quickstart with a loop recording realistic rows (the quickstart's ~40
 metrics) every ``--step-s`` seconds: minutes faster, no model, same dashboard path.
@@ -53,25 +59,41 @@ class SyntheticRun:
         self.current_step = self.version = 0
         self.metrics, self.services, self.hparams = MetricsStore(), {}, {"lr": 3e-3, "temperature": 1.0}
         self.step_s = step_s
+        self._task: asyncio.Task[None] | None = None
+
+    async def _one_step(self) -> None:
+        await asyncio.sleep(self.step_s)
+        self.current_step += 1
+        self.version += 1
+        s = self.current_step
+        self.metrics.record(s, {k: (s % 17) / 17 + i for i, k in enumerate(ROW_KEYS)})
 
     async def step(self, n: int = 1) -> None:
-        self.state = "running"
         for _ in range(n):
-            await asyncio.sleep(self.step_s)
-            self.current_step += 1
-            self.version += 1
-            s = self.current_step
-            self.metrics.record(s, {k: (s % 17) / 17 + i for i, k in enumerate(ROW_KEYS)})
+            await self._one_step()
         self.state = "paused"
+
+    def start(self) -> None:
+        async def forever() -> None:
+            while True:
+                await self._one_step()
+
+        self.state = "running"
+        self._task = asyncio.get_running_loop().create_task(forever())
+
+    def pause(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self.state = "paused"
+
+    async def stop(self) -> None:
+        self.pause()
 
     def episodes(self, n: int = 50, **_: Any) -> list[dict[str, Any]]:
         return []
 
-    def start(self) -> None: ...
-
-    def pause(self) -> None: ...
-
-    async def shutdown(self) -> None: ...
+    async def shutdown(self) -> None:
+        self.pause()
 
 
 def _timed(fn: Any, acc: list[float]) -> Any:
@@ -85,8 +107,24 @@ def _timed(fn: Any, acc: list[float]) -> Any:
     return wrapper
 
 
-async def measure(rounds: int, steps: int, synthetic: bool, step_s: float) -> dict[str, Any]:
-    """Runs in the kernel: the blocks, returning the raw figures."""
+def schedule(pairs: int) -> list[str]:
+    """off, on, on, off, on, off, off, on, ...: ``pairs`` windows of each mode, every four mirrored."""
+    quad = [("off", "on", "on", "off"), ("on", "off", "off", "on")]
+    return [mode for i in range(pairs) for mode in quad[(i // 2) % 2][2 * (i % 2):2 * (i % 2) + 2]]
+
+
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy (every core, every process) since boot."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(pairs: int, window_s: float, settle_s: float, synthetic: bool, step_s: float) -> dict[str, Any]:
+    """Runs in the kernel: the windows, returning the raw figures."""
+    import gc
+
     from IPython.display import display
 
     import forge_nb
@@ -100,39 +138,50 @@ async def measure(rounds: int, steps: int, synthetic: bool, step_s: float) -> di
                                    progress=False)
     spawn_s = time.monotonic() - t0
     await run.step(5)  # warm-up: engines compiled, weight sync and the replay buffer in steady state
-    rates: dict[str, list[float]] = {"off": [], "on": []}
-    intervals: dict[str, list[float]] = {"off": [], "on": []}  # seconds from one step's row to the next
+    gc_s, gc_started = [0.0], [0.0]
+
+    def gc_clock(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            gc_s[0] += time.perf_counter() - gc_started[0]
+
+    gc.callbacks.append(gc_clock)
+    windows: list[dict[str, Any]] = []
     lags: list[float] = []
-    busy, on_wall = [0.0], 0.0
+    busy = [0.0]
+    run.start()
     try:
-        for _ in range(rounds):
-            for mode in ("off", "on"):
-                d = None
-                if mode == "on":
-                    d = Dashboard(run)
-                    d.curves.throttle._flush_fn = _timed(d.curves.throttle._flush_fn, busy)  # bench-only probes
-                    d.health.throttle._flush_fn = _timed(d.health.throttle._flush_fn, busy)
-                    d.tick = _timed(d.tick, busy)  # type: ignore[method-assign]
-                    display(d)
-                    await asyncio.sleep(0.3)
-                t, first, started = time.perf_counter(), len(run.metrics.rows), time.time()
-                await run.step(steps)
-                wall = time.perf_counter() - t
-                rates[mode].append(steps / wall)
-                stamps = [started] + [row["time"] for row in run.metrics.rows[first:]]
-                intervals[mode] += [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-                if d is not None:
-                    await asyncio.sleep(0.3)  # the last rows drawn
-                    on_wall += wall + 0.3
-                    lags += list(d.curves.lags_ms)
-                    errors = list(d.errors.messages)
-                    d.close()
-                    if errors:
-                        raise RuntimeError(f"dashboard errors during the benchmark: {errors}")
+        for mode in schedule(pairs):
+            d = None
+            if mode == "on":
+                d = Dashboard(run)
+                d.curves.throttle._flush_fn = _timed(d.curves.throttle._flush_fn, busy)  # bench-only probes
+                d.health.throttle._flush_fn = _timed(d.health.throttle._flush_fn, busy)
+                d.tick = _timed(d.tick, busy)  # type: ignore[method-assign]
+                display(d)
+            await asyncio.sleep(settle_s)  # building the dashboard (or closing the last one) is not counted
+            if d is not None:
+                d.curves.lags_ms.clear()
+            begin, cpu0, gc0, busy0 = time.time(), busy_cpu_s(), gc_s[0], busy[0]
+            await asyncio.sleep(window_s)
+            end = time.time()
+            if run.state == "failed":
+                raise RuntimeError(f"the run failed during the benchmark: {run.error}")
+            steps = sum(begin <= row["time"] < end for row in run.metrics.rows)
+            windows.append({"mode": mode, "seconds": end - begin, "steps": steps, "cpu_s": busy_cpu_s() - cpu0,
+                            "gc_s": gc_s[0] - gc0, "dashboard_s": busy[0] - busy0})
+            if d is not None:
+                lags += list(d.curves.lags_ms)
+                errors = list(d.errors.messages)
+                d.close()
+                if errors:
+                    raise RuntimeError(f"dashboard errors during the benchmark: {errors}")
     finally:
+        gc.callbacks.remove(gc_clock)
+        await run.stop()
         await run.shutdown()
-    return {"rates": rates, "intervals": intervals, "lags": lags, "busy_s": busy[0], "on_wall_s": on_wall,
-            "spawn_s": spawn_s, "synthetic": synthetic}
+    return {"windows": windows, "lags": lags, "spawn_s": spawn_s, "synthetic": synthetic}
 
 
 def run_in_kernel(args: argparse.Namespace) -> dict[str, Any]:
@@ -147,7 +196,8 @@ def run_in_kernel(args: argparse.Namespace) -> dict[str, Any]:
     try:
         kc.wait_for_ready(timeout=120)
         code = (f"import sys, json; sys.path.insert(0, {ROOT!r})\nimport bench.dashboard as b\n"
-                f"r = await b.measure({args.rounds}, {args.steps}, {args.synthetic}, {args.step_s})\n"
+                f"r = await b.measure({args.pairs}, {args.window_s}, {args.settle_s}, {args.synthetic}, "
+                f"{args.step_s})\n"
                 "print('BENCH-JSON ' + json.dumps(r))")
         msg_id = kc.execute(code)
         deadline = time.monotonic() + args.timeout
@@ -185,33 +235,40 @@ def pct(xs: list[float], q: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=8, help="off/on block pairs")
-    ap.add_argument("--steps", type=int, default=8, help="training steps per block")
+    ap.add_argument("--pairs", type=int, default=12, help="off/on window pairs (even: whole mirrored quads)")
+    ap.add_argument("--window-s", type=float, default=20.0, help="seconds counted per window")
+    ap.add_argument("--settle-s", type=float, default=3.0, help="seconds not counted at each switch")
     ap.add_argument("--synthetic", action="store_true", help="a recording loop instead of the quickstart")
     ap.add_argument("--step-s", type=float, default=0.25, help="seconds per synthetic step")
     ap.add_argument("--timeout", type=float, default=3000)
     ap.add_argument("--log", default=os.path.join(tempfile.gettempdir(), "bench-dashboard-kernel.log"))
     args = ap.parse_args()
     r = run_in_kernel(args)
-    off, on = statistics.median(r["rates"]["off"]), statistics.median(r["rates"]["on"])
-    # each "on" block against the "off" block just before it: load on this shared machine drifts
-    paired = statistics.median(1 - b / a for a, b in zip(r["rates"]["off"], r["rates"]["on"], strict=True))
-    what = "synthetic recording loop" if r["synthetic"] else "CPU quickstart run"
-    print(f"workload: {what}, {args.rounds} x {args.steps} steps per mode (spawn {r['spawn_s']:.0f} s)")
-    print("steps/s off: " + " ".join(f"{x:.3f}" for x in r["rates"]["off"]))
-    print("steps/s on:  " + " ".join(f"{x:.3f}" for x in r["rates"]["on"]))
+    by_mode = {m: [w for w in r["windows"] if w["mode"] == m] for m in ("off", "on")}
+    total = {m: {k: sum(w[k] for w in ws) for k in ("seconds", "steps", "cpu_s", "gc_s", "dashboard_s")}
+             for m, ws in by_mode.items()}
+    rate = {m: t["steps"] / t["seconds"] for m, t in total.items()}
+    what = "synthetic recording loop" if r["synthetic"] else "CPU quickstart run, training without pauses"
+    print(f"workload: {what}; {args.pairs} windows of {args.window_s:.0f} s per mode, mirrored "
+          f"(spawn {r['spawn_s']:.0f} s)")
+    for m in ("off", "on"):
+        print(f"steps/s {m:3}: " + " ".join(f"{w['steps'] / w['seconds']:.2f}" for w in by_mode[m]))
     print(f"latency record -> widget over {len(r['lags'])} rows: p50 {pct(r['lags'], 0.5):.1f} ms, "
           f"p95 {pct(r['lags'], 0.95):.1f} ms, max {max(r['lags'], default=float('nan')):.1f} ms")
-    busy = 1000 * r["busy_s"] / max(r["on_wall_s"], 1e-9)
-    print(f"dashboard time on the kernel thread: {busy:.1f} ms per s ({busy / 10:.2f}%)")
-    print(f"throughput by blocks: {100 * paired:.2f}% slower with the dashboard (median of paired blocks; "
-          f"medians {on:.3f} on vs {off:.3f} off steps/s, {100 * (1 - on / off):.2f}%)")
-    # Block rates swing with how full the replay buffer happens to be when a block starts; the time from
-    # one step's row to the next, pooled over every block of a mode, has many more samples.
-    step_on, step_off = (statistics.median(r["intervals"][m]) for m in ("on", "off"))
-    slowdown = 100 * (step_on / step_off - 1)
-    print(f"median time per step: {1000 * step_on:.0f} ms on vs {1000 * step_off:.0f} ms off "
-          f"({len(r['intervals']['on'])} and {len(r['intervals']['off'])} steps): {slowdown:.2f}% slower")
+    on, off = total["on"], total["off"]
+    print(f"dashboard time on the kernel thread: {1000 * on['dashboard_s'] / on['seconds']:.1f} ms per s "
+          f"({100 * on['dashboard_s'] / on['seconds']:.2f}%)")
+    print(f"kernel GC pauses: {1000 * on['gc_s'] / on['seconds']:.1f} ms per s on, "
+          f"{1000 * off['gc_s'] / off['seconds']:.1f} ms per s off")
+    cores = os.cpu_count() or 1
+    for m, t in total.items():
+        print(f"machine CPU {m:3}: {t['cpu_s'] / t['seconds']:.2f} of {cores} cores busy, "
+              f"{1000 * t['cpu_s'] / max(t['steps'], 1):.0f} ms CPU per training step")
+    pairs = [1 - b["steps"] / b["seconds"] / (a["steps"] / a["seconds"])
+             for a, b in zip(by_mode["off"], by_mode["on"], strict=True)]
+    slowdown = 100 * (1 - rate["on"] / rate["off"])
+    print(f"throughput: {rate['on']:.3f} steps/s on vs {rate['off']:.3f} off ({on['steps']} and {off['steps']} "
+          f"steps): {slowdown:.2f}% slower; median of the window pairs {100 * statistics.median(pairs):.2f}%")
     print(f"RESULT dashboard_slowdown_pct {slowdown:.2f} (target 2)")
     print(f"RESULT dashboard_p95_latency_ms {pct(r['lags'], 0.95):.1f} (target 250)")
 
