@@ -37,7 +37,11 @@ class Options:
     mesh_name: str | None = None
     """Base name of the replicas' meshes; defaults to the class name in lower case."""
     max_restarts: int = 3
-    """Respawns of one replica before it stays failed and traffic goes elsewhere."""
+    """Respawns of one replica in a row (each dying within ``restart_reset_s`` of the last) before it
+    stays failed and traffic goes elsewhere."""
+    restart_reset_s: float = 60.0
+    """A replica that has served this long since its last respawn gets its ``max_restarts`` budget and
+    backoff back: the budget stops crash loops, not the occasional deaths of a long run."""
     request_timeout: float | None = 300.0
     """Seconds before a request counts as hung: its replica is restarted, the request retried."""
     route_wait_timeout: float = 120.0
@@ -58,8 +62,8 @@ class Options:
             raise ValueError(f"max_restarts={self.max_restarts!r}: must be an integer >= 0")
         if self.request_timeout is not None and self.request_timeout <= 0:
             raise ValueError(f"request_timeout={self.request_timeout!r}: must be > 0, or None for no limit")
-        if self.route_wait_timeout < 0 or self.restart_backoff < 0:
-            raise ValueError("route_wait_timeout and restart_backoff must be >= 0")
+        if self.route_wait_timeout < 0 or self.restart_backoff < 0 or self.restart_reset_s < 0:
+            raise ValueError("route_wait_timeout, restart_backoff and restart_reset_s must be >= 0")
 
 
 _OPTION_NAMES = frozenset(f.name for f in fields(Options))

@@ -4,7 +4,10 @@ States::
 
     starting ──setup ok──> healthy ──process died / request hung──> recovering ──respawned──> healthy
         │                                                             │
-        └──setup failed──> failed <──────── more than max_restarts ───┘         stop() ──> stopped
+        └──setup failed──> failed <── more than max_restarts in a row ┘         stop() ──> stopped
+
+"In a row": a replica that served ``restart_reset_s`` since its last respawn starts a new count (and
+its backoff starts over), so a long run survives any number of spread-out deaths.
 
 A process death is learnt from the runtime (its pid watchdog or monarch's fault hook, both within a
 second) and fails every request in flight on that replica at once with :class:`ReplicaDied`, so the
@@ -71,6 +74,8 @@ class Replica:
         self.mesh: runtime.Mesh | None = None
         self.actor: Any = None
         self.in_flight = self.served = self.failures = self.restarts = 0
+        self._streak = 0  # respawns since the replica last served restart_reset_s
+        self._healthy_since: float | None = None
         self.last_error: str | None = None
         self.version: int | None = None
         self._latencies: deque[float] = deque(maxlen=256)
@@ -132,6 +137,9 @@ class Replica:
         self.failures += 1
         self.last_error = reason
         self._dead = True
+        if self._healthy_since is not None and time.monotonic() - self._healthy_since >= self._options.restart_reset_s:
+            self._streak = 0  # it had served long enough: this death does not continue a crash loop
+        self._healthy_since = None
         if cancel:
             for task in list(self._waiting):
                 if task is not asyncio.current_task():
@@ -145,13 +153,14 @@ class Replica:
     async def _recover(self) -> None:
         """Respawn with exponential backoff; give up (failed) after ``max_restarts``."""
         while self.state == "recovering":
-            if self.restarts >= self._options.max_restarts:
-                self._set_state("failed", f"gave up after {self.restarts} restarts: {self.last_error}")
+            if self._streak >= self._options.max_restarts:
+                self._set_state("failed", f"gave up after {self._streak} restarts in a row: {self.last_error}")
                 if self.mesh is not None:
                     await self.mesh.stop()
                 return
-            await asyncio.sleep(self._options.restart_backoff * 2 ** self.restarts)
+            await asyncio.sleep(self._options.restart_backoff * 2 ** self._streak)
             self.restarts += 1
+            self._streak += 1
             if self.mesh is not None:
                 await self.mesh.stop()
             try:
@@ -163,6 +172,8 @@ class Replica:
 
     def _set_state(self, new: str, reason: str) -> None:
         old, self.state = self.state, new
+        if new == "healthy":
+            self._healthy_since = time.monotonic()
         if old != new:
             self._on_state(self, old, new, reason)
 

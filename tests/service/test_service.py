@@ -152,6 +152,19 @@ async def test_crash_loop_stops_at_max_restarts_and_traffic_goes_elsewhere(runti
         await svc.shutdown()
 
 
+async def test_deaths_spread_out_in_a_long_run_never_use_up_max_restarts(runtime):
+    svc = await Worker.options(num_replicas=1, max_restarts=1, restart_reset_s=1.0, **FAST).as_service()
+    try:
+        replica = svc.replicas[0]
+        for restarts in (1, 2, 3):  # three deaths, each after serving longer than restart_reset_s
+            await asyncio.sleep(1.2)
+            os.kill(replica.mesh.pids[0], signal.SIGKILL)
+            assert await _until(lambda n=restarts: replica.restarts == n and replica.state == "healthy")
+        assert await svc.work.route(1) == replica.mesh.pids[0]
+    finally:
+        await svc.shutdown()
+
+
 async def test_endpoint_exception_reaches_the_caller_and_the_replica_stays_healthy(runtime):
     svc = await Worker.options(num_replicas=1, **FAST).as_service()
     try:
