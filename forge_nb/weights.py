@@ -300,7 +300,11 @@ class LoadedVersion:
         fd, buffer = _reader_maps[inode]
         fcntl.flock(fd, fcntl.LOCK_SH)  # until __exit__: the writer will not reuse this file meanwhile
         self._locked = fd
-        if os.stat(path).st_ino != inode:  # dropped (and perhaps reused) before the lock was taken
+        try:
+            still_there = os.stat(path).st_ino == inode
+        except FileNotFoundError:
+            still_there = False
+        if not still_there:  # dropped (and perhaps reused) before the lock was taken
             self.__exit__()
             raise FileNotFoundError(f"{path} was dropped while it was being opened")
         return _views(buffer, self.manifest)
