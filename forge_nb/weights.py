@@ -18,9 +18,11 @@ The file is written under a temporary name and renamed before the manifest is st
 never sees a partial version. ``drop_version`` deletes the manifest and keeps the file as a *spare*
 for its writer's next push (at most ``SPARES`` per writer): filling a new tmpfs file costs about
 twice a memcpy, because the kernel zeroes every page first, while a spare's pages are already there.
-A reader holds a shared ``flock`` on the file for as long as its views are alive (the lock lives
-with the mapping), and a writer reuses a spare only when it gets the exclusive lock, so a file is
-never rewritten under a reader that still looks at it.
+A reader holds a shared ``flock`` on the file while it reads (``load_state_dict``: as long as its
+views are alive, since the lock lives with the mapping; ``open_version``: inside its ``with`` block),
+and a writer reuses a spare only when it gets the exclusive lock, so a file is never rewritten under
+a reader that still looks at it. Writers and ``open_version`` readers keep their mappings of the
+files (which rotate through the spares), so later pushes and loads take no page faults.
 Every function works in any process (kernel or actor): torchstore is reached through
 ``forge_nb._torchstore``, which carries the monarch-0.7 compatibility binding.
 """
