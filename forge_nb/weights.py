@@ -188,15 +188,20 @@ def remove_orphaned_shm() -> list[str]:
     return removed
 
 
+def stored_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """The type ``tensor`` is pushed as with ``push_state_dict(..., dtype=dtype)``."""
+    return dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+
+
 def _as(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    return tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+    return tensor.to(stored_dtype(tensor, dtype))
 
 
 def _write_shm(state_dict: dict[str, torch.Tensor], version: int, dtype: torch.dtype | None = None) -> dict[str, Any]:
     entries, offset = [], 0
     for name, tensor in state_dict.items():
-        stored = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
-        nbytes = tensor.numel() * torch.empty((), dtype=stored).element_size()
+        stored = stored_dtype(tensor, dtype)
+        nbytes = tensor.numel() * stored.itemsize
         entries.append((name, str(stored).removeprefix("torch."), tuple(tensor.shape), offset, nbytes))
         offset += -(-nbytes // _ALIGN) * _ALIGN
     size = max(offset, 1)
@@ -300,21 +305,28 @@ class LoadedVersion:
                 warnings.filterwarnings("ignore", message="The given buffer is not writable")
                 _reader_maps[inode] = (fd, torch.frombuffer(view, dtype=torch.uint8))
         fd, buffer = _reader_maps[inode]
-        fcntl.flock(fd, fcntl.LOCK_SH)  # until __exit__: the writer will not reuse this file meanwhile
+        _lock_shared(fd, path)  # until __exit__: the writer will not reuse this file meanwhile
         self._locked = fd
-        try:
-            still_there = os.stat(path).st_ino == inode
-        except FileNotFoundError:
-            still_there = False
-        if not still_there:  # dropped (and perhaps reused) before the lock was taken
-            self.__exit__()
-            raise FileNotFoundError(f"{path} was dropped while it was being opened")
         return _views(buffer, self.manifest)
 
     def __exit__(self, *exc: Any) -> None:
         if self._locked is not None:
             fcntl.flock(self._locked, fcntl.LOCK_UN)
             self._locked = None
+
+
+def _lock_shared(fd: int, path: str | Path) -> None:
+    """Take a shared lock on ``fd`` and check that it is still the file at ``path``: a drop renames the
+    file away, and the writer may have reused it before the lock was taken (then FileNotFoundError,
+    with the lock released)."""
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        current = os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        current = False
+    if not current:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        raise FileNotFoundError(f"{path} was dropped while it was being opened")
 
 
 def _views(buffer: torch.Tensor, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -336,9 +348,7 @@ def _read_shm(manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
     try:
         # The shared lock lasts as long as the mapping (which holds the open file): until every view
         # below is gone, the writer will not reuse this file for a later version.
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        if os.stat(path).st_ino != os.fstat(fd).st_ino:  # dropped and reused between open and lock
-            raise FileNotFoundError(f"{path} was dropped while it was being opened")
+        _lock_shared(fd, path)
         # MAP_PRIVATE: copy-on-write views, so nothing is copied until the model copies them in (and a
         # consumer that writes to them changes its own copy, never the file). Not pre-populated:
         # populating a writable private mapping would copy every page.

@@ -127,7 +127,7 @@ class PolicyModel:
         )
         return out.logits
 
-    def hf_state_dict(self, dtype: torch.dtype | None = None, copy: bool = True) -> dict[str, torch.Tensor]:
+    def hf_state_dict(self, copy: bool = True) -> dict[str, torch.Tensor]:
         """Whole HF-named weights on the CPU. Collective when sharded: every rank must call it; rank 0 gets
         the weights, the others an empty dict. ``copy=False`` may return the live parameters themselves
         (read them before the next optimizer step)."""
@@ -141,8 +141,6 @@ class PolicyModel:
             state = {k: v.detach().to("cpu", copy=copy) for k, v in self.module.state_dict().items()}
         if self._titan is not None and state:
             state = self._titan.to_hf(state)
-        if dtype is not None:
-            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
         return state
 
 

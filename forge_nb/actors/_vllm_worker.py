@@ -28,6 +28,7 @@ without paying vLLM's ~10 s import.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import pickle
 import threading
@@ -204,12 +205,11 @@ class TorchstoreWeightLoader:
         match the model's checkpoint (both before anything is loaded: the old weights stay whole).
         """
         start = time.perf_counter()
-        try:
-            loaded = _run(_fetch(controller_ref, version), timeout)
-            state_dict = loaded.__enter__()  # shared memory: locked until __exit__, after the reload
-        except Exception as e:
-            return {"refused": f"fetching it from torchstore failed ({type(e).__name__}: {e})"}
-        try:
+        with contextlib.ExitStack() as held:  # shared memory: the version stays locked until the reload is done
+            try:
+                state_dict = held.enter_context(_run(_fetch(controller_ref, version), timeout))
+            except Exception as e:
+                return {"refused": f"fetching it from torchstore failed ({type(e).__name__}: {e})"}
             fetched = time.perf_counter()
             expected = checkpoint_names(self.vllm_config.model_config.model)
             if expected is not None and (why := _mismatch(set(state_dict), expected)):
@@ -223,5 +223,3 @@ class TorchstoreWeightLoader:
                 "fetch_s": fetched - start,
                 "load_s": time.perf_counter() - fetched,
             }
-        finally:
-            loaded.__exit__(None, None, None)

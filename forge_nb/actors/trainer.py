@@ -207,13 +207,12 @@ class RLTrainer(ForgeActor):
     async def push_weights(self, version: int) -> dict[str, float]:
         """Store the whole policy (HF names, ``training.dtype``) in torchstore as ``version``. Every rank
         takes part in gathering the shards; rank 0 alone writes."""
-        from forge_nb.weights import push_state_dict
+        from forge_nb.weights import push_state_dict, stored_dtype
 
         start = time.perf_counter()
         dtype = self.train_cfg.torch_dtype
         state = self._policy().hf_state_dict(copy=False)  # converted to `dtype` as it is written
-        size = sum(t.numel() * (dtype.itemsize if dtype and t.is_floating_point() else t.element_size())
-                   for t in state.values())
+        size = sum(t.numel() * stored_dtype(t, dtype).itemsize for t in state.values())
         if self.rank == 0:
             await push_state_dict(state, version, dtype=dtype)
         return {"version": float(version), "seconds": time.perf_counter() - start, "mb": size / 2**20}
