@@ -160,17 +160,22 @@ async def test_an_observer_error_is_shown_and_the_html_view_carries_the_numbers(
         d.close()
 
 
+def _hooks(run) -> dict[str, int]:
+    """How many state-change subscribers each of the run's services has."""
+    return {name: len(svc._subscribers) for name, svc in run.services.items()}
+
+
 async def test_the_poll_task_is_owned_and_stops(run) -> None:
-    hooks = {name: len(svc._subscribers) for name, svc in run.services.items()}
+    hooks = _hooks(run)
     d = dashboard(run)
     assert dashboard(run) is d  # re-running the cell does not stack pollers
     task = d._task
     assert task is not None and task.get_name() == "forge_nb.dashboard.poll.widgets" and d.polling
-    assert {name: len(svc._subscribers) for name, svc in run.services.items()} == {n: k + 1 for n, k in hooks.items()}
+    assert _hooks(run) == {n: k + 1 for n, k in hooks.items()}
     d.stop()
     await asyncio.sleep(0.05)
     assert task.cancelled() and not d.polling
-    assert {name: len(svc._subscribers) for name, svc in run.services.items()} == hooks  # the grid's hooks are gone
+    assert _hooks(run) == hooks  # the grid's hooks are gone
     drawn = len(d.curves.trace("reward/mean").x)
     await run.step(1)
     assert len(d.curves.trace("reward/mean").x) == drawn  # unsubscribed
