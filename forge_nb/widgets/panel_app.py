@@ -61,7 +61,10 @@ class PanelDashboard:
         self.apply.on_click(lambda _: self._apply())
         self.hparams_row = pn.Row()
         self.health = pn.pane.HTML(render_health({}, None), sizing_mode="stretch_width")
-        self.plot = pn.pane.Plotly(self.figure, sizing_mode="stretch_width", height=1000)
+        # link_figure=False: the pane neither patches the figure's restyle stubs nor applies the
+        # browser's plotly_restyle echoes back to it. With them linked, every restyle came back from
+        # the browser (whole arrays, as JSON) and re-applied an older state: the curve went backwards.
+        self.plot = pn.pane.Plotly(self.figure, link_figure=False, sizing_mode="stretch_width", height=1000)
         self.version = pn.widgets.Select(label="version", options={"all": None}, width=120)
         self.min_reward = pn.widgets.TextInput(label="min reward", width=100)
         self.max_reward = pn.widgets.TextInput(label="max reward", width=100)
@@ -154,9 +157,10 @@ class PanelDashboard:
                     self.data.add_event(row)
             except Exception as e:
                 self._report(f"metrics {kind}", e)
-        # The pane patched the figure's message stubs: plotly_restyle/relayout reach the browser as
-        # incremental updates (no re-render of the whole plot); new traces re-send the figure.
+        # The pane diffs each trace's arrays against what the browser holds and sends only the
+        # changed ones, as binary column data; the plot keeps its zoom (uirevision).
         self.data.apply(self.figure)
+        self.plot.param.trigger("object")
 
     def _render(self) -> None:
         latest, self._latest = self._latest, None

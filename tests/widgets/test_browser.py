@@ -244,11 +244,15 @@ def test_panel_app_shows_the_grid_and_a_growing_curve(lab: Lab) -> None:
             return plot.evaluate("p => { const t = (p.data || []).find(d => d.name === 'reward mean');"
                                  " return t && t.x ? t.x.length : -1; }")
 
-        first = count()
+        # Sampled every 0.5 s: the curve must grow and never go back (the pane once re-applied the
+        # browser's stale restyle echoes, so the point count jumped backwards).
+        seen = [count()]
         deadline = time.monotonic() + 90
-        while count() <= max(first, 0) and time.monotonic() < deadline:
-            time.sleep(1)
+        while (len(seen) < 20 or seen[-1] <= max(seen[0], 0)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            seen.append(count())
         lab.shot("panel-app", app)
-        assert count() > max(first, 0), f"the panel curve did not grow (points: {first})"
+        assert seen[-1] > max(seen[0], 0), f"the panel curve did not grow (points: {seen})"
+        assert seen == sorted(seen), f"the panel curve went backwards (points: {seen})"
     finally:
         app.close()

@@ -187,20 +187,26 @@ async def test_the_poll_task_is_owned_and_stops(run) -> None:
     fresh.close()
 
 
-def test_without_an_event_loop_the_dashboard_says_it_will_not_refresh(run) -> None:
-    d = Dashboard(run)
-    try:
-        assert not d.polling and "no running event loop" in d.errors.messages[0]
-        assert len(d.curves.trace("reward/mean").x) == len(run.metrics.rows)  # drawn synchronously
-    finally:
-        d.close()
+async def test_without_an_event_loop_the_dashboard_says_it_will_not_refresh(run) -> None:
+    def build() -> None:  # a worker thread: no running event loop there
+        d = Dashboard(run)
+        try:
+            assert not d.polling and "no running event loop" in d.errors.messages[0]
+            assert len(d.curves.trace("reward/mean").x) == len(run.metrics.rows)  # drawn synchronously
+        finally:
+            d.close()
+
+    await asyncio.to_thread(build)
 
 
 async def test_the_inline_panel_app_draws_the_run_and_its_buttons_call_it(run) -> None:
-    view = panel_app(run).dashboard
+    layout = panel_app(run)
+    view = layout.dashboard
     try:
         reward = next(i for i, t in enumerate(view.data.traces) if t.key == "reward/mean")
         assert list(view.figure.data[reward].x) == [r["step"] for r in run.metrics.rows]
+        layout.get_root()  # a bokeh model, as a notebook display makes: what the browser is sent
+        (model,) = [m for m, _ in view.plot._models.values()]
         view._request_snapshot()
         view._tick()
         for r in run.policy.replicas:
@@ -219,6 +225,8 @@ async def test_the_inline_panel_app_draws_the_run_and_its_buttons_call_it(run) -
         assert run.sampling_overrides["temperature"] == pytest.approx(0.9)
         view._tick()
         assert list(view.figure.data[reward].x)[-1] == run.current_step
+        sent = model.data_sources[reward].data["x"][0]  # the model's column, updated by the tick
+        assert list(sent) == [r["step"] for r in run.metrics.rows]
         assert any(m.startswith("metrics event: AttributeError") for m in view.errors), view.errors
         view._request_episodes()
         view._tick()
