@@ -18,7 +18,8 @@ Reported:
   of the mirrored pairs is printed beside it;
 - where the time goes: the dashboard's own time on the kernel thread (figure flushes + health/status
   polls), the kernel process's garbage-collection pauses, and the machine's busy CPU seconds per step
-  (from /proc/stat, every process: the run's, the kernel's IOPub thread, this client decoding messages).
+  (from /proc/stat, every process: the run's, the kernel's IOPub thread, this client decoding messages),
+  and of those the kernel process's and this client's own CPU (from /proc/<pid>/stat).
 
     .venv/bin/python bench/dashboard.py [--pairs P] [--window-s S] [--synthetic] [--log PATH]
 
@@ -121,7 +122,15 @@ def busy_cpu_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-async def measure(pairs: int, window_s: float, settle_s: float, synthetic: bool, step_s: float) -> dict[str, Any]:
+def proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process ``pid`` has used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(pairs: int, window_s: float, settle_s: float, synthetic: bool, step_s: float,
+                  client_pid: int) -> dict[str, Any]:
     """Runs in the kernel: the windows, returning the raw figures."""
     import gc
 
@@ -164,13 +173,16 @@ async def measure(pairs: int, window_s: float, settle_s: float, synthetic: bool,
             if d is not None:
                 d.curves.lags_ms.clear()
             begin, cpu0, gc0, busy0 = time.time(), busy_cpu_s(), gc_s[0], busy[0]
+            kernel0, client0 = proc_cpu_s(os.getpid()), proc_cpu_s(client_pid)
             await asyncio.sleep(window_s)
             end = time.time()
             if run.state == "failed":
                 raise RuntimeError(f"the run failed during the benchmark: {run.error}")
             steps = sum(begin <= row["time"] < end for row in run.metrics.rows)
             windows.append({"mode": mode, "seconds": end - begin, "steps": steps, "cpu_s": busy_cpu_s() - cpu0,
-                            "gc_s": gc_s[0] - gc0, "dashboard_s": busy[0] - busy0})
+                            "gc_s": gc_s[0] - gc0, "dashboard_s": busy[0] - busy0,
+                            "kernel_cpu_s": proc_cpu_s(os.getpid()) - kernel0,
+                            "client_cpu_s": proc_cpu_s(client_pid) - client0})
             if d is not None:
                 lags += list(d.curves.lags_ms)
                 errors = list(d.errors.messages)
@@ -197,7 +209,7 @@ def run_in_kernel(args: argparse.Namespace) -> dict[str, Any]:
         kc.wait_for_ready(timeout=120)
         code = (f"import sys, json; sys.path.insert(0, {ROOT!r})\nimport bench.dashboard as b\n"
                 f"r = await b.measure({args.pairs}, {args.window_s}, {args.settle_s}, {args.synthetic}, "
-                f"{args.step_s})\n"
+                f"{args.step_s}, {os.getpid()})\n"
                 "print('BENCH-JSON ' + json.dumps(r))")
         msg_id = kc.execute(code)
         deadline = time.monotonic() + args.timeout
@@ -245,8 +257,8 @@ def main() -> None:
     args = ap.parse_args()
     r = run_in_kernel(args)
     by_mode = {m: [w for w in r["windows"] if w["mode"] == m] for m in ("off", "on")}
-    total = {m: {k: sum(w[k] for w in ws) for k in ("seconds", "steps", "cpu_s", "gc_s", "dashboard_s")}
-             for m, ws in by_mode.items()}
+    keys = ("seconds", "steps", "cpu_s", "gc_s", "dashboard_s", "kernel_cpu_s", "client_cpu_s")
+    total = {m: {k: sum(w[k] for w in ws) for k in keys} for m, ws in by_mode.items()}
     rate = {m: t["steps"] / t["seconds"] for m, t in total.items()}
     what = "synthetic recording loop" if r["synthetic"] else "CPU quickstart run, training without pauses"
     print(f"workload: {what}; {args.pairs} windows of {args.window_s:.0f} s per mode, mirrored "
@@ -263,12 +275,16 @@ def main() -> None:
     cores = os.cpu_count() or 1
     for m, t in total.items():
         print(f"machine CPU {m:3}: {t['cpu_s'] / t['seconds']:.2f} of {cores} cores busy, "
-              f"{1000 * t['cpu_s'] / max(t['steps'], 1):.0f} ms CPU per training step")
+              f"{1000 * t['cpu_s'] / max(t['steps'], 1):.0f} ms CPU per training step; of which the kernel "
+              f"process {1000 * t['kernel_cpu_s'] / t['seconds']:.0f} ms per s, this client (decoding the "
+              f"kernel's messages) {1000 * t['client_cpu_s'] / t['seconds']:.0f} ms per s")
     pairs = [1 - b["steps"] / b["seconds"] / (a["steps"] / a["seconds"])
              for a, b in zip(by_mode["off"], by_mode["on"], strict=True)]
     slowdown = 100 * (1 - rate["on"] / rate["off"])
+    spread = 1.96 * statistics.stdev(pairs) / len(pairs) ** 0.5 if len(pairs) > 1 else float("nan")
     print(f"throughput: {rate['on']:.3f} steps/s on vs {rate['off']:.3f} off ({on['steps']} and {off['steps']} "
-          f"steps): {slowdown:.2f}% slower; median of the window pairs {100 * statistics.median(pairs):.2f}%")
+          f"steps): {slowdown:.2f}% slower; window pairs: median {100 * statistics.median(pairs):.2f}%, "
+          f"mean {100 * statistics.mean(pairs):.2f}% +- {100 * spread:.1f}% (95%: what one run can resolve)")
     print(f"RESULT dashboard_slowdown_pct {slowdown:.2f} (target 2)")
     print(f"RESULT dashboard_p95_latency_ms {pct(r['lags'], 0.95):.1f} (target 250)")
 
