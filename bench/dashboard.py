@@ -21,10 +21,18 @@ Reported:
   (from /proc/stat, every process: the run's, the kernel's IOPub thread, this client decoding messages),
   and of those the kernel process's and this client's own CPU (from /proc/<pid>/stat).
 
-    .venv/bin/python bench/dashboard.py [--pairs P] [--window-s S] [--synthetic] [--log PATH]
+    .venv/bin/python bench/dashboard.py [--pairs P] [--window-s S] [--synthetic [--cpu-work]] [--log PATH]
 
 ``--synthetic`` replaces the quickstart with a loop recording realistic rows (the quickstart's ~40
 metrics) every ``--step-s`` seconds: minutes faster, no model, same dashboard path.
+
+``--synthetic --cpu-work`` makes each synthetic step a fixed amount of CPU work instead of a sleep: one
+worker process per core runs a calibrated loop (``--step-s`` of work on an idle machine) and the kernel
+awaits them all, as the Run awaits its actors. The machine is saturated as in the quickstart, but
+every step is the same work, so the window rates agree to a fraction of a percent where the
+quickstart's spread 2-5 steps/s: a throughput difference of 1% is resolved, which the quickstart's
+windows cannot do on two cores. What it measures is the same: CPU the dashboard takes from the work,
+and the delay its time on the kernel thread adds between steps.
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ ROW_KEYS = ("loss", "loss/policy", "clip/frac_low", "clip/frac_high", "ratio/mea
 class SyntheticRun:
     """The Run's surface over a loop that records a quickstart-like row every ``step_s`` seconds."""
 
-    def __init__(self, step_s: float):
+    def __init__(self, step_s: float, cpu_work: bool = False):
         from forge_nb.metrics import MetricsStore
 
         self.name, self.state, self.error = "synthetic", "ready", None
@@ -61,9 +69,25 @@ class SyntheticRun:
         self.metrics, self.services, self.hparams = MetricsStore(), {}, {"lr": 3e-3, "temperature": 1.0}
         self.step_s = step_s
         self._task: asyncio.Task[None] | None = None
+        self._pool: Any = None
+        self._iterations = 0
+        if cpu_work:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._workers = os.cpu_count() or 1
+            self._pool = ProcessPoolExecutor(self._workers, mp_context=multiprocessing.get_context("spawn"))
+            self._pool.submit(burn, 1).result()  # started before timing anything
+            probe = 2_000_000
+            self._iterations = int(probe * step_s / self._pool.submit(burn, probe).result())
 
     async def _one_step(self) -> None:
-        await asyncio.sleep(self.step_s)
+        if self._pool is None:
+            await asyncio.sleep(self.step_s)
+        else:
+            loop = asyncio.get_running_loop()
+            await asyncio.gather(*(loop.run_in_executor(self._pool, burn, self._iterations)
+                                   for _ in range(self._workers)))
         self.current_step += 1
         self.version += 1
         s = self.current_step
@@ -95,6 +119,17 @@ class SyntheticRun:
 
     async def shutdown(self) -> None:
         self.pause()
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+
+
+def burn(iterations: int) -> float:
+    """A fixed amount of CPU work (a worker's share of one synthetic step); returns the seconds it took."""
+    t = time.perf_counter()
+    x = 0
+    for i in range(iterations):
+        x ^= i * i
+    return time.perf_counter() - t
 
 
 def _timed(fn: Any, acc: list[float]) -> Any:
@@ -130,7 +165,7 @@ def proc_cpu_s(pid: int) -> float:
 
 
 async def measure(pairs: int, window_s: float, settle_s: float, synthetic: bool, step_s: float,
-                  client_pid: int) -> dict[str, Any]:
+                  client_pid: int, cpu_work: bool = False) -> dict[str, Any]:
     """Runs in the kernel: the windows, returning the raw figures."""
     import gc
 
@@ -141,7 +176,7 @@ async def measure(pairs: int, window_s: float, settle_s: float, synthetic: bool,
 
     t0 = time.monotonic()
     if synthetic:
-        run: Any = SyntheticRun(step_s)
+        run: Any = SyntheticRun(step_s, cpu_work)
     else:
         run = await forge_nb.spawn(forge_nb.quickstart(run_dir=tempfile.mkdtemp(prefix="bench-dash-")),
                                    progress=False)
@@ -193,7 +228,7 @@ async def measure(pairs: int, window_s: float, settle_s: float, synthetic: bool,
         gc.callbacks.remove(gc_clock)
         await run.stop()
         await run.shutdown()
-    return {"windows": windows, "lags": lags, "spawn_s": spawn_s, "synthetic": synthetic}
+    return {"windows": windows, "lags": lags, "spawn_s": spawn_s, "synthetic": synthetic, "cpu_work": cpu_work}
 
 
 def run_in_kernel(args: argparse.Namespace) -> dict[str, Any]:
@@ -209,7 +244,7 @@ def run_in_kernel(args: argparse.Namespace) -> dict[str, Any]:
         kc.wait_for_ready(timeout=120)
         code = (f"import sys, json; sys.path.insert(0, {ROOT!r})\nimport bench.dashboard as b\n"
                 f"r = await b.measure({args.pairs}, {args.window_s}, {args.settle_s}, {args.synthetic}, "
-                f"{args.step_s}, {os.getpid()})\n"
+                f"{args.step_s}, {os.getpid()}, {args.cpu_work})\n"
                 "print('BENCH-JSON ' + json.dumps(r))")
         msg_id = kc.execute(code)
         deadline = time.monotonic() + args.timeout
@@ -252,15 +287,21 @@ def main() -> None:
     ap.add_argument("--settle-s", type=float, default=3.0, help="seconds not counted at each switch")
     ap.add_argument("--synthetic", action="store_true", help="a recording loop instead of the quickstart")
     ap.add_argument("--step-s", type=float, default=0.25, help="seconds per synthetic step")
+    ap.add_argument("--cpu-work", action="store_true",
+                    help="with --synthetic: each step is fixed CPU work on every core, not a sleep")
     ap.add_argument("--timeout", type=float, default=3000)
     ap.add_argument("--log", default=os.path.join(tempfile.gettempdir(), "bench-dashboard-kernel.log"))
     args = ap.parse_args()
+    if args.cpu_work and not args.synthetic:
+        ap.error("--cpu-work shapes the synthetic steps; add --synthetic")
     r = run_in_kernel(args)
     by_mode = {m: [w for w in r["windows"] if w["mode"] == m] for m in ("off", "on")}
     keys = ("seconds", "steps", "cpu_s", "gc_s", "dashboard_s", "kernel_cpu_s", "client_cpu_s")
     total = {m: {k: sum(w[k] for w in ws) for k in keys} for m, ws in by_mode.items()}
     rate = {m: t["steps"] / t["seconds"] for m, t in total.items()}
-    what = "synthetic recording loop" if r["synthetic"] else "CPU quickstart run, training without pauses"
+    what = ("CPU quickstart run, training without pauses" if not r["synthetic"]
+            else "synthetic steps of fixed CPU work on every core" if r.get("cpu_work")
+            else "synthetic recording loop")
     print(f"workload: {what}; {args.pairs} windows of {args.window_s:.0f} s per mode, mirrored "
           f"(spawn {r['spawn_s']:.0f} s)")
     for m in ("off", "on"):
