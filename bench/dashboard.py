@@ -29,10 +29,10 @@ metrics) every ``--step-s`` seconds: minutes faster, no model, same dashboard pa
 ``--synthetic --cpu-work`` makes each synthetic step a fixed amount of CPU work instead of a sleep: one
 worker process per core runs a calibrated loop (``--step-s`` of work on an idle machine) and the kernel
 awaits them all, as the Run awaits its actors. The machine is saturated as in the quickstart, but
-every step is the same work, so the window rates agree to a fraction of a percent where the
-quickstart's spread 2-5 steps/s: a throughput difference of 1% is resolved, which the quickstart's
-windows cannot do on two cores. What it measures is the same: CPU the dashboard takes from the work,
-and the delay its time on the kernel thread adds between steps.
+every step is the same work, so most windows agree within 1-3% where the quickstart's spread 2-5
+steps/s; what spread is left comes from the machine (one run resolved about +-6-8% on the shared
+2-core VM, against +-16% with the quickstart). What it measures is the same: CPU the dashboard takes
+from the work, and the delay its time on the kernel thread adds between steps.
 """
 
 from __future__ import annotations
@@ -300,7 +300,7 @@ def main() -> None:
     total = {m: {k: sum(w[k] for w in ws) for k in keys} for m, ws in by_mode.items()}
     rate = {m: t["steps"] / t["seconds"] for m, t in total.items()}
     what = ("CPU quickstart run, training without pauses" if not r["synthetic"]
-            else "synthetic steps of fixed CPU work on every core" if r.get("cpu_work")
+            else "synthetic steps of fixed CPU work on every core" if r["cpu_work"]
             else "synthetic recording loop")
     print(f"workload: {what}; {args.pairs} windows of {args.window_s:.0f} s per mode, mirrored "
           f"(spawn {r['spawn_s']:.0f} s)")
