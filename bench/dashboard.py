@@ -159,8 +159,9 @@ def busy_cpu_s() -> float:
 
 def proc_cpu_s(pid: int) -> float:
     """CPU seconds (user + system, every thread) process ``pid`` has used."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    from forge_nb._procs import stat_fields
+
+    fields = stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

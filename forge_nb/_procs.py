@@ -9,11 +9,18 @@ import subprocess
 import time
 
 
+def stat_fields(pid: int | str) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (which may hold spaces and parentheses):
+    ``[0]`` state, ``[1]`` parent pid, ``[11]`` user and ``[12]`` system CPU in clock ticks. OSError when
+    there is no such process."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` runs. A zombie counts as dead; we never reap (monarch waits on its children)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        return stat_fields(pid)[0] != "Z"
     except (OSError, IndexError):
         return False
 

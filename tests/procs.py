@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from forge_nb._procs import stat_fields
+
 
 def _children_by_parent() -> dict[int, list[int]]:
     """Live (non-zombie) processes by parent pid."""
@@ -11,8 +13,7 @@ def _children_by_parent() -> dict[int, list[int]]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
+                fields = stat_fields(entry)
             except OSError:
                 continue
             if fields[0] != "Z":

@@ -205,15 +205,14 @@ async def _wait_gone(pids: list[int], within: float) -> list[int]:
 
 def _children(root: int) -> dict[int, str]:
     """Live descendants of ``root`` -> their command line (Linux /proc; empty elsewhere)."""
-    from forge_nb._procs import pid_alive
+    from forge_nb._procs import pid_alive, stat_fields
 
     if not os.path.isdir("/proc"):
         return {}
     parent: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            parent[int(entry)] = int(stat_fields(entry)[1])
         except (OSError, ValueError, IndexError):
             continue
     found: dict[int, str] = {}
