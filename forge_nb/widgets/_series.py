@@ -234,26 +234,48 @@ class CurveData:
         return shapes
 
     def apply(self, fig: Any) -> list[float]:
-        """Copy what changed since the last call into ``fig``, in one batch; returns the rows' record times."""
+        """Copy what changed since the last call into ``fig``; returns the rows' record times."""
         new, dirty, marks_dirty, times = self.take()
         for i in new:
             self.add_trace(fig, i)
         changed = [i for i in dirty if i not in new]
-        if changed or marks_dirty:
-            # plotly_restyle skips the per-property validation of ``trace.x = ...`` (5x faster here):
-            # the arrays are float64 numpy views kept by this class, valid by construction.
-            lines = [i for i in changed if self.traces[i].kind != "mark"]
-            marks = [i for i in changed if self.traces[i].kind == "mark"]
-            with fig.batch_update():
-                for group, keys in ((lines, ("x", "y")), (marks, ("x", "y", "text"))):
-                    if group:
-                        arrays = [self.arrays(i) for i in group]
-                        fig.plotly_restyle({k: [a[k] for a in arrays] for k in keys}, trace_indexes=group)
-                if marks_dirty:
-                    fig.layout.shapes = self.shapes(fig)
+        lines = [i for i in changed if self.traces[i].kind != "mark"]
+        marks = [i for i in changed if self.traces[i].kind == "mark"]
+        for group, keys in ((lines, ("x", "y")), (marks, ("x", "y", "text"))):
+            if group:
+                arrays = [self.arrays(i) for i in group]
+                restyle(fig, {k: [a[k] for a in arrays] for k in keys}, group)
+        if marks_dirty:
+            fig.layout.shapes = self.shapes(fig)
         return times
 
     def last_values(self) -> dict[str, tuple[float, float]]:
         """metric -> (step, last value), for the plain HTML view."""
         return {t.key: (float(t.x.view()[-1]), float(t.y.view()[-1])) for t in self.traces
                 if t.kind != "mark" and len(t.x)}
+
+
+def restyle(fig: Any, data: dict[str, list[Any]], traces: list[int]) -> None:
+    """Put ``data`` (property -> one value per trace) into ``traces`` of ``fig``, a ``go.Figure`` or a
+    ``go.FigureWidget``; a FigureWidget's views get it as one restyle message.
+
+    ``fig.plotly_restyle`` does the same at 1.2-2.8 ms per flush, growing with the arrays (measured in a
+    kernel, 15 traces of 1,000-1,800 points): it compares every old array with its new one, and sends
+    four comm messages (the restyle, a reset to None, and the two edit ids). The arrays here are
+    float64 views owned by CurveData, valid by construction, so they go into the figure's trace dicts
+    as they are, and the restyle and its edit ids leave in one message (``hold_sync``): 0.64 ms, flat in
+    the number of points. Each message carries a new edit id, so it is a change without the reset.
+    The fields written are the ones plotly's own ``_perform_plotly_restyle`` and ``_send_restyle_msg``
+    write; tests/widgets check the figure's data in the kernel and the curve in a real browser.
+    """
+    for key, values in data.items():
+        for i, value in zip(traces, values, strict=True):
+            fig._data[i][key] = value
+    if not hasattr(fig, "_py2js_restyle"):  # a plain go.Figure (the panel app): no views to message
+        return
+    with fig.hold_sync():
+        fig._last_layout_edit_id += 1
+        fig._last_trace_edit_id += 1
+        fig._layout_edit_in_process = fig._trace_edit_in_process = True
+        fig._py2js_restyle = {"restyle_data": data, "restyle_traces": traces, "source_view_id": None,
+                              "trace_edit_id": fig._last_trace_edit_id, "layout_edit_id": fig._last_layout_edit_id}

@@ -2,9 +2,10 @@
 
 The store calls ``observe(kind, row)`` for every recorded row and event (on the recording thread).
 That only appends to :class:`CurveData` and pokes a :class:`Throttle`; at most ~4 times a second
-the throttle copies the changed traces into the figure inside one ``fig.batch_update()``, so a
-burst of rows costs one message to the browser. ``lags_ms`` keeps, per drawn row, the time from
-its recording to the figure holding it (the dashboard's latency, which bench/dashboard.py reports).
+the throttle copies the changed traces into the figure as one restyle message
+(:func:`~forge_nb.widgets._series.restyle`), so a burst of rows costs one message to the browser.
+``lags_ms`` keeps, per drawn row, the time from its recording to the figure holding it (the
+dashboard's latency, which bench/dashboard.py reports).
 """
 
 from __future__ import annotations

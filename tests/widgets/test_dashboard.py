@@ -79,6 +79,32 @@ async def test_a_burst_of_rows_is_drawn_in_few_batched_updates() -> None:
         curves.close()
 
 
+def test_a_flush_is_one_comm_message_with_the_new_arrays_and_a_new_edit_id() -> None:
+    """What the views get: one restyle message per flush (plotly_restyle sent four), carrying the changed
+    traces' whole arrays and the edit id the figure will accept the views' replies for."""
+    curves = Curves(interval=0)
+    sent: list[dict] = []
+    curves.figure.comm.publish_msg = lambda msg_type, data=None, **kw: sent.append(data)  # a DummyComm here
+    try:
+        for s in range(1, 4):
+            curves.observe("step", {"step": s, "time": time.time(), "loss": 1.0 / s, "kl": 0.1 * s})
+            curves.flush()
+        assert len(sent) == 3, [m["state"].keys() for m in sent]
+        states = [m["state"] for m in sent]
+        ids = [st["_last_trace_edit_id"] for st in states]
+        assert ids == list(range(ids[0], ids[0] + 3))  # a new id each time: always a change, no reset
+        last = states[-1]["_py2js_restyle"]
+        assert last["trace_edit_id"] == curves.figure._last_trace_edit_id
+        assert last["layout_edit_id"] == curves.figure._last_layout_edit_id
+        loss, kl = curves.data._index["loss"], curves.data._index["kl"]
+        assert sorted(last["restyle_traces"]) == sorted([loss, kl])
+        assert len(last["restyle_data"]["y"]) == 2  # one array per changed trace, no others
+        assert list(curves.trace("loss").y) == pytest.approx([1.0, 0.5, 1 / 3])  # the kernel's figure too
+        assert list(curves.trace("kl").x) == [1, 2, 3]
+    finally:
+        curves.close()
+
+
 def test_throttle_coalesces_pokes_and_reports_flush_errors() -> None:
     calls: list[int] = []
     errors: list[BaseException] = []
