@@ -61,13 +61,13 @@ def _free_port() -> int:
 class Lab:
     """JupyterLab + chromium + a side channel to the notebook's kernel (jupyter_client)."""
 
-    def __init__(self, tmp: Path):
+    def __init__(self, tmp: Path, cells: list[str] = CELLS, shutdown: str = "server.stop()\nawait run.shutdown()"):
         import nbformat
 
         self.tmp = tmp
         root = tmp / "root"
         root.mkdir()
-        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nbformat.write(nb, root / "dashboard.ipynb")
         self.port = _free_port()
@@ -99,6 +99,18 @@ class Lab:
         self.browser = self.pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         self.page = self.browser.new_page(viewport={"width": 1400, "height": 1000})
         self.kc: Any = None
+        self.shutdown = shutdown  # run in the kernel by close()
+
+    def open_and_run_all(self) -> None:
+        """Open the notebook in the page and run all its cells (returns once they are queued)."""
+        page = self.page
+        page.goto(f"{self.url}/lab/tree/dashboard.ipynb")
+        page.wait_for_selector(".jp-Notebook", timeout=120_000)
+        page.wait_for_function("window.jupyterapp && window.jupyterapp.serviceManager", timeout=60_000)
+        time.sleep(2)
+        self.dismiss_dialogs()
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
     def dismiss_dialogs(self) -> None:
         for _ in range(3):
@@ -146,7 +158,7 @@ class Lab:
     def close(self) -> None:
         try:
             if self.kc is not None or self.proc.poll() is None:
-                self.kernel_eval("server.stop()\nawait run.shutdown()", timeout=180)
+                self.kernel_eval(self.shutdown, timeout=180)
         finally:
             if self.kc is not None:
                 self.kc.stop_channels()
@@ -167,14 +179,7 @@ def lab() -> Iterator[Lab]:
     tmp = Path(tempfile.mkdtemp(prefix="forge-nb-lab-"))
     session = Lab(tmp)
     try:
-        page = session.page
-        page.goto(f"{session.url}/lab/tree/dashboard.ipynb")
-        page.wait_for_selector(".jp-Notebook", timeout=120_000)
-        page.wait_for_function("window.jupyterapp && window.jupyterapp.serviceManager", timeout=60_000)
-        time.sleep(2)
-        session.dismiss_dialogs()
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
-        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        session.open_and_run_all()
         yield session
     finally:
         session.close()

@@ -1,0 +1,99 @@
+"""Dashboard cost with a browser showing it: training throughput with the dashboard's updates on and
+off while JupyterLab displays it in headless Chromium on the same machine.
+
+bench/dashboard.py measures the dashboard in a kernel with no browser attached. A researcher sees it in
+JupyterLab, where every curve flush is also drawn by the page, and plotly's view sends the kernel its
+trace and layout deltas back after each one. This bench opens a notebook in JupyterLab (the browser
+tests' ``Lab``: loopback, no token, Debian's chromium through Playwright), whose cells start the same
+fixed-CPU-work synthetic run as ``bench/dashboard.py --synthetic --cpu-work`` and display
+``Dashboard(run)``. It then alternates windows with the dashboard updating (``start()``) and stopped
+(``stop()``: the view stays on the page, nothing is sent), mirrored, and reports steps per second in
+each mode with the CPU of the kernel, the Jupyter server and chromium (every process of each, from
+/proc).
+
+    .venv/bin/python bench/dashboard_browser.py [--pairs P] [--window-s S] [--history N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench.dashboard import schedule  # noqa: E402
+from forge_nb._procs import stat_fields  # noqa: E402
+
+
+def cpu_s(marker: str) -> float:
+    """CPU seconds used so far by every process whose command line contains ``marker``."""
+    total = 0.0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() not in f.read():
+                    continue
+            fields = stat_fields(int(pid))
+        except (OSError, ValueError):
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pairs", type=int, default=4, help="on/off window pairs")
+    ap.add_argument("--window-s", type=float, default=20.0, help="seconds counted per window")
+    ap.add_argument("--settle-s", type=float, default=3.0, help="seconds not counted at each switch")
+    ap.add_argument("--history", type=int, default=40, help="steps recorded before the dashboard opens")
+    args = ap.parse_args()
+    from tests.widgets.test_browser import Lab
+
+    cells = [f"import sys\nsys.path.insert(0, {ROOT!r})\nimport bench.dashboard as b\n"
+             "from forge_nb.widgets import Dashboard\nrun = b.SyntheticRun(0.25, cpu_work=True)\n"
+             f"await run.step({args.history})\nrun.start()",
+             "d = Dashboard(run)\nd"]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-dash-browser-"))
+    lab = Lab(tmp, cells, shutdown="d.close()\nawait run.shutdown()")
+    windows: list[dict[str, float | str]] = []
+    try:
+        lab.open_and_run_all()
+        lab.page.wait_for_selector(".forge-dashboard .js-plotly-plot", timeout=600_000)
+        connection = lab.kernel_eval("import ipykernel.connect as c\nprint(c.get_connection_file())").strip()
+        markers = {"kernel": os.path.basename(connection), "server": "jupyterlab", "chromium": "chromium"}
+        for mode in schedule(args.pairs):
+            lab.kernel_eval("d.start()" if mode == "on" else "d.stop()")
+            time.sleep(args.settle_s)
+            cpu0 = {k: cpu_s(m) for k, m in markers.items()}
+            step0, t0 = int(lab.kernel_eval("print(run.current_step)")), time.monotonic()
+            time.sleep(args.window_s)
+            step1, t1 = int(lab.kernel_eval("print(run.current_step)")), time.monotonic()
+            window: dict[str, float | str] = {"mode": mode, "rate": (step1 - step0) / (t1 - t0)}
+            window.update({k: (cpu_s(m) - cpu0[k]) / (t1 - t0) for k, m in markers.items()})
+            windows.append(window)
+            print(f"{mode:3} {window['rate']:.2f} steps/s; CPU ms per s: "
+                  + ", ".join(f"{k} {1000 * float(window[k]):.0f}" for k in markers), flush=True)
+    finally:
+        lab.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    on = [w for w in windows if w["mode"] == "on"]
+    off = [w for w in windows if w["mode"] == "off"]
+    pairs = [1 - float(a["rate"]) / float(b["rate"]) for a, b in zip(on, off, strict=True)]
+    for name, ws in (("on", on), ("off", off)):
+        print(f"{name:3}: {statistics.mean(float(w['rate']) for w in ws):.3f} steps/s; CPU ms per s: "
+              + ", ".join(f"{k} {1000 * statistics.mean(float(w[k]) for w in ws):.0f}"
+                          for k in ("kernel", "server", "chromium")))
+    print(f"window pairs: median {100 * statistics.median(pairs):.1f}% slower "
+          f"({', '.join(f'{100 * p:.1f}' for p in pairs)})")
+    print(f"RESULT dashboard_browser_slowdown_pct {100 * statistics.median(pairs):.1f} (target 2)")
+
+
+if __name__ == "__main__":
+    main()
