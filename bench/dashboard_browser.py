@@ -28,8 +28,7 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.dashboard import schedule  # noqa: E402
-from forge_nb._procs import stat_fields  # noqa: E402
+from bench.dashboard import proc_cpu_s, schedule  # noqa: E402
 
 
 def cpu_s(marker: str) -> float:
@@ -38,12 +37,10 @@ def cpu_s(marker: str) -> float:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if marker.encode() not in f.read():
-                    continue
-            fields = stat_fields(int(pid))
+                if marker.encode() in f.read():
+                    total += proc_cpu_s(int(pid))
         except (OSError, ValueError):
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            continue  # the process ended while being read
     return total
 
 
