@@ -1,9 +1,9 @@
 """CurveData: the training curves as plain per-trace arrays, and the plotly figure that draws them.
 
-One model serves both views (the ipywidgets FigureWidget and the panel app's plotly pane): rows and
-events from the metrics store go in, the model appends to per-trace lists and remembers which
-traces changed, and a view copies only those into its figure. Trace order in the model is the trace
-order in the figure; traces for reward functions seen later are appended at the end.
+One model serves every view (the notebook dashboard's canvas in curves.py, the panel app's plotly
+pane, and ``Curves.plotly()``): rows and events from the metrics store go in, the model appends to
+per-trace columns and remembers which traces changed, and a view takes only those. Trace order in
+the model is the trace order in a figure; traces for reward functions seen later go at the end.
 
 Layout: reward on top (mean, a min/max band, one line per reward function, and markers for hot
 changes and failures on a hidden 0..1 axis), then two columns of small panels. Every marked event
@@ -82,6 +82,7 @@ class Trace:
     x: Column = field(default_factory=Column)
     y: Column = field(default_factory=Column)
     text: list[str] = field(default_factory=list)
+    halvings: int = 0  #: how often the points were thinned: a view holding older points must take all anew
 
 
 def mark_of(event: Row) -> tuple[str, str] | None:
@@ -165,6 +166,7 @@ class CurveData:
             t.y.keep_every_other(start)
             if t.text:
                 t.text = t.text[start::2]
+            t.halvings += 1
         self.dirty.add(i)
 
     def take(self) -> tuple[list[int], list[int], bool, list[float]]:
@@ -256,26 +258,13 @@ class CurveData:
 
 
 def restyle(fig: Any, data: dict[str, list[Any]], traces: list[int]) -> None:
-    """Put ``data`` (property -> one value per trace) into ``traces`` of ``fig``, a ``go.Figure`` or a
-    ``go.FigureWidget``; a FigureWidget's views get it as one restyle message.
+    """Put ``data`` (property -> one value per trace) into ``traces`` of ``fig``, a plain ``go.Figure``
+    that a panel pane sends on.
 
-    ``fig.plotly_restyle`` does the same at 1.2-2.8 ms per flush, growing with the arrays (measured in a
-    kernel, 15 traces of 1,000-1,800 points): it compares every old array with its new one, and sends
-    four comm messages (the restyle, a reset to None, and the two edit ids). The arrays here are
-    float64 views owned by CurveData, valid by construction, so they go into the figure's trace dicts
-    as they are, and the restyle and its edit ids leave in one message (``hold_sync``): 0.53-0.64 ms, flat
-    in the number of points. Each message carries a new edit id, so it is a change without the reset.
-    The fields written are the ones plotly's own ``_perform_plotly_restyle`` and ``_send_restyle_msg``
-    write; tests/widgets check the figure's data in the kernel and the curve in a real browser.
+    ``fig.plotly_restyle`` validates and compares every old array with its new one (1.2-2.8 ms per flush
+    at 1,000-1,800 points, measured in a kernel). The arrays here are float64 views owned by CurveData,
+    valid by construction, so they go into the figure's trace dicts as they are.
     """
     for key, values in data.items():
         for i, value in zip(traces, values, strict=True):
             fig._data[i][key] = value
-    if not hasattr(fig, "_py2js_restyle"):  # a plain go.Figure (the panel app): no views to message
-        return
-    with fig.hold_sync():
-        fig._last_layout_edit_id += 1
-        fig._last_trace_edit_id += 1
-        fig._layout_edit_in_process = fig._trace_edit_in_process = True
-        fig._py2js_restyle = {"restyle_data": data, "restyle_traces": traces, "source_view_id": None,
-                              "trace_edit_id": fig._last_trace_edit_id, "layout_edit_id": fig._last_layout_edit_id}

@@ -1,36 +1,83 @@
-"""Curves: the training curves of a run as a plotly FigureWidget, fed by the metrics store, throttled.
+"""Curves: the run's training curves as a canvas widget that is sent only new points, throttled.
 
-The store calls ``observe(kind, row)`` for every recorded row and event (on the recording thread).
-That only appends to :class:`CurveData` and pokes a :class:`Throttle`; at most ~4 times a second
-the throttle copies the changed traces into the figure as one restyle message
-(:func:`~forge_nb.widgets._series.restyle`), so a burst of rows costs one message to the browser.
-``lags_ms`` keeps, per drawn row, the time from its recording to the figure holding it (the
+::
+
+    metrics store ──observe(kind, row)──> CurveData (appends) ──Throttle (<= 4/s)──> one message:
+        the points each changed trace gained since the last one, as one float64 buffer ──> curves.js
+
+The store calls ``observe`` for every recorded row and event (on the recording thread). That only
+appends to :class:`CurveData` and pokes a :class:`Throttle`; at most ~4 times a second the throttle
+sends the new points of the changed traces as one custom message. The page (``curves.js``) appends
+them, redraws at most every ``redraw_interval`` seconds (0.5) and only while the view is on screen,
+and never answers an update. A view that opens late, or misses a message, asks for everything once
+(``{"type": "sync"}``). The layout, trace styles and event marks are synced traits, which change
+rarely.
+
+The live view is a canvas rather than a plotly FigureWidget because of what plotly cost with the page
+open on a 2-core machine: ~120 ms of chromium per redraw of nine panels, and deltas sent back to the
+kernel after every update; training ran 40% slower (bench/RESULTS.md). ``plotly()`` still gives a
+FigureWidget of the curves so far, to zoom, hover and export.
+
+``lags_ms`` keeps, per drawn row, the time from its recording to the message that carries it (the
 dashboard's latency, which bench/dashboard.py reports).
 """
 
 from __future__ import annotations
 
 import asyncio
+import pathlib
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-import plotly.graph_objects as go
+import anywidget
+import numpy as np
+import traitlets
 
-from forge_nb.widgets._series import CurveData, Row
+from forge_nb.widgets._series import MARKS, PANELS, CurveData, Row, Trace
 from forge_nb.widgets._throttle import Throttle
+
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+class CurvesView(anywidget.AnyWidget):
+    """The page half: ``curves.js`` draws the points it is sent; the traits describe what to draw."""
+
+    _esm = pathlib.Path(__file__).with_name("curves.js")
+    panels = traitlets.List().tag(sync=True)  #: [{title, row, col}]
+    traces = traitlets.List().tag(sync=True)  #: [{key, panel, kind, name, color, width, dash}]
+    marks = traitlets.List().tag(sync=True)  #: [[step, "set" | "failure", label]]
+    mark_styles = traitlets.Dict().tag(sync=True)  #: kind -> {name, color, symbol, y}
+    height = traitlets.Int(760).tag(sync=True)  #: pixels
+    #: seconds between redraws for new points: the page keeps every point it is sent, and draws them
+    #: at most this often (hovering and resizing draw at once)
+    redraw_interval = traitlets.Float(0.5).tag(sync=True)
+
+
+class Drawn(NamedTuple):
+    """The points of one trace that the views have been sent (and a marked event's labels)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    text: tuple[str, ...] = ()
 
 
 class Curves:
-    """A FigureWidget of the run's curves; ``observe`` is the metrics-store observer."""
+    """The run's curves; ``observe`` is the metrics-store observer, ``widget`` the view to display."""
 
     def __init__(self, interval: float = 0.25, loop: asyncio.AbstractEventLoop | None = None,
                  on_error: Callable[[BaseException], None] | None = None, max_points: int = 5_000):
         self.data = CurveData(max_points=max_points)
-        self.figure: go.FigureWidget = self.data.build(go.FigureWidget())
-        self.widget = self.figure
+        self.widget = CurvesView(
+            panels=[{"title": p.title, "row": p.row, "col": p.col} for p in PANELS],
+            traces=self._styles(), mark_styles={kind: {"name": name, "color": color, "symbol": symbol, "y": y}
+                                                for kind, (name, color, symbol, y) in MARKS.items()})
+        self.widget.on_msg(self._on_msg)
         self.throttle = Throttle(self._draw, interval=interval, loop=loop, on_error=on_error)
+        self._on_error = on_error
+        self._sent: dict[int, tuple[int, int]] = {}  # trace -> (its halvings, points) when last sent
+        self.messages = 0  #: point messages sent (tests and the benchmark read it)
         self.lags_ms: deque[float] = deque(maxlen=10_000)
 
     def observe(self, kind: str, row: Row) -> None:
@@ -43,21 +90,93 @@ class Curves:
         self.throttle.poke()
 
     def flush(self) -> None:
-        """Draw whatever is pending now (tests, scripts without an event loop)."""
+        """Send whatever is pending now (tests, scripts without an event loop)."""
         self.throttle.flush()
 
     def _draw(self) -> None:
-        times = self.data.apply(self.figure)
+        new, dirty, marks_dirty, times = self.data.take()
+        if new:
+            self.widget.traces = self._styles()
+        if marks_dirty:
+            self.widget.marks = [list(mark) for mark in self.data.marks]
+        self._send(dirty)
         now = time.time()
         self.lags_ms.extend(1000 * (now - t) for t in times)
 
-    def trace(self, key: str) -> Any:
-        """The figure's trace for a metric (``"reward/mean"``) or a marker set (``"mark:set"``)."""
-        for t, trace in zip(self.data.traces, self.figure.data, strict=False):
-            if t.key == key:
-                return trace
-        raise KeyError(f"no trace for {key!r}; traces: {[t.key for t in self.data.traces]}")
+    def _send(self, indices: list[int], sync: bool = False) -> None:
+        """One message with the points each trace gained since it was last sent (all of them on a sync,
+        or after the trace was thinned)."""
+        header, parts = [], []
+        for i in indices:
+            t = self.data.traces[i]
+            if t.kind == "mark":  # drawn from the marks trait
+                continue
+            halvings, sent = self._sent.get(i, (t.halvings, 0))
+            start = 0 if sync or halvings != t.halvings else sent
+            x, y = t.x.view()[start:], t.y.view()[start:]
+            if start and not len(x):  # already sent (by a sync since it changed)
+                continue
+            header.append([i, start, len(x)])
+            parts += [x, y]
+            self._sent[i] = (t.halvings, start + len(x))
+        if header or sync:
+            buffer = np.concatenate(parts) if parts else np.empty(0)
+            self.widget.send({"type": "points", "traces": header, "sync": sync}, buffers=[memoryview(buffer)])
+            self.messages += 1
+
+    def _on_msg(self, _widget: Any, content: dict[str, Any], _buffers: list[Any]) -> None:
+        if content.get("type") != "sync":
+            return
+        try:  # a view opened, or missed a message: everything, in one message
+            self._send([i for i, t in enumerate(self.data.traces) if len(t.x)], sync=True)
+        except Exception as e:
+            if self._on_error is None:
+                raise
+            self._on_error(e)
+
+    def _styles(self) -> list[dict[str, Any]]:
+        styles, used = [], dict.fromkeys(range(len(PANELS)), 0)
+        for t in self.data.traces:
+            style = _style(t, used[t.panel])
+            used[t.panel] += t.kind == "line"
+            styles.append(style)
+        return styles
+
+    def trace(self, key: str) -> Drawn:
+        """What the views have been sent of a metric (``"reward/mean"``) or of a marked event kind
+        (``"mark:set"``, ``"mark:failure"``: steps, the symbol's height, labels)."""
+        if key.startswith("mark:"):
+            kind = key.split(":", 1)[1]
+            mine = [(step, label) for step, k, label in self.widget.marks if k == kind]
+            return Drawn(np.array([s for s, _ in mine], dtype=float), np.full(len(mine), MARKS[kind][3]),
+                         tuple(label for _, label in mine))
+        i = self.data._index.get(key)
+        if i is None:
+            raise KeyError(f"no trace for {key!r}; traces: {[t.key for t in self.data.traces]}")
+        t = self.data.traces[i]
+        halvings, sent = self._sent.get(i, (t.halvings, 0))
+        n = sent if halvings == t.halvings else 0
+        return Drawn(t.x.view()[:n].copy(), t.y.view()[:n].copy())
+
+    def plotly(self) -> Any:
+        """A plotly FigureWidget of the curves so far (zoom, hover, export); it does not update."""
+        import plotly.graph_objects as go
+
+        return self.data.build(go.FigureWidget())
 
     def close(self) -> None:
         self.throttle.cancel()
-        self.figure.close()
+        self.widget.close()
+
+
+def _style(t: Trace, k: int) -> dict[str, Any]:
+    """How curves.js draws trace ``t``, the ``k``-th line of its panel."""
+    style = {"key": t.key, "panel": t.panel, "kind": t.kind, "name": t.key, "color": PALETTE[k % len(PALETTE)],
+             "width": 1, "dash": False}
+    if t.kind in ("upper", "lower"):
+        style.update(name="reward min..max", color="rgba(31,119,180,0.2)")
+    elif t.key == "reward/mean":
+        style.update(name="reward mean", width=2)
+    elif t.panel == 0 and t.kind == "line":  # a reward function: dotted, so that it never hides the mean
+        style.update(dash=True)
+    return style

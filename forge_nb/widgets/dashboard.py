@@ -2,7 +2,7 @@
 
 ::
 
-    run.metrics ──observer──> Curves ──Throttle (<= 4/s)──> one FigureWidget restyle message
+    run.metrics ──observer──> Curves ──Throttle (<= 4/s)──> one message of new points to the canvas
     run.services ──events──> HealthGrid ──Throttle──> HTML table
          └─────── poll task (every 0.5 s): health, run state and hparams, explorer follow
 

@@ -45,11 +45,11 @@ CELLS = [
     "server = serve(run)\nprint('PANEL-URL', server.url)",
 ]
 REWARD_POINTS = """sel => {
-  const plot = document.querySelector(sel);
-  if (!plot || !plot.data) return -1;
-  const t = plot.data.find(d => d.name === 'reward mean');
-  return t && t.x ? t.x.length : -1;
+  const view = document.querySelector(sel);
+  return view && view.forgeCurves ? view.forgeCurves.points('reward/mean') : -1;
 }"""
+CURVES = ".forge-dashboard .forge-curves"
+KERNEL_POINTS = "from forge_nb.widgets import dashboard\nprint(len(dashboard(run).curves.trace('reward/mean').x))"
 
 
 def _free_port() -> int:
@@ -208,7 +208,7 @@ def _wait_growth(lab: Lab, selector: str, timeout: float = 180) -> tuple[int, in
 def test_jupyterlab_dashboard_renders_lists_replicas_grows_and_pauses(lab: Lab) -> None:
     page = lab.page
     try:
-        page.wait_for_selector(".forge-dashboard .js-plotly-plot", timeout=900_000)  # spawn: minutes
+        page.wait_for_selector(f"{CURVES} canvas", timeout=900_000)  # spawn: minutes
     except Exception:
         lab.shot("lab-no-dashboard")
         raise
@@ -216,18 +216,34 @@ def test_jupyterlab_dashboard_renders_lists_replicas_grows_and_pauses(lab: Lab) 
     for replica in ("policy[0]", "policy[1]", "trainer[0]"):
         page.wait_for_selector(f".forge-dashboard tr[data-replica='{replica}']", timeout=60_000)
     assert page.locator(".forge-dashboard tr[data-state='healthy']").count() >= 3
-    first, later = _wait_growth(lab, ".forge-dashboard .js-plotly-plot")
+    first, later = _wait_growth(lab, CURVES)
     lab.shot("lab-dashboard-running", selector=".forge-dashboard")
 
     page.locator(".forge-dashboard button.forge-pause").click()
     page.wait_for_selector(".forge-dashboard .forge-run-status[data-state='paused']", timeout=60_000)
     assert lab.kernel_eval("print(run.state)").strip() == "paused"  # the real run paused, not only the label
     time.sleep(3)  # the step in flight when pausing may still land
-    settled = _points(page, ".forge-dashboard .js-plotly-plot")
+    settled = _points(page, CURVES)
     time.sleep(4)
-    assert _points(page, ".forge-dashboard .js-plotly-plot") == settled, "the curve grew while paused"
+    assert _points(page, CURVES) == settled, "the curve grew while paused"
+    assert settled == int(lab.kernel_eval(KERNEL_POINTS)), "the page lost or added points"
+    canvas = page.locator(f"{CURVES} canvas").bounding_box()
+    page.mouse.move(canvas["x"] + canvas["width"] / 2, canvas["y"] + 60)  # a readout of the hovered step
     lab.shot("lab-dashboard-paused", selector=".forge-dashboard")
     assert later > first > 0
+
+    # A reopened page (saved, reloaded) asks the kernel for the history once and shows all of it.
+    page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
+    time.sleep(3)
+    page.reload()
+    page.wait_for_selector(f"{CURVES} canvas", timeout=120_000)
+    lab.dismiss_dialogs()
+    deadline = time.monotonic() + 60
+    while _points(page, CURVES) != settled and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _points(page, CURVES) == settled, "the reopened page did not get the whole history"
+    stats = page.evaluate(f"() => document.querySelector('{CURVES}').forgeCurves.stats")
+    assert stats["syncs"] == 1 and stats["draws"] >= 1, stats
 
 
 @pytest.mark.timeout(600)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
 import pytest
 
 from forge_nb.metrics import MetricsStore
@@ -79,28 +80,66 @@ async def test_a_burst_of_rows_is_drawn_in_few_batched_updates() -> None:
         curves.close()
 
 
-def test_a_flush_is_one_comm_message_with_the_new_arrays_and_a_new_edit_id() -> None:
-    """What the views get: one restyle message per flush (plotly_restyle sent four), carrying the changed
-    traces' whole arrays and the edit id the figure will accept the views' replies for."""
-    curves = Curves(interval=0)
-    sent: list[dict] = []
-    curves.figure.comm.publish_msg = lambda msg_type, data=None, **kw: sent.append(data)  # a DummyComm here
+def _sent(curves: Curves) -> list[dict[int, tuple[int, list[float], list[float]]]]:
+    """Every points message the views are sent, decoded: trace -> (start, x, y). (Outside a kernel the
+    widget's comm is a DummyComm; its publish_msg is where a kernel would hand the message to ZMQ.)"""
+    messages: list[dict[int, tuple[int, list[float], list[float]]]] = []
+
+    def publish(msg_type: str, data: dict | None = None, buffers: list | None = None, **_: object) -> None:
+        content = (data or {}).get("content")
+        if msg_type != "comm_msg" or (data or {}).get("method") != "custom" or content["type"] != "points":
+            return
+        values, at, decoded = np.frombuffer(buffers[0], dtype=np.float64), 0, {}
+        for i, start, count in content["traces"]:
+            decoded[i] = (start, list(values[at:at + count]), list(values[at + count:at + 2 * count]))
+            at += 2 * count
+        decoded["sync"] = content["sync"]
+        messages.append(decoded)
+
+    curves.widget.comm.publish_msg = publish
+    return messages
+
+
+def test_a_flush_is_one_message_with_only_the_new_points_and_a_sync_sends_them_all() -> None:
+    curves = Curves(interval=60)  # no event loop here: a poke inside the interval waits for flush()
+    sent = _sent(curves)
+    loss, kl = curves.data._index["loss"], curves.data._index["kl"]
     try:
         for s in range(1, 4):
             curves.observe("step", {"step": s, "time": time.time(), "loss": 1.0 / s, "kl": 0.1 * s})
             curves.flush()
-        assert len(sent) == 3, [m["state"].keys() for m in sent]
-        states = [m["state"] for m in sent]
-        ids = [st["_last_trace_edit_id"] for st in states]
-        assert ids == list(range(ids[0], ids[0] + 3))  # a new id each time: always a change, no reset
-        last = states[-1]["_py2js_restyle"]
-        assert last["trace_edit_id"] == curves.figure._last_trace_edit_id
-        assert last["layout_edit_id"] == curves.figure._last_layout_edit_id
-        loss, kl = curves.data._index["loss"], curves.data._index["kl"]
-        assert sorted(last["restyle_traces"]) == sorted([loss, kl])
-        assert len(last["restyle_data"]["y"]) == 2  # one array per changed trace, no others
-        assert list(curves.trace("loss").y) == pytest.approx([1.0, 0.5, 1 / 3])  # the kernel's figure too
+        assert len(sent) == 3  # one message per flush
+        assert sent[2] == {loss: (2, [3.0], [pytest.approx(1 / 3)]), kl: (2, [3.0], [pytest.approx(0.3)]),
+                           "sync": False}  # the point each changed trace gained, and no other trace
+        assert list(curves.trace("loss").y) == pytest.approx([1.0, 0.5, 1 / 3])  # what the views hold
         assert list(curves.trace("kl").x) == [1, 2, 3]
+        curves.observe("step", {"step": 4, "loss": 0.25})
+        assert len(curves.trace("loss").x) == 3  # recorded, not yet sent
+
+        curves.widget._handle_custom_msg({"type": "sync"}, [])  # what a view that opened late asks
+        assert sent[3] == {loss: (0, [1.0, 2.0, 3.0, 4.0], pytest.approx([1.0, 0.5, 1 / 3, 0.25])),
+                           kl: (0, [1.0, 2.0, 3.0], pytest.approx([0.1, 0.2, 0.3])), "sync": True}
+        curves.flush()
+        assert len(sent) == 4  # the sync carried the pending point: nothing left to send
+    finally:
+        curves.close()
+
+
+def test_a_thinned_trace_is_sent_whole_and_the_views_hold_what_the_kernel_holds() -> None:
+    curves = Curves(interval=0, max_points=8)
+    sent = _sent(curves)
+    loss = curves.data._index["loss"]
+    try:
+        held: list[float] = []  # what a view holds, replaying the messages as curves.js does
+        for s in range(1, 40):
+            curves.observe("step", {"step": s, "loss": 1.0 / s})
+            curves.flush()
+            start, x, _ = sent[-1][loss]
+            assert start in (0, len(held)), (s, start, len(held))  # appends at the end, or replaces
+            held = held[:start] + x
+        assert any(m[loss][0] == 0 for m in sent[1:])  # thinned at least once, and then sent whole
+        assert held == list(curves.data.traces[loss].x.view()) == list(curves.trace("loss").x)
+        assert len(held) <= 8 and held[-1] == 39
     finally:
         curves.close()
 
@@ -143,16 +182,24 @@ async def test_band_and_markers_for_hot_changes_and_failures() -> None:
         store.event("replica", step=5, service="generator", replica=1, old="recovering", new="healthy",
                     reason="ready")  # a recovery is not a failure: no marker
         assert await _until(lambda: len(curves.trace("mark:failure").x) == 1)
-        upper, lower = curves.trace("reward/max"), curves.trace("reward/min")
-        assert lower.fill == "tonexty" and curves.figure.data.index(upper) + 1 == curves.figure.data.index(lower)
-        assert list(upper.y)[-1] == pytest.approx(1.0) and list(lower.y)[-1] == pytest.approx(0.0)
+        styles = {t["key"]: t for t in curves.widget.traces}
+        assert styles["reward/max"]["kind"] == "upper" and styles["reward/min"]["kind"] == "lower"
+        assert styles["reward/format"]["dash"] and styles["reward/mean"]["width"] > styles["loss"]["width"]
+        assert list(curves.trace("reward/max").y)[-1] == pytest.approx(1.0)
+        assert list(curves.trace("reward/min").y)[-1] == pytest.approx(0.0)
         sets = curves.trace("mark:set")
         assert list(sets.x) == [4] and "lr=3e-06" in sets.text[0]
         failure = curves.trace("mark:failure")
         assert list(failure.x) == [5] and "generator[1] healthy -> recovering" in failure.text[0]
-        lines = {(s.x0, s.line.color) for s in curves.figure.layout.shapes}
+
+        figure = curves.plotly()  # the same curves in plotly, to zoom and export
+        names = [t.name for t in figure.data]
+        upper, lower = figure.data[names.index("reward max")], figure.data[names.index("reward min..max")]
+        assert lower.fill == "tonexty" and figure.data.index(upper) + 1 == figure.data.index(lower)
+        assert list(figure.data[names.index("reward mean")].x) == [1, 2, 3, 4, 5]
+        lines = {(s.x0, s.line.color) for s in figure.layout.shapes}
         assert (4, "#7b1fa2") in lines and (5, "#d62728") in lines
-        assert len(curves.figure.layout.shapes) == 2 * 9  # a line per marked event in each panel
+        assert len(figure.layout.shapes) == 2 * 9  # a line per marked event in each panel
     finally:
         curves.close()
 
