@@ -12,7 +12,7 @@ buffer state each block started from swung its rate 1-7 steps/s, which hid a few
 Reported:
 
 - latency p50/p95: per drawn row, from ``MetricsStore.record`` (the row's time) to the end of the
-  flush that put it in the FigureWidget (``Dashboard.curves.lags_ms``);
+  flush that sent it to the curves widget (``Dashboard.curves.lags_ms``);
 - throughput: training steps per second in the "on" windows against the "off" windows. Each window's
   rate runs from its first step to its last (a count of whole steps over the window rounds by one
   step in 40-80, 1.25-2.5%). Each "on" window is paired with the "off" window beside it, and the
