@@ -162,8 +162,8 @@ class ControlMagics(Magics):
         try:
             from forge_nb.widgets import dashboard
         except ImportError as e:
-            raise UsageError(f"the dashboard is not installed ({e}); it needs forge_nb.widgets with ipywidgets "
-                             "and plotly (pip install 'forge-nb[notebook]')") from None
+            raise UsageError(f"the dashboard is not installed ({e}); it needs forge_nb.widgets with ipywidgets, "
+                             "anywidget and plotly (pip install 'forge-nb[notebook]')") from None
         display(dashboard(run))
 
     @line_magic
