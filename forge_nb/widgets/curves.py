@@ -111,8 +111,7 @@ class Curves:
             t = self.data.traces[i]
             if t.kind == "mark":  # drawn from the marks trait
                 continue
-            halvings, sent = self._sent.get(i, (t.halvings, 0))
-            start = 0 if sync or halvings != t.halvings else sent
+            start = 0 if sync else self._held(i)
             x, y = t.x.view()[start:], t.y.view()[start:]
             if start and not len(x):  # already sent (by a sync since it changed)
                 continue
@@ -153,10 +152,13 @@ class Curves:
         i = self.data._index.get(key)
         if i is None:
             raise KeyError(f"no trace for {key!r}; traces: {[t.key for t in self.data.traces]}")
-        t = self.data.traces[i]
-        halvings, sent = self._sent.get(i, (t.halvings, 0))
-        n = sent if halvings == t.halvings else 0
+        t, n = self.data.traces[i], self._held(i)
         return Drawn(t.x.view()[:n].copy(), t.y.view()[:n].copy())
+
+    def _held(self, i: int) -> int:
+        """How many of trace ``i``'s points the views hold: none once it was thinned since they got it."""
+        halvings, sent = self._sent.get(i, (self.data.traces[i].halvings, 0))
+        return sent if halvings == self.data.traces[i].halvings else 0
 
     def plotly(self) -> Any:
         """A plotly FigureWidget of the curves so far (zoom, hover, export); it does not update."""
