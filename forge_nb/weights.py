@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import mmap
 import os
 import socket
@@ -41,6 +42,8 @@ from typing import Any
 import torch
 
 from forge_nb import runtime
+
+logger = logging.getLogger(__name__)
 
 PREFIX = "policy"
 SHM_MANIFEST = "__shm__"
@@ -219,9 +222,15 @@ def _write_shm(state_dict: dict[str, torch.Tensor], version: int, dtype: torch.d
         buffer = _writer_maps.get(inode)
         if buffer is None:
             buffer = _writer_maps[inode] = _map(fd, size, mmap.MAP_SHARED)
+        if any(t.is_cuda for t in state_dict.values()):
+            _pin_for_cuda(buffer, read_only=False)
         for (_, stored, _, start, nbytes), tensor in zip(entries, state_dict.values(), strict=True):
             # one pass per tensor: from any device and dtype straight into the file's pages
-            buffer[start : start + nbytes].view(getattr(torch, stored)).copy_(tensor.detach().reshape(-1))
+            source = tensor.detach().reshape(-1)
+            if source.is_cuda and source.dtype != getattr(torch, stored):
+                # convert on the GPU, then one DMA: a mixed copy would bring float32 over and convert on the CPU
+                source = source.to(getattr(torch, stored))
+            buffer[start : start + nbytes].view(getattr(torch, stored)).copy_(source)
         fcntl.flock(fd, fcntl.LOCK_UN)  # a reused spare was locked; readers may lock it from now on
         os.replace(tmp, path)
     finally:
@@ -243,8 +252,69 @@ def _forget_gone(maps: dict[int, Any], paths: Any) -> None:
             alive.add(path.stat().st_ino)
     for inode in [i for i in maps if i not in alive]:
         entry = maps.pop(inode)
+        _unpin(entry[1] if isinstance(entry, tuple) else entry)
         if isinstance(entry, tuple):
             os.close(entry[0])
+
+
+# -- page-locking the mappings for copies to and from a GPU -------------------------------------------
+# A copy between a GPU and pageable memory is staged by the driver through a small pinned buffer; once
+# the mapping itself is registered (cudaHostRegister), the copy is one DMA at the host link's speed.
+# Registration costs a pass over the pages, so it is done once per kept mapping, and only in processes
+# that already use CUDA. FORGE_NB_PIN_SHM=0 turns it off (bench/weight_sync.py --device cuda compares).
+_pinned: set[int] = set()  # data pointers of mappings registered with CUDA
+
+
+def _pin_for_cuda(buffer: torch.Tensor, read_only: bool) -> bool:
+    """Register ``buffer`` (a whole mapping) with CUDA; False where it is not (off, no CUDA in use, or
+    refused: then copies still work, through the driver's staging buffer)."""
+    ptr = buffer.data_ptr()
+    if ptr in _pinned:
+        return True
+    if os.environ.get("FORGE_NB_PIN_SHM", "1") == "0" or not torch.cuda.is_initialized():
+        return False
+    if not _on_tmpfs(shm_root()):  # CUDA refuses writable mappings of files on disk (seen on an H100)
+        return False
+    cudart = torch.cuda.cudart()
+    flags = 0x8 if read_only else 0x0  # cudaHostRegisterReadOnly: a reader's mapping is PROT_READ
+    error = int(cudart.cudaHostRegister(ptr, buffer.numel(), flags))
+    if error:
+        _clear_cuda_error()
+        logger.info("shared-memory weights are not page-locked for CUDA (cudaError %d); copies are staged", error)
+        return False
+    _pinned.add(ptr)
+    return True
+
+
+def _on_tmpfs(path: Path) -> bool:
+    """Whether ``path`` lies on a tmpfs mount (the longest mount point that holds it)."""
+    best, fstype = "", ""
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            point, kind = line.split()[1:3]
+            if f"{path}/".startswith(point.rstrip("/") + "/") and len(point) > len(best):
+                best, fstype = point, kind
+    return fstype == "tmpfs"
+
+
+def _unpin(buffer: torch.Tensor) -> None:
+    """Unregister a mapping before it is unmapped (a no-op for one that was never registered)."""
+    ptr = buffer.data_ptr()
+    if ptr in _pinned:
+        _pinned.discard(ptr)
+        torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
+def _clear_cuda_error() -> None:
+    """Reset the CUDA runtime's last error after a refused registration: torch checks it after every
+    kernel launch and would report it as that kernel's ("CUDA error: invalid argument")."""
+    import ctypes
+
+    with open("/proc/self/maps") as maps:  # the libcudart torch loaded (dlopen again: the same library)
+        loaded = {line.split()[-1] for line in maps if "libcudart.so" in line}
+    for path in sorted(loaded):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(path).cudaGetLastError()
 
 
 def _take_spare(size: int, tmp: Path) -> int | None:
@@ -292,7 +362,9 @@ class LoadedVersion:
         path = Path(self.manifest["path"])
         inode = path.stat().st_ino  # FileNotFoundError: dropped
         if inode in _reader_maps and os.fstat(_reader_maps[inode][0]).st_nlink == 0:
-            os.close(_reader_maps.pop(inode)[0])  # a deleted file whose inode number came back
+            stale_fd, stale = _reader_maps.pop(inode)  # a deleted file whose inode number came back
+            _unpin(stale)
+            os.close(stale_fd)
         if inode not in _reader_maps:
             _forget_gone(_reader_maps, path.parent.iterdir())
             fd = os.open(path, os.O_RDONLY)
@@ -305,6 +377,7 @@ class LoadedVersion:
                 warnings.filterwarnings("ignore", message="The given buffer is not writable")
                 _reader_maps[inode] = (fd, torch.frombuffer(view, dtype=torch.uint8))
         fd, buffer = _reader_maps[inode]
+        _pin_for_cuda(buffer, read_only=True)
         _lock_shared(fd, path)  # until __exit__: the writer will not reuse this file meanwhile
         self._locked = fd
         return _views(buffer, self.manifest)

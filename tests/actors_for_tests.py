@@ -132,6 +132,19 @@ class WeightsReader(Actor):
         return sums, len(weights._reader_maps)
 
     @endpoint
+    async def checksums_on_gpu(self, version: int) -> tuple[dict[str, float], int]:
+        """Copy ``version`` into GPU tensors as a GPU generator does; the checksums, and how many of this
+        process's mappings are page-locked for CUDA."""
+        import torch
+
+        from forge_nb import weights
+
+        torch.cuda.init()
+        with await weights.open_version(version) as state_dict:
+            on_gpu = {k: v.to("cuda") for k, v in state_dict.items()}
+        return {k: float(v.float().sum()) for k, v in on_gpu.items()}, len(weights._pinned)
+
+    @endpoint
     async def hold(self, version: int) -> None:
         """Load ``version`` and keep its views alive, as a slow consumer would."""
         from forge_nb import weights

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import uuid
+from pathlib import Path
 
 import pytest
 import torch
@@ -97,6 +100,43 @@ async def test_open_version_reads_every_version_through_one_kept_mapping(store, 
         assert _checksums(state_dict) == _checksums(_state(2.0))
     with pytest.raises(KeyError, match="version 2 is not in torchstore"):
         await weights.open_version(2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+async def test_gpu_to_gpu_through_page_locked_mappings(runtime, monkeypatch):
+    from tests.actors_for_tests import WeightsReader
+
+    shm = Path("/dev/shm") / f"forge_nb-test-{uuid.uuid4().hex[:8]}"  # tmpfs, as in a run: pinnable pages
+    monkeypatch.setenv("FORGE_NB_SHM_DIR", str(shm))
+    await weights.initialize_store()
+    try:
+        mesh = await runtime.spawn_mesh("gpu-reader", env={"CUDA_VISIBLE_DEVICES": "0"})
+        reader = mesh.spawn("reader", WeightsReader)
+        for version in (1, 2):  # the second push reuses the first's file, and both sides' registrations
+            state = {k: v.cuda() for k, v in _state(float(version)).items()}
+            await weights.push_state_dict(state, version, transport="shm", dtype=torch.bfloat16)
+            assert len(weights._pinned) == 1  # the writer's mapping
+            expected = _checksums({k: v.to(torch.bfloat16) for k, v in _state(float(version)).items()})
+            assert await reader.checksums_on_gpu.call_one(version) == (expected, 1)
+            await weights.drop_version(version)
+    finally:
+        await weights.shutdown_store()
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+async def test_gpu_weights_through_a_folder_on_disk_are_copied_unpinned_and_cuda_keeps_working(store, runtime):
+    from tests.actors_for_tests import WeightsReader
+
+    # the store fixture's folder is under tmp_path, on disk: CUDA refuses to page-lock such mappings
+    mesh = await runtime.spawn_mesh("gpu-reader", env={"CUDA_VISIBLE_DEVICES": "0"})
+    reader = mesh.spawn("reader", WeightsReader)
+    await weights.push_state_dict({k: v.cuda() for k, v in _state(3.0).items()}, 1, transport="shm")
+    assert weights._pinned == set()
+    assert float((torch.ones(4, device="cuda") * 2).sum()) == 8.0  # no CUDA error left behind
+    assert await reader.checksums_on_gpu.call_one(1) == (_checksums(_state(3.0)), 0)
 
 
 @pytest.mark.parametrize("transport", ["shm", "torchstore"])
