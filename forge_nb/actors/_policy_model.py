@@ -127,10 +127,11 @@ class PolicyModel:
         )
         return out.logits
 
-    def hf_state_dict(self, copy: bool = True) -> dict[str, torch.Tensor]:
+    def hf_state_dict(self, copy: bool = True, cpu: bool = True) -> dict[str, torch.Tensor]:
         """Whole HF-named weights on the CPU. Collective when sharded: every rank must call it; rank 0 gets
         the weights, the others an empty dict. ``copy=False`` may return the live parameters themselves
-        (read them before the next optimizer step)."""
+        (read them before the next optimizer step); with ``cpu=False`` too, an unsharded model's stay on
+        its device (a push converts them there and copies them out once)."""
         if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -138,7 +139,8 @@ class PolicyModel:
                 self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
             )
         else:
-            state = {k: v.detach().to("cpu", copy=copy) for k, v in self.module.state_dict().items()}
+            device = "cpu" if cpu else self.device
+            state = {k: v.detach().to(device, copy=copy) for k, v in self.module.state_dict().items()}
         if self._titan is not None and state:
             state = self._titan.to_hf(state)
         return state

@@ -211,7 +211,7 @@ class RLTrainer(ForgeActor):
 
         start = time.perf_counter()
         dtype = self.train_cfg.torch_dtype
-        state = self._policy().hf_state_dict(copy=False)  # converted to `dtype` as it is written
+        state = self._policy().hf_state_dict(copy=False, cpu=False)  # converted to `dtype` as it is written
         size = sum(t.numel() * stored_dtype(t, dtype).itemsize for t in state.values())
         if self.rank == 0:
             await push_state_dict(state, version, dtype=dtype)
