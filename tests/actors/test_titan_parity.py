@@ -17,7 +17,8 @@ from forge_nb.models import build_tiny_model
 
 pytestmark = pytest.mark.timeout(180)
 
-pytest.importorskip("torchtitan.models.qwen3", reason="torchtitan 0.3 needs torch >= 2.13")
+# ImportError too: on an older torch (the lent GPU's 2.11) torchtitan is there but its qwen3 does not import.
+pytest.importorskip("torchtitan.models.qwen3", reason="torchtitan 0.3 needs torch >= 2.13", exc_type=ImportError)
 
 SHAPE = (3, 16)
 
