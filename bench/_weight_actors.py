@@ -21,9 +21,15 @@ def make_state_dict(mb: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, t
     return out
 
 
+def _sync(device: str) -> None:
+    if device != "cpu":
+        torch.cuda.synchronize(device)
+
+
 class Pusher(Actor):
-    def __init__(self, mb: int):
-        self.state = make_state_dict(mb)
+    def __init__(self, mb: int, device: str = "cpu"):
+        self.device = device
+        self.state = {k: v.to(device) for k, v in make_state_dict(mb).items()}
 
     @endpoint
     async def nbytes(self) -> int:
@@ -35,16 +41,21 @@ class Pusher(Actor):
 
         start = time.perf_counter()
         await weights.push_state_dict(self.state, version, transport=transport)
+        _sync(self.device)
         return time.perf_counter() - start
 
 
 class Loader(Actor):
     """Loads a version and copies it into its own parameters, as a generator's weight reload does.
 
-    ``threads``: the loaders split the host's cores, as vLLM's CPU workers do (one core each here)."""
+    ``threads``: the loaders split the host's cores, as vLLM's CPU workers do (one core each here).
+    ``device``: where its parameters live ("cuda:0" for a GPU generator)."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, device: str = "cpu") -> None:
         torch.set_num_threads(threads)
+        self.device = device
+        if device != "cpu":
+            torch.cuda.init()  # as a GPU generator has: the weights path pins its mappings only then
         self.params: dict[str, torch.Tensor] = {}
 
     @endpoint
@@ -55,6 +66,7 @@ class Loader(Actor):
         with await weights.open_version(version) as incoming:  # the generator's path
             for name, tensor in incoming.items():
                 if name not in self.params:
-                    self.params[name] = torch.empty_like(tensor)
+                    self.params[name] = torch.empty_like(tensor, device=self.device)
                 self.params[name].copy_(tensor)
+            _sync(self.device)
         return time.perf_counter() - start
