@@ -1,7 +1,7 @@
 """CurveData: the training curves as plain per-trace arrays, and the plotly figure that draws them.
 
-One model serves every view (the notebook dashboard's canvas in curves.py, the panel app's plotly
-pane, and ``Curves.plotly()``): rows and events from the metrics store go in, the model appends to
+One model serves every view (the canvas in curves.py, in the notebook dashboard and in the panel app,
+and ``Curves.plotly()``): rows and events from the metrics store go in, the model appends to
 per-trace columns and remembers which traces changed, and a view takes only those. Trace order in
 the model is the trace order in a figure; traces for reward functions seen later go at the end.
 
@@ -235,36 +235,8 @@ class CurveData:
                                    line=dict(color=MARKS[kind][1], width=1, dash="dot"), layer="below"))
         return shapes
 
-    def apply(self, fig: Any) -> list[float]:
-        """Copy what changed since the last call into ``fig``; returns the rows' record times."""
-        new, dirty, marks_dirty, times = self.take()
-        for i in new:
-            self.add_trace(fig, i)
-        changed = [i for i in dirty if i not in new]
-        lines = [i for i in changed if self.traces[i].kind != "mark"]
-        marks = [i for i in changed if self.traces[i].kind == "mark"]
-        for group, keys in ((lines, ("x", "y")), (marks, ("x", "y", "text"))):
-            if group:
-                arrays = [self.arrays(i) for i in group]
-                restyle(fig, {k: [a[k] for a in arrays] for k in keys}, group)
-        if marks_dirty:
-            fig.layout.shapes = self.shapes(fig)
-        return times
-
     def last_values(self) -> dict[str, tuple[float, float]]:
         """metric -> (step, last value), for the plain HTML view."""
         return {t.key: (float(t.x.view()[-1]), float(t.y.view()[-1])) for t in self.traces
                 if t.kind != "mark" and len(t.x)}
 
-
-def restyle(fig: Any, data: dict[str, list[Any]], traces: list[int]) -> None:
-    """Put ``data`` (property -> one value per trace) into ``traces`` of ``fig``, a plain ``go.Figure``
-    that a panel pane sends on.
-
-    ``fig.plotly_restyle`` validates and compares every old array with its new one (1.2-2.8 ms per flush
-    at 1,000-1,800 points, measured in a kernel). The arrays here are float64 views owned by CurveData,
-    valid by construction, so they go into the figure's trace dicts as they are.
-    """
-    for key, values in data.items():
-        for i, value in zip(traces, values, strict=True):
-            fig._data[i][key] = value

@@ -6,6 +6,10 @@
 // screen (bench/RESULTS.md). This view gets only the new points, never replies to an update, redraws
 // at most once per redraw_interval (0.5 s), and only while it is on screen.
 //
+// Two hosts run this module: anywidget in JupyterLab (CurvesView), and panel's JSComponent in the panel
+// app (PanelCurves, forge_nb/widgets/panel_app.py). `adapt` gives the second the first's model API;
+// panel has no binary buffers, so there the float64 values come base64-encoded in msg.b64.
+//
 // Kernel -> page, one custom message per flush:
 //   {type: "points", traces: [[index, start, count], ...], sync: bool} and one float64 buffer holding,
 //   trace after trace, its `count` x values and then its `count` y values. start 0 replaces the trace's
@@ -38,6 +42,23 @@ function append(s, xs, ys) {
   s.x.set(xs, s.n);
   s.y.set(ys, s.n);
   s.n = need;
+}
+
+function adapt(model) {
+  // panel's JSComponent model: attributes instead of get(), send_msg() instead of send(); its on/off
+  // take anywidget's "change:<name>" and "msg:custom" names as they are.
+  if (typeof model.send_msg !== "function") return model;
+  return {
+    get: name => model[name],
+    send: content => model.send_msg(content),
+    on: (event, cb) => model.on(event, cb),
+    off: (event, cb) => model.off(event, cb),
+  };
+}
+
+function decode(b64) {
+  const bytes = Uint8Array.from(atob(b64), c => c.charCodeAt(0));
+  return new Float64Array(bytes.buffer);
 }
 
 function float64(view) {
@@ -93,7 +114,8 @@ function boxes(panels, width, height) {
   });
 }
 
-function render({ model, el }) {
+function render({ model: host, el }) {
+  const model = adapt(host);
   el.classList.add("forge-curves");
   const canvas = document.createElement("canvas");
   canvas.style.display = "block";
@@ -130,7 +152,7 @@ function render({ model, el }) {
     if (msg.type !== "points") return;
     stats.messages++;
     if (msg.sync) syncing = false;
-    const values = float64(buffers[0]);
+    const values = buffers && buffers.length ? float64(buffers[0]) : decode(msg.b64 || "");
     let at = 0, gap = false;
     for (const [i, start, count] of msg.traces) {
       const xs = values.subarray(at, at + count), ys = values.subarray(at + count, at + 2 * count);

@@ -25,6 +25,8 @@ dashboard's latency, which bench/dashboard.py reports).
 from __future__ import annotations
 
 import asyncio
+import base64
+import functools
 import pathlib
 import time
 from collections import deque
@@ -38,13 +40,14 @@ import traitlets
 from forge_nb.widgets._series import MARKS, PANELS, CurveData, Row, Trace
 from forge_nb.widgets._throttle import Throttle
 
+CURVES_JS = pathlib.Path(__file__).with_name("curves.js")  #: the page half, in both hosts
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
 class CurvesView(anywidget.AnyWidget):
     """The page half: ``curves.js`` draws the points it is sent; the traits describe what to draw."""
 
-    _esm = pathlib.Path(__file__).with_name("curves.js")
+    _esm = CURVES_JS
     panels = traitlets.List().tag(sync=True)  #: [{title, row, col}]
     traces = traitlets.List().tag(sync=True)  #: [{key, panel, kind, name, color, width, dash}]
     marks = traitlets.List().tag(sync=True)  #: [[step, "set" | "failure", label]]
@@ -53,6 +56,43 @@ class CurvesView(anywidget.AnyWidget):
     #: seconds between redraws for new points: the page keeps every point it is sent, and draws them
     #: at most this often (hovering and resizing draw at once)
     redraw_interval = traitlets.Float(0.5).tag(sync=True)
+
+
+@functools.cache
+def panel_curves_view() -> type:
+    """``PanelCurves``: ``curves.js`` as a panel ``JSComponent`` (made on first use, as panel is imported
+    lazily). It offers what :class:`Curves` uses of a ``CurvesView``: the traits as params (``height`` is
+    the component's own), ``send(content, buffers)``, whose float64 buffer travels base64-encoded since
+    panel's messages are JSON, and ``on_msg(callback(widget, content, buffers))`` for the page's
+    ``{"type": "sync"}``."""
+    import param
+    from panel.custom import JSComponent
+
+    class PanelCurves(JSComponent):
+        _esm = CURVES_JS
+        panels = param.List(default=[])
+        traces = param.List(default=[])
+        marks = param.List(default=[])
+        mark_styles = param.Dict(default={})
+        redraw_interval = param.Number(default=0.5)
+
+        def __init__(self, **params: Any) -> None:
+            super().__init__(**params)
+            self._requests: list[Any] = []
+
+        def send(self, content: dict[str, Any], buffers: list[Any] | None = None) -> None:
+            if buffers:
+                content = {**content, "b64": base64.b64encode(bytes(buffers[0])).decode("ascii")}
+            self._send_msg(content)
+
+        def on_msg(self, callback: Any) -> None:  # type: ignore[override]  # anywidget's signature
+            self._requests.append(callback)
+
+        def _handle_msg(self, data: Any) -> None:
+            for callback in self._requests:
+                callback(self, data, [])
+
+    return PanelCurves
 
 
 class Drawn(NamedTuple):
@@ -67,14 +107,18 @@ class Curves:
     """The run's curves; ``observe`` is the metrics-store observer, ``widget`` the view to display."""
 
     def __init__(self, interval: float = 0.25, loop: asyncio.AbstractEventLoop | None = None,
-                 on_error: Callable[[BaseException], None] | None = None, max_points: int = 5_000):
+                 on_error: Callable[[BaseException], None] | None = None, max_points: int = 5_000,
+                 view: Any = None):
+        """``view``: the page half to feed; a :class:`CurvesView` by default. The panel app passes its
+        ``PanelCurves`` (:func:`panel_curves_view`), which has the same traits, ``send`` and ``on_msg``."""
         self.data = CurveData(max_points=max_points)
-        self.widget = CurvesView(
-            panels=[{"title": p.title, "row": p.row, "col": p.col} for p in PANELS],
-            traces=self._styles(), mark_styles={kind: {"name": name, "color": color, "symbol": symbol, "y": y}
-                                                for kind, (name, color, symbol, y) in MARKS.items()})
+        self.widget = view if view is not None else CurvesView()
+        self.widget.panels = [{"title": p.title, "row": p.row, "col": p.col} for p in PANELS]
+        self.widget.traces = self._styles()
+        self.widget.mark_styles = {kind: {"name": name, "color": color, "symbol": symbol, "y": y}
+                                   for kind, (name, color, symbol, y) in MARKS.items()}
         self.widget.on_msg(self._on_msg)
-        self.throttle = Throttle(self._draw, interval=interval, loop=loop, on_error=on_error)
+        self.throttle = Throttle(self.draw, interval=interval, loop=loop, on_error=on_error)
         self._on_error = on_error
         self._sent: dict[int, tuple[int, int]] = {}  # trace -> (its halvings, points) when last sent
         self.messages = 0  #: point messages sent (tests and the benchmark read it)
@@ -93,7 +137,8 @@ class Curves:
         """Send whatever is pending now (tests, scripts without an event loop)."""
         self.throttle.flush()
 
-    def _draw(self) -> None:
+    def draw(self) -> None:
+        """Send what changed since the last call: the throttle's flush (the panel app calls it from its tick)."""
         new, dirty, marks_dirty, times = self.data.take()
         if new:
             self.widget.traces = self._styles()

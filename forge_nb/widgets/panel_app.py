@@ -1,12 +1,13 @@
 """The dashboard as a panel app: inline (``panel_app(run)``) or served on 127.0.0.1 (``serve(run)``).
 
 Same parts as the ipywidgets dashboard (status and controls, replica health, curves, episodes) built
-from the same pieces (:class:`CurveData`, ``render_health``, ``render_episodes``), with panel widgets
-and a plotly pane. Served, each browser session runs on the server's thread while the Run lives on
-the kernel's event loop, so the two meet only through thread-safe hand-offs:
+from the same pieces (:class:`Curves` and its ``curves.js`` canvas, ``render_health``,
+``render_episodes``), with panel widgets. Served, each browser session runs on the server's thread
+while the Run lives on the kernel's event loop, so the two meet only through thread-safe hand-offs:
 
 - the metrics observer (kernel thread) only appends to a deque; the session's periodic callback
-  (every 0.25 s, so updates are throttled by construction) drains it into the figure;
+  (every 0.25 s, so updates are throttled by construction) drains it into the curves, which send the
+  page only the new points (a new page asks for the rest once, as in the notebook);
 - status, hyperparameters and episodes are read *on the kernel loop* (``call_soon_threadsafe``) into
   a snapshot that the next tick renders: a busy kernel delays the grid, never blocks the server;
 - buttons call the run's methods on the kernel loop (:class:`LoopCaller`), awaiting coroutines there.
@@ -25,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from forge_nb.widgets._calls import LoopCaller, kernel_loop
-from forge_nb.widgets._series import CurveData
 from forge_nb.widgets.controls import ACTIONS, read_hparams, render_status, run_summary
+from forge_nb.widgets.curves import Curves, panel_curves_view
 from forge_nb.widgets.explorer import _bound, render_compare, render_episodes
 from forge_nb.widgets.health import render_health, snapshot
 
@@ -36,7 +37,6 @@ class PanelDashboard:
 
     def __init__(self, run: Any, loop: Any = None, interval: float = 0.25):
         import panel as pn
-        import plotly.graph_objects as go
 
         self.run = run
         self.loop = loop
@@ -48,8 +48,6 @@ class PanelDashboard:
         self._hparams: dict[str, Any] = {}
         self._pool: list[dict[str, Any]] = []
         self._closed = False
-        self.data = CurveData()
-        self.figure = self.data.build(go.Figure())
 
         self.status = pn.pane.HTML(render_status(run_summary(run)), css_classes=["forge-run-status"])
         self.buttons = {a: pn.widgets.Button(label=a, css_classes=[f"forge-{a}"], width=80) for a in ACTIONS}
@@ -61,10 +59,10 @@ class PanelDashboard:
         self.apply.on_click(lambda _: self._apply())
         self.hparams_row = pn.Row()
         self.health = pn.pane.HTML(render_health({}, None), sizing_mode="stretch_width")
-        # link_figure=False: the pane neither patches the figure's restyle stubs nor applies the
-        # browser's plotly_restyle echoes back to it. With them linked, every restyle came back from
-        # the browser (whole arrays, as JSON) and re-applied an older state: the curve went backwards.
-        self.plot = pn.pane.Plotly(self.figure, link_figure=False, sizing_mode="stretch_width", height=1000)
+        # The notebook's canvas curves; plotly cost the browser ~40% of two cores (bench/RESULTS.md).
+        self.curves = Curves(view=panel_curves_view()(height=760, sizing_mode="stretch_width"),
+                             on_error=lambda e: self._report("curves", e))
+        self.plot = self.curves.widget
         self.version = pn.widgets.Select(label="version", options={"all": None}, width=120)
         self.min_reward = pn.widgets.TextInput(label="min reward", width=100)
         self.max_reward = pn.widgets.TextInput(label="max reward", width=100)
@@ -152,15 +150,12 @@ class PanelDashboard:
             kind, row = self._queue.popleft()
             try:  # one malformed row is reported and skipped; the rest are still drawn
                 if kind == "step":
-                    self.data.add_row(row)
+                    self.curves.data.add_row(row)
                 elif kind == "event":
-                    self.data.add_event(row)
+                    self.curves.data.add_event(row)
             except Exception as e:
                 self._report(f"metrics {kind}", e)
-        # The pane diffs each trace's arrays against what the browser holds and sends only the
-        # changed ones, as binary column data; the plot keeps its zoom (uirevision).
-        self.data.apply(self.figure)
-        self.plot.param.trigger("object")
+        self.curves.draw()  # the new points, one message
 
     def _render(self) -> None:
         latest, self._latest = self._latest, None
@@ -227,7 +222,7 @@ def panel_app(run: Any, loop: Any = None) -> Any:
     """The dashboard as a panel object (display it in a cell, or serve it); ``.dashboard`` is its view."""
     import panel as pn
 
-    pn.extension("plotly")
+    pn.extension()
     view = PanelDashboard(run, loop=loop or kernel_loop())
     view.layout.dashboard = view  # type: ignore[attr-defined]
     return view.layout

@@ -258,15 +258,14 @@ def test_panel_app_shows_the_grid_and_a_growing_curve(lab: Lab) -> None:
             app.wait_for_selector(f"tr[data-replica='{replica}']", timeout=120_000)  # pierces shadow roots
         app.get_by_role("button", name="resume").click()  # the lab test paused the run
         app.wait_for_selector(".forge-run-status[data-state='running']", timeout=60_000)
-        plot = app.locator(".js-plotly-plot").first
-        plot.wait_for(timeout=60_000)
+        curves = app.locator(".forge-curves").first  # the notebook's canvas, in panel's shadow DOM
+        curves.wait_for(timeout=60_000)
 
         def count() -> int:
-            return plot.evaluate("p => { const t = (p.data || []).find(d => d.name === 'reward mean');"
-                                 " return t && t.x ? t.x.length : -1; }")
+            return curves.evaluate("el => el.forgeCurves ? el.forgeCurves.points('reward/mean') : -1")
 
-        # Sampled every 0.5 s: the curve must grow and never go back (the pane once re-applied the
-        # browser's stale restyle echoes, so the point count jumped backwards).
+        # Sampled every 0.5 s: the curve must hold the history from before the page opened (one sync),
+        # then grow and never go back.
         seen = [count()]
         deadline = time.monotonic() + 90
         while (len(seen) < 20 or seen[-1] <= max(seen[0], 0)) and time.monotonic() < deadline:
@@ -275,5 +274,7 @@ def test_panel_app_shows_the_grid_and_a_growing_curve(lab: Lab) -> None:
         lab.shot("panel-app", app)
         assert seen[-1] > max(seen[0], 0), f"the panel curve did not grow (points: {seen})"
         assert seen == sorted(seen), f"the panel curve went backwards (points: {seen})"
+        stats = curves.evaluate("el => el.forgeCurves.stats")
+        assert stats["syncs"] == 1 and stats["messages"] > 1 and stats["draws"] >= 1, stats
     finally:
         app.close()

@@ -9,9 +9,11 @@ stand-in: a widget that drew the wrong row, or a button that called the wrong me
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import urllib.request
 
+import numpy as np
 import pytest
 import pytest_asyncio
 
@@ -199,14 +201,28 @@ async def test_without_an_event_loop_the_dashboard_says_it_will_not_refresh(run)
     await asyncio.to_thread(build)
 
 
+def _reward_steps(message: dict, traces: list[dict]) -> tuple[int, list[float]]:
+    """(start, x values) of reward/mean in one points message of the panel app's curves."""
+    values = np.frombuffer(base64.b64decode(message["b64"]), dtype=np.float64)
+    at = 0
+    for i, start, count in message["traces"]:  # each trace's x values, then its y values
+        if traces[i]["key"] == "reward/mean":
+            return start, list(values[at : at + count])
+        at += 2 * count
+    raise AssertionError(f"no reward/mean points in {message['traces']}")
+
+
 async def test_the_inline_panel_app_draws_the_run_and_its_buttons_call_it(run) -> None:
     layout = panel_app(run)
     view = layout.dashboard
     try:
-        reward = next(i for i, t in enumerate(view.data.traces) if t.key == "reward/mean")
-        assert list(view.figure.data[reward].x) == [r["step"] for r in run.metrics.rows]
+        steps = [r["step"] for r in run.metrics.rows]
+        assert list(view.curves.trace("reward/mean").x) == steps
         layout.get_root()  # a bokeh model, as a notebook display makes: what the browser is sent
         (model,) = [m for m, _ in view.plot._models.values()]
+        assert "reward/mean" in [t["key"] for t in model.data.traces]  # the synced styles
+        sent: list[dict] = []
+        view.plot._send_msg = sent.append  # what goes to the page: JSON, the points base64-encoded
         view._request_snapshot()
         view._tick()
         for r in run.policy.replicas:
@@ -224,9 +240,12 @@ async def test_the_inline_panel_app_draws_the_run_and_its_buttons_call_it(run) -
         assert await _until(lambda: run.current_step == at + 1 and run.state == "paused")
         assert run.sampling_overrides["temperature"] == pytest.approx(0.9)
         view._tick()
-        assert list(view.figure.data[reward].x)[-1] == run.current_step
-        sent = model.data_sources[reward].data["x"][0]  # the model's column, updated by the tick
-        assert list(sent) == [r["step"] for r in run.metrics.rows]
+        assert view.curves.trace("reward/mean").x[-1] == run.current_step
+        steps = [r["step"] for r in run.metrics.rows]
+        start, xs = _reward_steps(sent[-1], model.data.traces)
+        assert start > 0 and xs == steps[start:]  # only the new points
+        view.plot._handle_msg({"type": "sync"})  # a page that opens asks for everything
+        assert sent[-1]["sync"] and _reward_steps(sent[-1], model.data.traces) == (0, steps)
         assert any(m.startswith("metrics event: AttributeError") for m in view.errors), view.errors
         view._request_episodes()
         view._tick()
