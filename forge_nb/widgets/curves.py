@@ -8,7 +8,7 @@
 The store calls ``observe`` for every recorded row and event (on the recording thread). That only
 appends to :class:`CurveData` and pokes a :class:`Throttle`; at most ~4 times a second the throttle
 sends the new points of the changed traces as one custom message. The page (``curves.js``) appends
-them, redraws at most every ``redraw_interval`` seconds (0.5) and only while the view is on screen,
+them, redraws at most every ``redraw_interval`` seconds (1) and only while the view is on screen,
 and never answers an update. A view that opens late, or misses a message, asks for everything once
 (``{"type": "sync"}``). The layout, trace styles and event marks are synced traits, which change
 rarely.
@@ -55,7 +55,7 @@ class CurvesView(anywidget.AnyWidget):
     height = traitlets.Int(760).tag(sync=True)  #: pixels
     #: seconds between redraws for new points: the page keeps every point it is sent, and draws them
     #: at most this often (hovering and resizing draw at once)
-    redraw_interval = traitlets.Float(0.5).tag(sync=True)
+    redraw_interval = traitlets.Float(1.0).tag(sync=True)
 
 
 @functools.cache
@@ -74,7 +74,7 @@ def panel_curves_view() -> type:
         traces = param.List(default=[])
         marks = param.List(default=[])
         mark_styles = param.Dict(default={})
-        redraw_interval = param.Number(default=0.5)
+        redraw_interval = param.Number(default=1.0)
 
         def __init__(self, **params: Any) -> None:
             super().__init__(**params)

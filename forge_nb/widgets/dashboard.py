@@ -4,7 +4,7 @@
 
     run.metrics ──observer──> Curves ──Throttle (<= 4/s)──> one message of new points to the canvas
     run.services ──events──> HealthGrid ──Throttle──> HTML table
-         └─────── poll task (every 0.5 s): health, run state and hparams, explorer follow
+         └─────── poll task (every 1 s): health counters, run state and hparams, explorer follow
 
 The dashboard owns one asyncio task, ``forge_nb.dashboard.poll.<run>``, on the kernel's event loop
 (so it keeps running while cells are idle); ``stop()`` cancels it and unsubscribes, ``close()`` also
@@ -35,7 +35,7 @@ _live: dict[int, Dashboard] = {}  # id(run) -> its open dashboard, for dashboard
 class Dashboard:
     """Live dashboard of ``run``; display it (last expression of a cell) or call ``display()``."""
 
-    def __init__(self, run: Any, *, poll_interval: float = 0.5, update_interval: float = 0.25,
+    def __init__(self, run: Any, *, poll_interval: float = 1.0, update_interval: float = 0.25,
                  start: bool = True):
         if not hasattr(run, "metrics") or not hasattr(run.metrics, "subscribe"):
             raise TypeError(f"Dashboard(run): {type(run).__name__} has no .metrics store to subscribe to; "
