@@ -8,9 +8,11 @@ tests' ``Lab``: loopback, no token, Debian's chromium through Playwright), whose
 fixed-CPU-work synthetic run as ``bench/dashboard.py --synthetic --cpu-work`` and display
 ``Dashboard(run)``. It then alternates windows with the dashboard updating (``start()``) and stopped
 (``stop()``: the view stays on the page, nothing is sent), mirrored, and reports steps per second in
-each mode with the CPU of the kernel, the Jupyter server and chromium (every process of each, from
-/proc), and what the page's curves view received and drew. The slowdown is the median of the
-on/off pairs, with a distribution-free 95% interval (``bench.dashboard.median_interval``).
+each mode (from each window's first recorded step to its last, as ``bench/dashboard.py`` does: whole
+steps over a 20 s window would round by 1.2%) with the CPU of the kernel, the Jupyter server and
+chromium (every process of each, from /proc), and what the page's curves view received and drew.
+The slowdown is the median of the on/off pairs, with a distribution-free 95% interval
+(``bench.dashboard.median_interval``).
 
     .venv/bin/python bench/dashboard_browser.py [--pairs P] [--window-s S] [--history N]
 """
@@ -18,6 +20,7 @@ on/off pairs, with a distribution-free 95% interval (``bench.dashboard.median_in
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -29,7 +32,7 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.dashboard import median_interval, proc_cpu_s, schedule  # noqa: E402
+from bench.dashboard import median_interval, proc_cpu_s, schedule, window_rate  # noqa: E402
 
 PAGE_STATS = "() => ({...document.querySelector('.forge-dashboard .forge-curves').forgeCurves.stats})"
 
@@ -74,11 +77,16 @@ def main() -> None:
             time.sleep(args.settle_s)
             cpu0 = {k: cpu_s(m) for k, m in markers.items()}
             page0 = lab.page.evaluate(PAGE_STATS)
-            step0, t0 = int(lab.kernel_eval("print(run.current_step)")), time.monotonic()
+            begin, t0 = float(lab.kernel_eval("import time\nprint(repr(time.time()))")), time.monotonic()
             time.sleep(args.window_s)
-            step1, t1 = int(lab.kernel_eval("print(run.current_step)")), time.monotonic()
+            end, t1 = float(lab.kernel_eval("print(repr(time.time()))")), time.monotonic()
             page1 = lab.page.evaluate(PAGE_STATS)
-            window: dict[str, float | str] = {"mode": mode, "rate": (step1 - step0) / (t1 - t0)}
+            # the rows' record times, read in the kernel: the rate from the window's first step to its last
+            times = json.loads(lab.kernel_eval("import json\nprint(json.dumps([r['time'] for r in run.metrics.rows"
+                                               f" if {begin!r} <= r['time'] < {end!r}]))"))
+            counted = {"steps": len(times), "seconds": end - begin,
+                       "step_times": [times[0], times[-1]] if times else []}
+            window: dict[str, float | str] = {"mode": mode, "rate": window_rate(counted)}
             window.update({k: (cpu_s(m) - cpu0[k]) / (t1 - t0) for k, m in markers.items()})
             window.update({k: (page1[k] - page0[k]) / (t1 - t0) for k in ("messages", "draws")})
             windows.append(window)
