@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import mmap
 import os
@@ -226,11 +227,11 @@ def _write_shm(state_dict: dict[str, torch.Tensor], version: int, dtype: torch.d
             _pin_for_cuda(buffer, read_only=False)
         for (_, stored, _, start, nbytes), tensor in zip(entries, state_dict.values(), strict=True):
             # one pass per tensor: from any device and dtype straight into the file's pages
-            source = tensor.detach().reshape(-1)
-            if source.is_cuda and source.dtype != getattr(torch, stored):
+            target, source = getattr(torch, stored), tensor.detach().reshape(-1)
+            if source.is_cuda and source.dtype != target:
                 # convert on the GPU, then one DMA: a mixed copy would bring float32 over and convert on the CPU
-                source = source.to(getattr(torch, stored))
-            buffer[start : start + nbytes].view(getattr(torch, stored)).copy_(source)
+                source = source.to(target)
+            buffer[start : start + nbytes].view(target).copy_(source)
         fcntl.flock(fd, fcntl.LOCK_UN)  # a reused spare was locked; readers may lock it from now on
         os.replace(tmp, path)
     finally:
@@ -251,10 +252,16 @@ def _forget_gone(maps: dict[int, Any], paths: Any) -> None:
         with contextlib.suppress(FileNotFoundError):
             alive.add(path.stat().st_ino)
     for inode in [i for i in maps if i not in alive]:
-        entry = maps.pop(inode)
-        _unpin(entry[1] if isinstance(entry, tuple) else entry)
-        if isinstance(entry, tuple):
-            os.close(entry[0])
+        _release(maps, inode)
+
+
+def _release(maps: dict[int, Any], inode: int) -> None:
+    """Forget one kept mapping: unregister it from CUDA and close a reader's fd (the lock goes with it)."""
+    entry = maps.pop(inode)
+    fd, buffer = entry if isinstance(entry, tuple) else (None, entry)
+    _unpin(buffer)
+    if fd is not None:
+        os.close(fd)
 
 
 # -- page-locking the mappings for copies to and from a GPU -------------------------------------------
@@ -286,8 +293,9 @@ def _pin_for_cuda(buffer: torch.Tensor, read_only: bool) -> bool:
     return True
 
 
+@functools.cache
 def _on_tmpfs(path: Path) -> bool:
-    """Whether ``path`` lies on a tmpfs mount (the longest mount point that holds it)."""
+    """Whether ``path`` lies on a tmpfs mount (the longest mount point that holds it); read once per path."""
     best, fstype = "", ""
     with open("/proc/self/mounts") as mounts:
         for line in mounts:
@@ -362,9 +370,7 @@ class LoadedVersion:
         path = Path(self.manifest["path"])
         inode = path.stat().st_ino  # FileNotFoundError: dropped
         if inode in _reader_maps and os.fstat(_reader_maps[inode][0]).st_nlink == 0:
-            stale_fd, stale = _reader_maps.pop(inode)  # a deleted file whose inode number came back
-            _unpin(stale)
-            os.close(stale_fd)
+            _release(_reader_maps, inode)  # a deleted file whose inode number came back
         if inode not in _reader_maps:
             _forget_gone(_reader_maps, path.parent.iterdir())
             fd = os.open(path, os.O_RDONLY)
