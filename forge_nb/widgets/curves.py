@@ -41,6 +41,8 @@ from forge_nb.widgets._series import MARKS, PANELS, CurveData, Row, Trace
 from forge_nb.widgets._throttle import Throttle
 
 CURVES_JS = pathlib.Path(__file__).with_name("curves.js")  #: the page half, in both hosts
+#: seconds between the page's redraws for new points, in both hosts (bench/dashboard_browser.py)
+REDRAW_INTERVAL = 1.0
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
@@ -55,7 +57,7 @@ class CurvesView(anywidget.AnyWidget):
     height = traitlets.Int(760).tag(sync=True)  #: pixels
     #: seconds between redraws for new points: the page keeps every point it is sent, and draws them
     #: at most this often (hovering and resizing draw at once)
-    redraw_interval = traitlets.Float(1.0).tag(sync=True)
+    redraw_interval = traitlets.Float(REDRAW_INTERVAL).tag(sync=True)
 
 
 @functools.cache
@@ -74,7 +76,7 @@ def panel_curves_view() -> type:
         traces = param.List(default=[])
         marks = param.List(default=[])
         mark_styles = param.Dict(default={})
-        redraw_interval = param.Number(default=1.0)
+        redraw_interval = param.Number(default=REDRAW_INTERVAL)
 
         def __init__(self, **params: Any) -> None:
             super().__init__(**params)
