@@ -14,6 +14,8 @@ controller: every mesh it spawns is recorded here, so that
 * nothing outlives the kernel. Spawned procs are children of the kernel with PR_SET_PDEATHSIG, so a
   killed kernel takes them along; on a clean exit or restart an ``atexit`` handler kills whatever
   is still running (``stop()`` through monarch needs an event loop that may be gone by then).
+  A program whose exit status matters ends through :func:`end_process`, which skips monarch's own
+  exit-time teardown (it can turn a passing run into exit status 1; see there).
 
 Importing this module has no side effects; :func:`ensure_started` does the work, once.
 
@@ -36,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from forge_nb._monarch_compat import await_maybe
 from forge_nb._procs import kill_groups, kill_pids, pid_alive, start_reaper, stop_reaper
@@ -410,5 +412,27 @@ def _kill_everything() -> None:
     kill_pids(pids, grace=3.0)
     kill_groups([g for m in list(_meshes.values()) for g in m.pgids])
     _meshes.clear()
+
+
+def end_process(status: int) -> NoReturn:
+    """End this process now with exit status ``status``: kill every mesh it still holds, flush the
+    output, and skip Python's exit-time teardown. For programs whose exit status matters (the test
+    runner, scripts); a notebook kernel does not need it.
+
+    Why: monarch 0.7 shuts its client down in an ``atexit`` handler. A controller it keeps in this
+    process (the one behind ``get_or_spawn_controller``, torchstore's) then tells its subscribers that
+    it stopped; a subscriber that was SIGKILLed earlier (a replica that died) can make that notice loop
+    until its TTL expires, and the failure that follows reaches a client that is already gone, so
+    monarch calls ``exit(1)``. Nothing is printed: only monarch's log says "failed to send supervision
+    event to actor ... Crash the process". It happens after the program's work is done, now and then,
+    and turns a passing run into exit status 1.
+    """
+    try:
+        _kill_everything()
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    finally:
+        os._exit(status)
 
 

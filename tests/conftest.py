@@ -42,3 +42,24 @@ async def runtime():
     pids = [p for m in leftovers for p in m.pids]
     await rt.stop_all(timeout=10)
     assert not [p for p in pids if pid_alive(p)], "a test left processes running"
+
+
+# -- ending the test process ---------------------------------------------------------------------------
+# monarch 0.7's exit-time teardown can turn a passing session into exit status 1, printing nothing (see
+# runtime.end_process). So the session ends here, with pytest's own status, once everything pytest
+# does at the end (the summary, the other plugins' unconfigure) is done.
+_session = pytest.StashKey[pytest.Session]()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    session.config.stash[_session] = session
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(_session, None)
+    if session is not None:
+        capture = config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:
+            capture.stop_global_capturing()
+        _runtime.end_process(int(session.exitstatus))

@@ -131,19 +131,25 @@ SCRIPT = textwrap.dedent(
         print("PIDS", *mesh.pids, flush=True)
         if sys.argv[1] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if sys.argv[1] == "end":
+            print("work done")  # not flushed: end_process must flush it
+            runtime.end_process(3)
 
     asyncio.run(main())
     """
 )
 
 
-@pytest.mark.parametrize("how", ["exit", "kill"])
+@pytest.mark.parametrize("how", ["exit", "kill", "end"])
 def test_no_process_outlives_its_controller(tmp_path, how):
     script = tmp_path / "ctl.py"
     script.write_text(SCRIPT)
     out = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=90)
     pids = [int(p) for line in out.stdout.splitlines() if line.startswith("PIDS") for p in line.split()[1:]]
     assert len(pids) == 2, out.stdout + out.stderr
+    if how == "end":  # end_process: the status it was given, the output flushed, the meshes killed
+        assert out.returncode == 3 and out.stdout.rstrip().endswith("work done"), out.stdout + out.stderr
+        assert not [p for p in pids if pid_alive(p)]
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.2)
