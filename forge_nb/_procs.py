@@ -1,12 +1,15 @@
-"""Process helpers for the runtime: is a pid alive (zombies count as dead), kill with a grace period, and a
-reaper that kills a mesh's process groups when the kernel dies."""
+"""Process helpers for the runtime: is a pid alive (zombies count as dead), kill with a grace period, a
+reaper that kills a mesh's process groups when the kernel dies, and removal of what dead processes left
+in folders named by pid."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 
 def stat_fields(pid: int | str) -> list[str]:
@@ -23,6 +26,21 @@ def pid_alive(pid: int) -> bool:
         return stat_fields(pid)[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def remove_left_by_dead(root: Path) -> list[Path]:
+    """Delete the entries of ``root`` named ``<pid>`` or ``<pid>-...`` whose process is gone (files and
+    folders alike): what a killed process could not clean up itself. Returns what was deleted."""
+    removed = []
+    for path in root.iterdir() if root.is_dir() else []:
+        pid = path.name.split("-", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def kill_pids(pids: list[int], grace: float) -> None:

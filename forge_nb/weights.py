@@ -181,15 +181,9 @@ async def drop_version(version: int) -> int:
 
 def remove_orphaned_shm() -> list[str]:
     """Delete shared-memory weight files whose writer process is gone (a killed kernel or trainer)."""
-    from forge_nb._procs import pid_alive
+    from forge_nb._procs import remove_left_by_dead
 
-    removed = []
-    for path in shm_root().iterdir() if shm_root().is_dir() else []:
-        pid = path.name.split("-", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            path.unlink(missing_ok=True)
-            removed.append(str(path))
-    return removed
+    return [str(path) for path in remove_left_by_dead(shm_root())]
 
 
 def stored_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
