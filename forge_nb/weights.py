@@ -264,6 +264,7 @@ def _release(maps: dict[int, Any], inode: int) -> None:
 # Registration costs a pass over the pages, so it is done once per kept mapping, and only in processes
 # that already use CUDA. FORGE_NB_PIN_SHM=0 turns it off (bench/weight_sync.py --device cuda compares).
 _pinned: set[int] = set()  # data pointers of mappings registered with CUDA
+_refused: set[int] = set()  # ... and of those CUDA refused: not asked again while they stay mapped
 
 
 def _pin_for_cuda(buffer: torch.Tensor, read_only: bool) -> bool:
@@ -272,6 +273,8 @@ def _pin_for_cuda(buffer: torch.Tensor, read_only: bool) -> bool:
     ptr = buffer.data_ptr()
     if ptr in _pinned:
         return True
+    if ptr in _refused:
+        return False
     if os.environ.get("FORGE_NB_PIN_SHM", "1") == "0" or not torch.cuda.is_initialized():
         return False
     if not _on_tmpfs(shm_root()):  # CUDA refuses writable mappings of files on disk (seen on an H100)
@@ -280,6 +283,7 @@ def _pin_for_cuda(buffer: torch.Tensor, read_only: bool) -> bool:
     flags = 0x8 if read_only else 0x0  # cudaHostRegisterReadOnly: a reader's mapping is PROT_READ
     error = int(cudart.cudaHostRegister(ptr, buffer.numel(), flags))
     if error:
+        _refused.add(ptr)
         _clear_cuda_error()
         logger.info("shared-memory weights are not page-locked for CUDA (cudaError %d); copies are staged", error)
         return False
@@ -302,6 +306,7 @@ def _on_tmpfs(path: Path) -> bool:
 def _unpin(buffer: torch.Tensor) -> None:
     """Unregister a mapping before it is unmapped (a no-op for one that was never registered)."""
     ptr = buffer.data_ptr()
+    _refused.discard(ptr)
     if ptr in _pinned:
         _pinned.discard(ptr)
         torch.cuda.cudart().cudaHostUnregister(ptr)
