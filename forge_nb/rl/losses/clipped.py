@@ -46,22 +46,11 @@ def clipped_surrogate(
 
 
 @dataclass(kw_only=True)
-class GRPOLoss(PolicyLoss):
-    """GRPO: Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300).
-
-        loss = 1/B sum_i 1/|o_i| sum_t [ -min(r_it A_i, clip(r_it, 1-eps, 1+eps) A_i) + beta k3_it ]
-        k3_it = exp(ref_it - logp_it) - (ref_it - logp_it) - 1
-
-    Defaults match torchforge's `simple_grpo_loss` (beta=0.1, per-sequence token mean): with
-    generator_logprobs=None every ratio is 1 and this is exactly the seed's loss.
-    """
+class _SymmetricClip(PolicyLoss):
+    """The PPO-clip surrogate with one clip range for both sides (GRPO and Dr. GRPO)."""
 
     clip_eps: float = 0.2
     """Symmetric clip range eps of the ratio."""
-    beta: float = 0.1
-    agg: AggMode = "seq-mean-token-mean"
-
-    name: ClassVar[str] = "grpo"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -74,7 +63,24 @@ class GRPOLoss(PolicyLoss):
 
 
 @dataclass(kw_only=True)
-class DrGRPOLoss(PolicyLoss):
+class GRPOLoss(_SymmetricClip):
+    """GRPO: Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300).
+
+        loss = 1/B sum_i 1/|o_i| sum_t [ -min(r_it A_i, clip(r_it, 1-eps, 1+eps) A_i) + beta k3_it ]
+        k3_it = exp(ref_it - logp_it) - (ref_it - logp_it) - 1
+
+    Defaults match torchforge's `simple_grpo_loss` (beta=0.1, per-sequence token mean): with
+    generator_logprobs=None every ratio is 1 and this is exactly the seed's loss.
+    """
+
+    beta: float = 0.1
+    agg: AggMode = "seq-mean-token-mean"
+
+    name: ClassVar[str] = "grpo"
+
+
+@dataclass(kw_only=True)
+class DrGRPOLoss(_SymmetricClip):
     """Dr. GRPO: Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective"
     (arXiv:2503.20783).
 
@@ -86,20 +92,10 @@ class DrGRPOLoss(PolicyLoss):
     does not divide by the group's reward std. No KL penalty by default, as in the paper.
     """
 
-    clip_eps: float = 0.2
     beta: float = 0.0
     agg: AggMode = "seq-mean-token-sum-norm"
 
     name: ClassVar[str] = "dr_grpo"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_clip(type(self).__name__, "clip_eps", self.clip_eps)
-
-    def _policy_terms(
-        self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
-    ) -> PolicyTerms:
-        return clipped_surrogate(logprobs, old_logprobs, advantages, mask, self.clip_eps, self.clip_eps)
 
 
 @dataclass(kw_only=True)
