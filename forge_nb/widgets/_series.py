@@ -27,11 +27,12 @@ class Panel:
     metrics: tuple[str, ...]
     row: int
     col: int
+    empty: str = "no values yet"  #: written across the panel while it has no point
 
 
 PANELS: tuple[Panel, ...] = (
     Panel("reward", ("reward/mean",), 1, 1),
-    Panel("KL", ("kl",), 2, 1),
+    Panel("KL", ("kl",), 2, 1, "no values: the loss reports KL with a reference model (beta > 0)"),
     Panel("entropy", ("entropy",), 2, 2),
     Panel("loss", ("loss",), 3, 1),
     Panel("grad norm", ("grad_norm",), 3, 2),

@@ -16,10 +16,10 @@
 //   points; any other start appends after the first `start` points. A view that holds a different
 //   number of points (it opened late, or missed a message) asks for everything again.
 // Page -> kernel: {type: "sync"}, when a view opens and after such a gap; nothing else.
-// Synced traits (they change rarely): panels [{title, row, col}], traces [{key, panel, kind, name,
+// Synced traits (they change rarely): panels [{title, row, col, empty}], traces [{key, panel, kind, name,
 // color, width, dash}], marks [[step, kind, label]], mark_styles {kind: {name, color, symbol, y}},
 // height, redraw_interval (seconds). Tests and benchmarks read el.forgeCurves (points per trace,
-// and stats: messages, draws, syncs, draw_ms).
+// and stats: messages, draws, syncs, draw_ms, and the titles of the panels last drawn empty).
 
 const FONT = "11px system-ui, -apple-system, 'Segoe UI', sans-serif";
 const LEFT = 58, RIGHT = 14, TOP = 6, TITLE = 18, TICKS = 16, COL_GAP = 64;
@@ -126,7 +126,7 @@ function render({ model: host, el }) {
   el.appendChild(canvas);
   const ctx = canvas.getContext("2d");
   const data = [];  // trace index -> series
-  const stats = { messages: 0, draws: 0, syncs: 0, draw_ms: 0 };
+  const stats = { messages: 0, draws: 0, syncs: 0, draw_ms: 0, empty: [] };
   let syncing = false, visible = true, stale = true, frame = 0, timer = 0, last = -Infinity, hover = null;
 
   const askSync = () => {
@@ -191,6 +191,7 @@ function render({ model: host, el }) {
     let xlo = Infinity, xhi = -Infinity;
     for (const s of data) if (s && s.n) { xlo = Math.min(xlo, s.x[0]); xhi = Math.max(xhi, s.x[s.n - 1]); }
     if (!(xhi > xlo)) { xlo = Number.isFinite(xlo) ? xlo - 1 : 0; xhi = Number.isFinite(xhi) ? xhi + 1 : 1; }
+    stats.empty = [];
     panels.forEach((p, k) => drawPanel(p, k, rects[k], traces, marks, styles, xlo, xhi));
     stats.draw_ms += performance.now() - last;
   }
@@ -247,6 +248,14 @@ function render({ model: host, el }) {
       ctx.beginPath(); ctx.moveTo(x, r.y); ctx.lineTo(x, r.y + r.h); ctx.stroke();
     }
     ctx.setLineDash([]);
+    if (!mine.length && panel.empty) {
+      stats.empty.push(panel.title);
+      ctx.fillStyle = "#8a94a6";
+      ctx.textAlign = "center";
+      ctx.textBaseline = "middle";
+      ctx.fillText(panel.empty, r.x + r.w / 2, r.y + r.h / 2);
+      ctx.textAlign = "left";
+    }
     const upper = mine.find(([t]) => t.kind === "upper"), lower = mine.find(([t]) => t.kind === "lower");
     if (upper && lower) band(upper[1], lower[1], lower[0].color, sx, sy);
     for (const [t, s] of mine) if (t.kind === "line") line(t, s, sx, sy);

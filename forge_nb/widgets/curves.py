@@ -50,7 +50,7 @@ class CurvesView(anywidget.AnyWidget):
     """The page half: ``curves.js`` draws the points it is sent; the traits describe what to draw."""
 
     _esm = CURVES_JS
-    panels = traitlets.List().tag(sync=True)  #: [{title, row, col}]
+    panels = traitlets.List().tag(sync=True)  #: [{title, row, col, empty}]
     traces = traitlets.List().tag(sync=True)  #: [{key, panel, kind, name, color, width, dash}]
     marks = traitlets.List().tag(sync=True)  #: [[step, "set" | "failure", label]]
     mark_styles = traitlets.Dict().tag(sync=True)  #: kind -> {name, color, symbol, y}
@@ -115,7 +115,7 @@ class Curves:
         ``PanelCurves`` (:func:`panel_curves_view`), which has the same traits, ``send`` and ``on_msg``."""
         self.data = CurveData(max_points=max_points)
         self.widget = view if view is not None else CurvesView()
-        self.widget.panels = [{"title": p.title, "row": p.row, "col": p.col} for p in PANELS]
+        self.widget.panels = [{"title": p.title, "row": p.row, "col": p.col, "empty": p.empty} for p in PANELS]
         self.widget.traces = self._styles()
         self.widget.mark_styles = {kind: {"name": name, "color": color, "symbol": symbol, "y": y}
                                    for kind, (name, color, symbol, y) in MARKS.items()}
