@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import sys
 import tempfile
 import time
@@ -113,3 +114,4 @@ class Kernel:
         finally:
             if self.km.has_kernel:
                 self.km.shutdown_kernel(now=now)
+            shutil.rmtree(self._specdir, ignore_errors=True)
