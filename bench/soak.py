@@ -2,7 +2,8 @@
 
 Prints the ledger every minute and ends with ``RESULT soak_lost_records <n> (target 0)``, where n is
 how far the ledger is from balancing: accepted episodes that ended in no terminal record (trained,
-buffered, or dropped with a reason). Also checks the killed replica always came back current.
+buffered, or dropped with a reason); the exit status is 1 when n > 0. Also checks the killed replica
+always came back current.
 
     .venv/bin/python bench/soak.py [--minutes 30] [--kill-every 60] [--seed 0]
 """
@@ -27,7 +28,7 @@ def lost(ledger: dict) -> int:
     return ledger["accepted"] - ends
 
 
-async def main(minutes: float, kill_every: float, seed: int) -> None:
+async def main(minutes: float, kill_every: float, seed: int) -> int:
     rng = random.Random(seed)
     run = await forge_nb.spawn(forge_nb.quickstart(name="soak"), progress=False)
     run.start()
@@ -55,6 +56,7 @@ async def main(minutes: float, kill_every: float, seed: int) -> None:
     print(f"{kills} kills, {stale_comebacks} replicas came back behind the current version, final ledger {ledger}")
     await run.shutdown()
     print(f"RESULT soak_lost_records {lost(ledger)} (target 0)")
+    return lost(ledger)
 
 
 if __name__ == "__main__":
@@ -63,4 +65,6 @@ if __name__ == "__main__":
     ap.add_argument("--kill-every", type=float, default=60)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    asyncio.run(main(args.minutes, args.kill_every, args.seed))
+    missing = asyncio.run(main(args.minutes, args.kill_every, args.seed))
+    # end_process: after killed replicas, monarch's exit-time teardown may exit(1) on its own
+    forge_nb.end_process(0 if missing == 0 else 1)

@@ -17,6 +17,7 @@ _EXPORTS = {
     "spawn_mesh": "forge_nb.runtime",
     "meshes": "forge_nb.runtime",
     "stop_all": "forge_nb.runtime",
+    "end_process": "forge_nb.runtime",
     "spawn": "forge_nb.spawning",
     "resume": "forge_nb.spawning",
     "Run": "forge_nb.run",
