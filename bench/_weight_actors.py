@@ -21,7 +21,8 @@ def make_state_dict(mb: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, t
     return out
 
 
-def _sync(device: str) -> None:
+def sync_device(device: str) -> None:
+    """Wait for the copies queued on ``device`` (a no-op on the CPU, whose copies are synchronous)."""
     if device != "cpu":
         torch.cuda.synchronize(device)
 
@@ -41,7 +42,7 @@ class Pusher(Actor):
 
         start = time.perf_counter()
         await weights.push_state_dict(self.state, version, transport=transport)
-        _sync(self.device)
+        sync_device(self.device)
         return time.perf_counter() - start
 
 
@@ -68,5 +69,5 @@ class Loader(Actor):
                 if name not in self.params:
                     self.params[name] = torch.empty_like(tensor, device=self.device)
                 self.params[name].copy_(tensor)
-            _sync(self.device)
+            sync_device(self.device)
         return time.perf_counter() - start

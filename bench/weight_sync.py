@@ -39,21 +39,19 @@ import torch  # noqa: E402
 from forge_nb import runtime, weights  # noqa: E402
 
 
-def _sync() -> None:
-    if torch.cuda.is_initialized():
-        torch.cuda.synchronize()
+def _copy_gbps(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor], repeats: int, device: str) -> float:
+    """GB/s of copying every tensor of ``src`` into ``dst`` (median of ``repeats`` after one warm-up);
+    ``device``: the GPU the copy involves, or "cpu"."""
+    from bench._weight_actors import sync_device
 
-
-def _copy_gbps(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor], repeats: int) -> float:
-    """GB/s of copying every tensor of ``src`` into ``dst`` (median of ``repeats`` after one warm-up)."""
     nbytes = sum(t.numel() * t.element_size() for t in src.values())
     times = []
     for _ in range(repeats + 1):
-        _sync()
+        sync_device(device)
         start = time.perf_counter()
         for k, v in src.items():
             dst[k].copy_(v)
-        _sync()
+        sync_device(device)
         times.append(time.perf_counter() - start)
     return nbytes / statistics.median(times[1:]) / 1e9
 
@@ -63,13 +61,13 @@ def baselines(mb: int, repeats: int, device: str) -> dict[str, float]:
     from bench._weight_actors import make_state_dict
 
     host = make_state_dict(mb)
-    out = {"memcpy": _copy_gbps(host, {k: torch.empty_like(v) for k, v in host.items()}, repeats)}
+    out = {"memcpy": _copy_gbps(host, {k: torch.empty_like(v) for k, v in host.items()}, repeats, "cpu")}
     if device != "cpu":
         gpu = {k: v.to(device) for k, v in host.items()}
         pinned = {k: torch.empty_like(v).pin_memory() for k, v in host.items()}
-        down, up = _copy_gbps(gpu, pinned, repeats), _copy_gbps(pinned, gpu, repeats)
+        down, up = _copy_gbps(gpu, pinned, repeats, device), _copy_gbps(pinned, gpu, repeats, device)
         out["staged copy"] = 1 / (1 / down + 1 / up)  # GPU -> pinned host -> GPU, one after the other
-        out["GPU copy"] = _copy_gbps(gpu, {k: torch.empty_like(v) for k, v in gpu.items()}, repeats)
+        out["GPU copy"] = _copy_gbps(gpu, {k: torch.empty_like(v) for k, v in gpu.items()}, repeats, device)
     return out
 
 
