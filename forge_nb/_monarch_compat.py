@@ -32,6 +32,7 @@ def _as_coroutine(fn: Callable[..., Any]) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
 
+    wrapper.__forge_nb_sync__ = fn  # type: ignore[attr-defined]  # what ``self.ep()`` calls on the actor
     return wrapper
 
 

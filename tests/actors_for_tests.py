@@ -169,3 +169,134 @@ class Parent(Actor):
 
         self.child = subprocess.Popen(["sleep", "600"])
         return self.child.pid
+
+
+# -- the TorchForge documents' custom environment, and actors whose construction fails ----------------
+
+from forge_nb import ForgeActor as DocActor  # noqa: E402  # the documents' import, changed as issue 18 allows
+
+
+class CustomEnv(DocActor):
+    """rl_workflows.md's environment as written there: ``__init__`` calls its own ``reset`` endpoint."""
+
+    def __init__(self, goal: int = 3):
+        self.goal = goal
+        self.state = self.reset()
+
+    @endpoint
+    async def reset(self):
+        """Reset environment to initial state."""
+        self.position = 0
+        return self.position
+
+    @endpoint
+    async def step(self, action):
+        """Execute action and return (observation, reward, done)."""
+        self.position += action
+        done = self.position >= self.goal
+        return self.position, (1.0 if done else 0.0), done
+
+    @endpoint
+    async def initial_state(self):
+        return self.state
+
+    @endpoint
+    async def restart(self):
+        """An endpoint awaiting another one of its own actor, as ``await self.reset()``."""
+        return await self.reset(), self.describe()
+
+    @endpoint
+    def describe(self) -> str:  # a sync endpoint, called on ``self``, stays synchronous
+        return f"goal={self.goal}"
+
+
+def _check_size(size: int) -> None:
+    if size > 10:
+        raise ValueError(f"size={size} is too large for this environment")
+
+
+class BadInitEnv(ForgeActor):
+    """Raises in ``__init__`` (one call deep, so the traceback has a frame of the user's own)."""
+
+    def __init__(self, size: int = 100):
+        _check_size(size)
+
+    @endpoint
+    async def reset(self):
+        return 0
+
+
+class BadSetupEnv(ForgeActor):
+    @endpoint
+    async def setup(self) -> None:
+        raise KeyError("no such task: 'tic-tac-toe'")
+
+
+class WaitingInitEnv(ForgeActor):
+    """Calls an endpoint from ``__init__`` that has to wait (the documents' pattern with real I/O)."""
+
+    def __init__(self):
+        self.state = self.reset()
+
+    @endpoint
+    async def reset(self):
+        import asyncio
+
+        await asyncio.sleep(0.01)
+        return 0
+
+
+# -- the documents' data-side actors (tests/actors/test_seed_data_actors.py) ------------------------
+
+from forge_nb.rl.grading import RewardActor as _GradingRewardActor  # noqa: E402
+
+
+class ExactAnswerGrader(_GradingRewardActor):
+    """The skill card's form: a RewardActor subclass that only defines grade()."""
+
+    def grade(self, prompt: str, completion: str, metadata: dict) -> float:
+        return 1.0 if completion.strip() == str(metadata.get("answer", "")) else 0.0
+
+
+def flaky_reward(prompt: str, response: str, target: object) -> float:
+    """1.0, except that it raises on "CRASH" and returns NaN on "NAN" in the response."""
+    if "CRASH" in response:
+        raise RuntimeError("grader crashed")
+    return float("nan") if "NAN" in response else 1.0
+
+
+# -- trainer with a TorchForge-signature loss (the skill card's Workflow 2 CustomLoss) ---------------------
+
+import torch  # noqa: E402
+
+from forge_nb.rl.loss.ops import aggregate, compute_kl, compute_logprobs, compute_ratio  # noqa: E402
+
+
+class CustomLoss:
+    """The TorchForge skill card's CustomLoss, with `forge` imports changed to `forge_nb`."""
+
+    def __init__(self, clip_range: float = 0.2, beta: float = 0.1):
+        self.clip_range = clip_range
+        self.beta = beta
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        target_ids: torch.Tensor,
+        advantages: torch.Tensor,
+        generator_logprobs: torch.Tensor,
+        loss_mask: torch.Tensor,
+        ref_logprobs: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict]:
+        logprobs = compute_logprobs(logits, target_ids)
+        ratio = compute_ratio(logprobs, generator_logprobs, loss_mask)
+        clipped_ratio = torch.clamp(ratio, 1 - self.clip_range, 1 + self.clip_range)
+        pg_loss = -torch.min(ratio * advantages, clipped_ratio * advantages)
+        kl = compute_kl(logprobs, ref_logprobs, loss_mask)
+        loss = aggregate(pg_loss + self.beta * kl, loss_mask)
+        metrics = {
+            "pg_loss": aggregate(pg_loss, loss_mask).item(),
+            "kl": kl.mean().item(),
+            "ratio_mean": ratio.mean().item(),
+        }
+        return loss, metrics

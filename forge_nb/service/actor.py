@@ -3,7 +3,9 @@
 A user writes ``class Counter(ForgeActor)`` with ``@endpoint`` methods, sync or async (monarch alone
 refuses a class that mixes them; we make every endpoint async, see ``_monarch_compat.async_endpoints``).
 Heavy initialisation goes in an async ``setup()`` endpoint, which the service calls after spawning
-so that its errors reach the caller.
+so that its errors reach the caller. An exception in ``__init__`` reaches the caller too, with its type,
+message and traceback, and an endpoint can be called on ``self`` (``self.reset()``, even from ``__init__``
+as the documents' CustomEnv does): see ``_actor_side``.
 
 ``options()`` returns a configured *subclass*, as in TorchForge. That subclass is never sent to a
 process: it is not importable there. We spawn the class the user wrote and keep the options here.
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 from monarch.actor import Actor, endpoint
 
 from forge_nb._monarch_compat import async_endpoints
+from forge_nb.service._actor_side import ForgeActorMeta, bind_endpoints
 
 if TYPE_CHECKING:
     from forge_nb.service.service import ActorHandle, Service
@@ -69,7 +72,7 @@ class Options:
 _OPTION_NAMES = frozenset(f.name for f in fields(Options))
 
 
-class ForgeActor(Actor):
+class ForgeActor(Actor, metaclass=ForgeActorMeta):
     """Base class of every forge_nb actor: ``Cls.options(...).as_service(...)`` or ``.as_actor(...)``."""
 
     _options: ClassVar[Options] = Options()
@@ -79,6 +82,7 @@ class ForgeActor(Actor):
         super().__init_subclass__(**kwargs)
         if "_spawn_class" not in cls.__dict__:  # a user's class, not one made by options()
             async_endpoints(cls)
+            bind_endpoints(cls)
 
     @endpoint
     async def setup(self) -> None:
@@ -128,3 +132,6 @@ class ForgeActor(Actor):
         from monarch._src.actor.endpoint import EndpointProperty
 
         return sorted(n for n in dir(cls) if isinstance(getattr(cls, n, None), EndpointProperty))
+
+
+bind_endpoints(ForgeActor)  # its own setup too: a subclass that does not override it gets the guarded one

@@ -15,6 +15,10 @@ service can retry it elsewhere without waiting for monarch's own timeout. A requ
 ``request_timeout`` counts the replica as hung: it is killed and respawned, and the late answer is
 discarded. An exception raised by the endpoint's own code is the caller's business: it is returned
 as the error and the replica stays healthy.
+
+A replica that cannot come up raises :class:`ActorStartFailed` from ``start``: the user's exception
+(from ``__init__`` or ``setup``) with its traceback text, or, when the process died instead, monarch's
+whole report of the death (it carries the traceback of what killed it, when there is one).
 """
 
 from __future__ import annotations
@@ -32,14 +36,13 @@ from monarch.actor import ActorError
 from forge_nb import runtime
 from forge_nb._procs import kill_pids
 from forge_nb.service.actor import ForgeActor, Options
+from forge_nb.service.errors import ActorStartFailed, ReplicaDied
+
+__all__ = ["STATES", "Replica", "ReplicaDied", "ReplicaStatus"]
 
 logger = logging.getLogger(__name__)
 
 STATES = ("starting", "healthy", "recovering", "failed", "stopped")
-
-
-class ReplicaDied(RuntimeError):
-    """The replica's process died (or hung) while the request was in flight."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -80,6 +83,7 @@ class Replica:
         self.version: int | None = None
         self._latencies: deque[float] = deque(maxlen=256)
         self._dead = False
+        self._death_report = ""  # the whole text of the last death (last_error keeps its first line)
         self._waiting: set[asyncio.Task[Any]] = set()  # tasks awaiting a request on this replica
         self._cancelled: set[asyncio.Task[Any]] = set()  # ... of which we cancelled (death)
         self._recovery: asyncio.Task[None] | None = None
@@ -97,6 +101,7 @@ class Replica:
     async def start(self) -> None:
         """Spawn mesh and actor, run ``setup`` and the catch-up hook; healthy when all succeed."""
         self._dead = False
+        self._death_report = ""
         base = self._options.mesh_name or self._cls.__name__.lower()
         self.mesh = await runtime.spawn_mesh(
             f"{base}-r{self.index}", self._options.procs, self._options.with_gpus,
@@ -105,7 +110,18 @@ class Replica:
         self.mesh.on_failure(self._process_died)
         self.actor = self.mesh.spawn(self._cls.__name__.lower(), self._cls.spawn_class(),
                                      *self._args, **self._kwargs)
-        await self._race(self.actor.setup.call(), timeout=None)
+        try:
+            await self._race(self.actor.setup.call(), timeout=None)
+        except ActorError as e:  # __init__ or setup raised: the user's exception, as it was raised
+            exc = e.exception
+            raise ActorStartFailed(
+                f"{self.name} failed to start: {type(exc).__name__}: {exc}\n{e.exception_formatted}",
+                replica=self.name, exception=exc, remote_traceback=e.exception_formatted,
+            ) from exc
+        except ReplicaDied as e:
+            report = self._death_report or str(e)
+            raise ActorStartFailed(f"{self.name} failed to start: its process died: {report}",
+                                   replica=self.name, remote_traceback=report) from None
         if self.catch_up is not None:
             await self.catch_up(self)
         self._set_state("healthy", "ready")
@@ -128,6 +144,7 @@ class Replica:
             await asyncio.sleep(0.1)
 
     def _process_died(self, failure: runtime.Failure) -> None:
+        self._death_report = self._death_report or failure.message
         self._mark_dead(f"process died: {failure.message.splitlines()[0][:200]}")
 
     def _mark_dead(self, reason: str, cancel: bool = True) -> None:
@@ -225,6 +242,7 @@ class Replica:
             self._kill_hung()
             raise ReplicaDied(f"{self.name}: no answer within request_timeout={timeout}s") from None
         except Exception as e:  # monarch's SupervisionError and friends: the process is gone
+            self._death_report = self._death_report or str(e)
             self._mark_dead(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
             raise ReplicaDied(f"{self.name}: {e}") from e
         finally:

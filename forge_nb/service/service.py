@@ -12,7 +12,13 @@ generators load the current weights after a respawn). An exception raised by the
 reaches the caller unchanged and never marks a replica dead.
 
 ``ActorHandle`` (from ``.as_actor()``) is a one-replica service whose adverbs are monarch's
-``call_one`` / ``call``; requests to an actor are never retried (actors hold state).
+``call_one`` / ``call``; requests to an actor are never retried (actors hold state). The documents also
+``route`` to actors (``trainer.train_step.route(batch)``): one replica is trivially routed, so an actor's
+``route`` is its ``call_one`` (every proc's answers, as a service's ``route``, when it has several), and
+its ``fanout`` is ``[route()]``, a one-replica service's answer list.
+
+Failures: whatever means "the replica is gone" is an ``ActorFailure`` (see ``errors``): ``ReplicaDied``
+once retries are used up (at once for an actor), ``NoHealthyReplica``, ``ActorStartFailed``.
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge_nb.service.actor import ForgeActor, Options
-from forge_nb.service.replica import Replica, ReplicaDied, ReplicaStatus
+from forge_nb.service.errors import ActorStartFailed, NoHealthyReplica, ReplicaDied
+from forge_nb.service.replica import Replica, ReplicaStatus
+
+__all__ = ["ActorHandle", "NoHealthyReplica", "Service", "ServiceEvent"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +46,6 @@ logger = logging.getLogger(__name__)
 _SESSIONS: contextvars.ContextVar[dict[int, int | None] | None] = contextvars.ContextVar(
     "forge_nb_sessions", default=None)
 _ids = itertools.count()
-
-
-class NoHealthyReplica(RuntimeError):
-    """Every replica of a service is down and none came back within ``route_wait_timeout``."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -83,7 +88,10 @@ class Service:
         if errors:
             await svc.shutdown()
             replica, error = errors[0]
-            raise RuntimeError(f"{replica.name} failed to start: {type(error).__name__}: {error}") from error
+            if isinstance(error, ActorStartFailed):
+                raise error  # it names the user's exception and carries its traceback text
+            raise ActorStartFailed(f"{replica.name} failed to start: {type(error).__name__}: {error}",
+                                   replica=replica.name, exception=error) from error
         return svc
 
     # -- the user's surface -----------------------------------------------------------------------
@@ -268,14 +276,12 @@ class ActorEndpoint:
         """Every proc of the actor; answers in rank order."""
         return await self._handle._route(self._name, args, kwargs, retry=False, all_ranks=True)
 
-    def _wrong(self, adverb: str) -> Any:
-        raise AttributeError(
-            f"{self._handle.name}.{self._name}.{adverb}(): {self._handle.name} is an actor; use "
-            f".call_one() (or .call() for all its procs). .{adverb}() is for services from .as_service()"
-        )
+    async def route(self, *args: Any, **kwargs: Any) -> Any:
+        """As a service's ``route`` with its one replica: ``call_one``, or every proc's answers in rank order
+        when the actor has several procs. Never retried: a death raises ``ReplicaDied`` (an ActorFailure)."""
+        handle = self._handle
+        return await handle._route(self._name, args, kwargs, retry=False, all_ranks=handle.options.procs > 1)
 
-    def route(self, *args: Any, **kwargs: Any) -> Any:
-        return self._wrong("route")
-
-    def fanout(self, *args: Any, **kwargs: Any) -> Any:
-        return self._wrong("fanout")
+    async def fanout(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """As a service's ``fanout`` with its one replica: ``[route(...)]``."""
+        return [await self.route(*args, **kwargs)]

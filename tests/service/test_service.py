@@ -221,8 +221,7 @@ async def test_actor_adverbs_and_misuse_errors(runtime):
         assert len(set(await actor.pid.call())) == 2
         with pytest.raises(ValueError, match=r"use \.call\(\)"):
             await actor.pid.call_one()
-        with pytest.raises(AttributeError, match=r"is an actor; use \.call_one\(\)"):
-            await actor.pid.route()
+        assert await actor.pid.route() == actor.replica.mesh.pids  # one replica, routed (test_seed_adverbs)
         with pytest.raises(AttributeError, match=r"is a service; use \.route\(\)"):
             await svc.pid.call_one()
         with pytest.raises(AttributeError, match="no endpoint 'nope'.*fail, get_loaded"):
