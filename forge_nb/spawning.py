@@ -29,7 +29,10 @@ async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[s
     if overrides:
         cfg = apply_overrides(cfg, overrides)
     directory = RunDir.create(cfg.to_dict(), cfg.name, cfg.run_dir)
-    return await _bring_up(cfg, directory, episode_fn, progress)
+    run = await _bring_up(cfg, directory, episode_fn, progress)
+    for kind, options in cfg.exporters.items():  # e.g. a YAML's metric_logging section
+        run.export(kind, **options)
+    return run
 
 
 async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progress: bool = True) -> Run:
@@ -87,7 +90,7 @@ async def _bring_up(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | N
 async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | None, progress: bool,
                           task: Any, model: str, pad_id: int) -> Run:
     from forge_nb.actors.generator import Generator
-    from forge_nb.actors.reference import ReferenceModel
+    from forge_nb.actors.reference_model import ReferenceModel
     from forge_nb.actors.trainer import RLTrainer
 
     sampling = {"n": cfg.group_size, "max_tokens": cfg.max_res_tokens, **cfg.generator.sampling_params}
@@ -100,11 +103,15 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
         "trainer": RLTrainer.options(procs=cfg.trainer.procs, with_gpus=cfg.trainer.with_gpus,
                                      mesh_name=f"{cfg.name}-trainer")
         .as_actor(model=model, loss=cfg.trainer.loss, loss_config=cfg.trainer.loss_config, pad_id=pad_id,
-                  **_trainer_sections(cfg, directory)),
+                  **_trainer_sections(cfg, directory, sampling.get("temperature", 1.0))),
     }
     if cfg.use_reference:
-        starts["ref_model"] = ReferenceModel.options(with_gpus=cfg.trainer.with_gpus,
-                                                     mesh_name=f"{cfg.name}-ref").as_service(model=model)
+        ref = cfg.reference
+        with_gpus = cfg.trainer.with_gpus if ref.with_gpus is None else ref.with_gpus
+        ref_training = {"temperature": sampling.get("temperature", 1.0), **ref.extra.get("training", {})}
+        starts["ref_model"] = ReferenceModel.options(
+            num_replicas=ref.num_replicas, procs=ref.procs, with_gpus=with_gpus, mesh_name=f"{cfg.name}-ref",
+        ).as_service(model=model, **{**ref.extra, "training": ref_training})
     services = await _start_all(starts, progress)
     hparams = {"lr": cfg.trainer.lr, "max_norm": cfg.trainer.max_norm, "max_policy_age": cfg.max_policy_age,
                **{k: v for k, v in sampling.items() if k in ("temperature", "top_p", "max_tokens")}}
@@ -185,10 +192,11 @@ def _pad_id(model: str) -> int:
     return int(pad)
 
 
-def _trainer_sections(cfg: RunConfig, directory: RunDir) -> dict[str, Any]:
+def _trainer_sections(cfg: RunConfig, directory: RunDir, temperature: float) -> dict[str, Any]:
+    """The trainer's config sections; its logprobs are of the distribution the generator samples from."""
     sections: dict[str, Any] = {
         "optimizer": {"lr": cfg.trainer.lr},
-        "training": {"max_norm": cfg.trainer.max_norm, "seed": cfg.seed},
+        "training": {"max_norm": cfg.trainer.max_norm, "seed": cfg.seed, "temperature": temperature},
         "checkpoint": {"folder": str(directory.checkpoints)},
         "lr_scheduler": {"warmup_steps": cfg.loop.warmup_steps},
     }

@@ -89,7 +89,7 @@ def test_torchforge_grpo_yaml_loads_into_the_same_dataclasses(tmp_path):
 
 
 def test_yaml_errors_point_at_the_key():
-    with pytest.raises(ValueError, match=r"unknown top-level key\(s\) \['polcy'\]"):
+    with pytest.raises(ValueError, match=r"unknown top-level key\(s\) \['polcy'\] \(did you mean 'policy'\?\)"):
         from_yaml("polcy: {}\n")
     with pytest.raises(ValueError, match=r"\$\{nope\}: no such key"):
         from_yaml("group_size: ${nope}\n")

@@ -96,6 +96,8 @@ class TrainingConfig:
     """"auto" (torchtitan where it can train, else transformers), "torchtitan" or "transformers"."""
     temperature: float = 1.0
     """Sampling temperature of the generator: logprobs are computed for logits / temperature."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per optimizer step: each rank's rows are split into this many, whose gradients add up."""
     seed: int = 0
     dist_timeout_s: float = 300.0
     """How long a collective waits for a missing rank before it raises."""
@@ -107,6 +109,9 @@ class TrainingConfig:
             raise ValueError(f"training.dtype={self.dtype!r}: choose one of {sorted(DTYPES)}")
         if self.engine not in ENGINES:
             raise ValueError(f"training.engine={self.engine!r}: choose one of {list(ENGINES)}")
+        steps = self.gradient_accumulation_steps
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(f"training.gradient_accumulation_steps={steps!r}: an int >= 1")
         if self.local_batch_size is not None and (
             not isinstance(self.local_batch_size, int) or self.local_batch_size < 1
         ):

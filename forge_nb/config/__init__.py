@@ -9,13 +9,13 @@ mistake a user can make raises ``ValueError`` naming the field, the value and th
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from forge_nb.config._resolve import FLOAT
 from forge_nb.models import TinyModelConfig
 
 
@@ -96,6 +96,31 @@ class LoopConfig:
             _positive_int(self, "max_steps")
 
 
+REFERENCE_SECTIONS = frozenset({"training", "parallelism", "checkpoint", "compile", "comm", "job",
+                                "activation_checkpoint"})
+"""The keyword arguments of ``ReferenceModel`` besides ``model`` and ``pad_id``."""
+
+
+@dataclass(kw_only=True)
+class ReferenceConfig:
+    """The frozen ``ReferenceModel`` service, spawned when ``RunConfig.use_reference`` is set."""
+
+    num_replicas: int = 1
+    procs: int = 1
+    with_gpus: bool | None = None
+    """None: placed like the trainer."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Passed to ``ReferenceModel`` unchanged: its ``training`` section (dtype, engine, temperature) and
+    torchforge's ref_model sections it accepts."""
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "num_replicas", "procs")
+        unknown = set(self.extra) - REFERENCE_SECTIONS
+        if unknown:
+            raise ValueError(f"ReferenceConfig.extra has unknown section(s) {sorted(unknown)}; "
+                             f"ReferenceModel takes {sorted(REFERENCE_SECTIONS)}")
+
+
 @dataclass(kw_only=True)
 class RunConfig:
     """Everything one experiment needs. Build one with a recipe or :func:`from_yaml`."""
@@ -120,6 +145,11 @@ class RunConfig:
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    """Where and how the ReferenceModel runs (used only with use_reference)."""
+    exporters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Metric exporters to attach at spawn, by kind with their options: {"wandb": {"project": "grpo"}}
+    (see ``forge_nb.exporters``)."""
     run_dir: str | None = None
     """Where config, metrics, events, checkpoints and the buffer snapshot go (default runs/<name>-<time>)."""
     seed: int = 0
@@ -133,6 +163,12 @@ class RunConfig:
 
         if self.advantage not in ADVANTAGE_METHODS:
             raise ValueError(f"RunConfig.advantage={self.advantage!r}: choose one of {sorted(ADVANTAGE_METHODS)}")
+        from forge_nb.exporters import EXPORTERS
+
+        for kind, options in self.exporters.items():
+            if kind not in EXPORTERS or not isinstance(options, dict):
+                raise ValueError(f"RunConfig.exporters[{kind!r}]={options!r}: use a kind of {list(EXPORTERS)} "
+                                 "mapped to its options, e.g. {'wandb': {'project': 'grpo'}}")
         from forge_nb.rl import make_loss
 
         try:
@@ -162,7 +198,7 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     kwargs = {}
     for key, value in data.items():
         nested = {"generator": GeneratorConfig, "trainer": TrainerConfig, "loop": LoopConfig,
-                  "tiny": TinyModelConfig}.get(key) if cls is RunConfig else None
+                  "reference": ReferenceConfig, "tiny": TinyModelConfig}.get(key) if cls is RunConfig else None
         kwargs[key] = _build(nested, value, f"{where}{key}.") if nested and isinstance(value, dict) else value
     return cls(**kwargs)
 
@@ -189,125 +225,28 @@ def _split(item: str) -> tuple[str, Any]:
         raise ValueError(f"override {item!r}: write it as key=value, e.g. trainer.lr=1e-5")
     key, raw = item.split("=", 1)
     value = yaml.safe_load(raw)
-    if isinstance(value, str) and re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", value.strip()):
+    if isinstance(value, str) and FLOAT.fullmatch(value.strip()):
         value = float(value)  # YAML 1.1 reads 1e-5 (no dot) as a string
     return key.strip(), value
 
 
 # -- torchforge-shaped YAML ------------------------------------------------------------------------
 
-_REF = re.compile(r"\$\{([^${}]+)\}")  # an innermost ${...}
-
 
 def from_yaml(source: str | Path) -> RunConfig:
-    """Load a torchforge ``apps/grpo``-style YAML (a path or the text itself) into a RunConfig.
+    """Load YAML (a path or the text itself) into a RunConfig: forge_nb's own layout, torchforge's
+    ``apps/grpo/*.yaml`` layout, or the skill card's (``training``/``grpo``/``services.generator``...).
 
-    Recognised: model, group_size, max_req_tokens, max_res_tokens, local_batch_size, off_by_n,
-    rollout_threads, policy.{engine_args,sampling_params}, services.policy.{num_replicas,procs,with_gpus},
-    trainer.optimizer.lr, trainer.training.{max_norm,steps}, trainer.loss, actors.trainer.{procs,with_gpus},
-    replay_buffer.{batch_size,max_policy_age}, and forge_nb's own keys (name, task, loop, ...).
-    ``${a.b}`` references and ``${sum:x,y}`` resolve as in OmegaConf.
+    Every key is honoured or refused: an unknown key anywhere is a ValueError naming its dotted path and
+    what is accepted there. ``${a.b}``, ``${sum:x,y}`` and ``${oc.env:NAME,default}`` resolve as in
+    OmegaConf. Nothing is downloaded: a hub model id is resolved when the run spawns.
+    See :mod:`forge_nb.config._yaml` for what each torchforge key becomes.
     """
+    from forge_nb.config._yaml import load_yaml_text
+
     text = Path(source).read_text() if _is_path(source) else str(source)
-    raw = yaml.safe_load(text) or {}
-    if not isinstance(raw, dict):
-        raise ValueError("the YAML must be a mapping of keys to values")
-    raw = _resolve(raw, raw)
-    return from_dict(_translate(raw))
+    return from_dict(load_yaml_text(text))
 
 
 def _is_path(source: str | Path) -> bool:
     return isinstance(source, Path) or ("\n" not in source and source.endswith((".yaml", ".yml")))
-
-
-def _resolve(node: Any, root: dict[str, Any]) -> Any:
-    if isinstance(node, dict):
-        return {k: _resolve(v, root) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_resolve(v, root) for v in node]
-    while isinstance(node, str) and "${" in node:
-        whole = _REF.fullmatch(node)
-        if whole:  # a lone reference keeps its value's type
-            return _lookup(whole.group(1), root)
-        resolved = _REF.sub(lambda m: str(_lookup(m.group(1), root)), node)
-        if resolved == node:
-            raise ValueError(f"cannot resolve {node!r}")
-        node = resolved
-    return node
-
-
-def _lookup(expr: str, root: dict[str, Any]) -> Any:
-    if expr.startswith("sum:"):
-        return sum(yaml.safe_load(p) for p in expr[4:].split(","))
-    if expr.startswith("oc.env:"):
-        import os
-
-        name, _, default = expr[7:].partition(",")
-        return os.environ.get(name, default)
-    node: Any = root
-    for part in expr.split("."):
-        if not isinstance(node, dict) or part not in node:
-            raise ValueError(f"${{{expr}}}: no such key in the YAML")
-        node = node[part]
-    return _resolve(node, root)
-
-
-def _translate(raw: dict[str, Any]) -> dict[str, Any]:
-    """torchforge's layout -> RunConfig's; forge_nb's own keys pass through."""
-    raw = dict(raw)
-    out: dict[str, Any] = {}
-    for key in ("name", "model", "tiny", "task", "task_args", "group_size", "max_req_tokens", "max_res_tokens",
-                "batch_size", "max_policy_age", "advantage", "use_reference", "run_dir", "seed", "loop"):
-        if key in raw:
-            out[key] = raw.pop(key)
-    if "local_batch_size" in raw:
-        out.setdefault("batch_size", raw.pop("local_batch_size"))
-    if "off_by_n" in raw:
-        out.setdefault("max_policy_age", raw.pop("off_by_n"))
-    loop = dict(out.get("loop") or {})
-    if "rollout_threads" in raw:
-        loop.setdefault("rollout_loops", raw.pop("rollout_threads"))
-    policy, services, actors = raw.pop("policy", {}) or {}, raw.pop("services", {}) or {}, raw.pop("actors", {}) or {}
-    gen: dict[str, Any] = {k: v for k, v in policy.items() if k in ("engine_args", "sampling_params")}
-    gen |= raw.pop("generator", None) or {}  # forge_nb's own section
-    for k in ("num_replicas", "procs", "with_gpus"):
-        if k in services.get("policy", {}):
-            gen[k] = services["policy"][k]
-    engine = gen.get("engine_args")
-    if engine and engine.get("model") == out.get("model"):
-        engine = gen["engine_args"] = {k: v for k, v in engine.items() if k != "model"}  # the run's model
-    if gen:
-        out["generator"] = gen
-    trainer_raw = raw.pop("trainer", {}) or {}
-    trainer: dict[str, Any] = {}
-    if "lr" in trainer_raw.get("optimizer", {}):
-        trainer["lr"] = float(trainer_raw["optimizer"]["lr"])
-    if "max_norm" in trainer_raw.get("training", {}):
-        trainer["max_norm"] = float(trainer_raw["training"]["max_norm"])
-    if trainer_raw.get("training", {}).get("steps"):
-        loop.setdefault("max_steps", int(trainer_raw["training"]["steps"]))
-    for k in ("lr", "max_norm", "loss", "loss_config", "procs", "with_gpus", "extra"):  # forge_nb's own names
-        if k in trainer_raw:
-            trainer[k] = trainer_raw[k]
-    for k in ("procs", "with_gpus"):
-        if k in actors.get("trainer", {}):
-            trainer[k] = actors["trainer"][k]
-    if trainer:
-        out["trainer"] = trainer
-    if "ref_model" in raw:
-        out.setdefault("use_reference", True)
-    buffer = raw.pop("replay_buffer", {}) or {}
-    if "batch_size" in buffer:
-        out["batch_size"] = buffer["batch_size"]
-    if "max_policy_age" in buffer:
-        out["max_policy_age"] = buffer["max_policy_age"]
-    if loop:
-        out["loop"] = loop
-    # Sections that configure torchforge machinery forge_nb replaces (provisioner, metric_logging,
-    # ref_model, dataset, ...) are accepted and ignored; anything else is a likely typo.
-    ignored = {"provisioner", "metric_logging", "ref_model", "dataset", "compute_advantages", "reward_actor",
-               "training_threads"}
-    unknown = set(raw) - ignored
-    if unknown:
-        raise ValueError(f"unknown top-level key(s) {sorted(unknown)} in the YAML")
-    return out
