@@ -42,6 +42,10 @@ class TinyModelConfig:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
 
 
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+"""The tiny tokenizer's chat template: the messages' contents, one after the other."""
+
+
 def build_tiny_model(path: str | os.PathLike[str], config: TinyModelConfig | None = None) -> Path:
     """Write a randomly initialised tiny Qwen3 and its tokenizer to ``path`` (reused if present)."""
     import torch
@@ -57,6 +61,9 @@ def build_tiny_model(path: str | os.PathLike[str], config: TinyModelConfig | Non
 
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=_char_tokenizer(config.alphabet))
     tokenizer.pad_token, tokenizer.eos_token = PAD, EOS
+    # Chat-shaped data (the documents' DatasetActor applies the model's chat template) gets the messages'
+    # text as it is: the tiny model has no roles to mark, and only `alphabet` to spell them with.
+    tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(path)
 
     torch.manual_seed(config.seed)

@@ -13,13 +13,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "forge_nb"
 
 # layer of each top-level part of forge_nb: a module may import only from its own layer or lower ones.
 LAYERS = {
-    "_procs": 0, "_monarch_compat": 0, "rl": 0, "models": 0, "metrics": 0, "sft": 0, "exporters": 1,
+    "_procs": 0, "_monarch_compat": 0, "rl": 0, "data": 0, "models": 0, "metrics": 0, "sft": 0, "exporters": 1,
     "runtime": 1, "_procinfo": 1, "_torchstore": 2, "weights": 2, "config": 2,
-    "service": 3, "actors": 4, "rundir": 4, "loops": 5, "run": 5, "spawning": 6, "recipes": 6,
+    "service": 3, "actors": 4, "rundir": 4, "apps": 5, "loops": 5, "run": 5, "spawning": 6, "recipes": 6,
     "widgets": 7, "magics": 8,
 }
 # widgets read metrics and status only: never the process machinery
 FORBIDDEN = {"widgets": {"runtime", "service", "actors", "_torchstore", "weights", "_procinfo"},
+             "data": {"runtime", "service", "actors", "weights", "_torchstore"},
              "rl": {"runtime", "service", "actors", "weights", "_torchstore"},
              "exporters": {"runtime", "service", "actors", "_torchstore", "weights", "_procinfo"}}
 

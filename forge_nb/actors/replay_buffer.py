@@ -1,11 +1,18 @@
 """ReplayBuffer as an actor, for TorchForge code that spawns it: ``ReplayBuffer.options().as_actor(...)``.
 
 forge_nb's own Run keeps its buffer as a plain object in the kernel (``forge_nb.rl.ReplayBuffer``): it
-needs no process. This actor wraps the same class so seed code runs unchanged::
+needs no process. This actor wraps the same class so the documents' code runs unchanged::
 
-    buf = await ReplayBuffer.options(procs=1).as_actor(batch_size=16, max_policy_age=1, collate=collate)
-    await buf.add.call_one(episode)
-    batch = await buf.sample.call_one(curr_policy_version=3)
+    buf = await ReplayBuffer.options(procs=1).as_actor(batch_size=2, max_policy_age=1, dp_size=1)
+    await buf.add.call_one(episode)                               # or add.route(episode)
+    batch = await buf.sample.call_one(curr_policy_version=3)      # None until there are enough episodes
+    inputs, targets = batch                                       # or trainer.train_step(batch)
+
+``sample`` returns what ``collate`` makes of the ``dp_size`` lists of episodes; unlike torchforge's actor,
+whose default is the raw lists, the default here is ``collate_seed``, a ``SeedBatch`` (one inputs and one
+targets dict per rank), because the documents unpack every batch as ``inputs, targets`` without passing
+a collate. Pass ``collate=None`` for the raw lists of episodes. ``sample()`` without a version evicts
+nothing; episodes without a version or an advantage are handled as ``forge_nb.rl.ReplayBuffer`` says.
 
 With ``snapshot_path=...`` the buffer survives its process: every call that changes it writes a snapshot
 (atomically, before the call returns), and a respawned actor restores it in ``setup()``. So nothing a
@@ -24,7 +31,7 @@ from typing import Any
 
 from monarch.actor import endpoint
 
-from forge_nb.rl import Episode
+from forge_nb.rl import Episode, collate_seed
 from forge_nb.rl import ReplayBuffer as _Buffer
 from forge_nb.service.actor import ForgeActor
 
@@ -32,8 +39,8 @@ from forge_nb.service.actor import ForgeActor
 class ReplayBuffer(ForgeActor):
     """The endpoints of ``forge_nb.rl.ReplayBuffer``, in its own process."""
 
-    def __init__(self, snapshot_path: str | None = None, **kwargs: Any):
-        self._kwargs = kwargs
+    def __init__(self, snapshot_path: str | None = None, collate: Any = collate_seed, **kwargs: Any):
+        self._kwargs = {"collate": collate, **kwargs}
         self._snapshot = Path(snapshot_path) if snapshot_path else None
         self._restored: dict[str, Any] | None = None
         self.buffer: _Buffer | None = None
@@ -56,7 +63,8 @@ class ReplayBuffer(ForgeActor):
         self._save()
 
     @endpoint
-    async def sample(self, curr_policy_version: int, batch_size: int | None = None) -> Any:
+    async def sample(self, curr_policy_version: int | None = None, batch_size: int | None = None) -> Any:
+        """``dp_size`` lists of ``batch_size`` episodes through ``collate``, or None when too few."""
         batch = self._buf().sample(curr_policy_version, batch_size)
         self._save()
         return batch

@@ -6,6 +6,10 @@ reads and writes `Episode` objects, leaving quarantined episodes (whose reward f
 the statistics and giving them advantage 0 so they cannot push the policy anywhere.
 
 A group with a single usable member gets advantage 0: it has no sibling to compare against.
+
+`batch_baseline` serves episodes that reach a replay buffer with a reward but no advantage (the
+documents' `Episode(prompt_ids=, response_ids=, reward=)`): REINFORCE with the mean reward of the
+sampled batch as baseline.
 """
 
 from __future__ import annotations
@@ -17,7 +21,14 @@ import torch
 
 from forge_nb.rl.types import Episode
 
-__all__ = ["ADVANTAGE_METHODS", "AdvantageMethod", "assign_advantages", "group_relative", "leave_one_out"]
+__all__ = [
+    "ADVANTAGE_METHODS",
+    "AdvantageMethod",
+    "assign_advantages",
+    "batch_baseline",
+    "group_relative",
+    "leave_one_out",
+]
 
 AdvantageMethod = Literal["grpo", "dr_grpo", "rloo"]
 ADVANTAGE_METHODS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo")
@@ -85,3 +96,28 @@ def assign_advantages(
     for ep in group:
         ep.advantage = by_id.get(id(ep), 0.0)
     return [ep.advantage for ep in group]  # type: ignore[misc]
+
+
+def batch_baseline(episodes: Sequence[Episode]) -> int:
+    """Give every episode that has no advantage `reward - mean(reward)`, the mean taken over those
+    episodes; returns how many were filled. Episodes that already have an advantage are left alone.
+
+    This is REINFORCE with a batch-mean baseline, applied by `ReplayBuffer.sample` to what it samples:
+    the episodes of one sample need not share a prompt, so it is not GRPO's group-relative advantage
+    (compute that per group with `assign_advantages` before adding, as forge_nb's loops do). The reward is
+    not divided by a standard deviation. A quarantined episode gets 0 and stays out of the mean; a sample
+    with one such episode gives it 0, so sample at least two to learn anything.
+    """
+    missing = [ep for ep in episodes if ep.advantage is None]
+    usable = [ep for ep in missing if ep.quarantine is None]
+    for ep in usable:
+        if ep.reward is None:
+            raise ValueError(
+                f"Episode {ep.episode_id!r} has neither a reward nor an advantage; set Episode(reward=...) "
+                "from the reward actor's evaluate_response"
+            )
+    rewards = [float(ep.reward) for ep in usable]  # type: ignore[arg-type]
+    mean = sum(rewards) / len(rewards) if rewards else 0.0
+    for ep in missing:  # identity, not ==: dataclass equality would compare tensors
+        ep.advantage = 0.0 if ep.quarantine is not None else float(ep.reward) - mean  # type: ignore[arg-type]
+    return len(missing)

@@ -8,6 +8,13 @@ evicts the oldest episodes as "overflow", after first dropping those already kno
 This is a plain class with synchronous methods whose arguments pickle, so the same object can run in the
 notebook process or be wrapped as an actor without changes.
 
+Episodes built the documents' way (`Episode(prompt_ids=, response_ids=, reward=)`) carry neither a
+policy version nor an advantage. `add` records the buffer's current version on such an episode (the
+newest `curr_policy_version` seen by `sample`/`evict`, 0 before any), so its age counts from when it
+entered the buffer; `sample` gives a missing advantage the reward minus the mean reward of the sampled
+episodes (`forge_nb.rl.advantages.batch_baseline`). `sample()` without `curr_policy_version` evicts
+nothing: every episode held is usable, whatever its age.
+
 Deadlock note: with `max_policy_age=0` the trainer only learns from episodes of its current version.
 That never deadlocks as long as generators pick up new weights, because nothing old blocks new episodes:
 stale episodes are evicted on every `sample`, and `max_size` must hold at least one full batch.
@@ -20,6 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from forge_nb.rl.advantages import batch_baseline
 from forge_nb.rl.types import Episode
 
 __all__ = ["ReplayBuffer"]
@@ -85,7 +93,14 @@ class ReplayBuffer:
         """Append one episode; may evict stale or, past `max_size`, the oldest episodes."""
         if not isinstance(episode, Episode):
             raise TypeError(f"ReplayBuffer.add() takes an Episode, got {type(episode).__name__}")
-        episode.policy_version  # noqa: B018 -- fail now, not at sample time, if completion is missing
+        completion = episode._require_completion()  # fail now, not at sample time
+        if episode.advantage is None and episode.reward is None and episode.quarantine is None:
+            raise ValueError(
+                f"Episode {episode.episode_id!r} has neither a reward nor an advantage; score it first "
+                "(Episode(reward=...) or forge_nb.rl.score) so the trainer has something to learn from"
+            )
+        if completion.generator_version is None:
+            completion.generator_version = self._latest_version or 0
         self._episodes.append(episode)
         self._counters["added"] += 1
         if self.max_size is not None and len(self._episodes) > self.max_size:
@@ -94,14 +109,16 @@ class ReplayBuffer:
             while len(self._episodes) > self.max_size:
                 self._drop(self._episodes.popleft(), "overflow")
 
-    def sample(self, curr_policy_version: int, batch_size: int | None = None) -> Any:
+    def sample(self, curr_policy_version: int | None = None, batch_size: int | None = None) -> Any:
         """Remove and return `dp_size` lists of `batch_size` usable episodes, or None if too few.
 
-        The result goes through `collate` when one was given.
+        Without `curr_policy_version` nothing is evicted as stale. Missing advantages are filled (see the
+        module docstring). The result goes through `collate` when one was given.
         """
         batch_size = self.batch_size if batch_size is None else batch_size
         _check_int("batch_size", batch_size, 1, "pass None to use the buffer's batch_size")
-        self.evict(curr_policy_version)
+        if curr_policy_version is not None:
+            self.evict(curr_policy_version)
         total = batch_size * self.dp_size
         if len(self._episodes) < total:
             return None
@@ -110,6 +127,7 @@ class ReplayBuffer:
         self._rng.shuffle(picked)
         self._episodes = deque(ep for i, ep in enumerate(self._episodes) if i not in chosen)
         self._counters["sampled"] += total
+        batch_baseline(picked)
         ranks = [picked[r * batch_size : (r + 1) * batch_size] for r in range(self.dp_size)]
         return ranks if self.collate is None else self.collate(ranks)
 
@@ -124,7 +142,7 @@ class ReplayBuffer:
         keep: deque[Episode] = deque()
         dropped = 0
         for ep in self._episodes:
-            if curr_policy_version - ep.policy_version > self.max_policy_age:
+            if curr_policy_version - (ep.policy_version or 0) > self.max_policy_age:
                 self._drop(ep, "stale")
                 dropped += 1
             else:

@@ -41,8 +41,6 @@ RewardFn = Callable[[str, str, Any], Any]
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _HASHES = re.compile(r"####\s*([^\n]+)")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_THINK_BLOCK = re.compile(r"<\s*think\s*>(.*?)<\s*/\s*think\s*>", re.IGNORECASE | re.DOTALL)
-_THINK_TAG = re.compile(r"<\s*/?\s*think\s*>", re.IGNORECASE)
 
 
 def _last_boxed(text: str) -> str | None:
@@ -158,15 +156,24 @@ class MathReward:
 @dataclass(kw_only=True)
 class ThinkingReward:
     """`full_reward` for a non-empty <think>...</think> block, `partial_reward` for a think tag without
-    a well-formed block, else 0.0 (torchforge's format reward)."""
+    a well-formed block, else 0.0 (torchforge's format reward). `tag` names another tag, as torchforge's
+    `ThinkingReward(tag="思考")` does."""
 
     partial_reward: float = 0.2
     full_reward: float = 1.0
+    tag: str = "think"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tag, str) or not self.tag.strip():
+            raise ValueError(f"ThinkingReward.tag must be a non-empty tag name such as 'think', got {self.tag!r}")
+        name = re.escape(self.tag.strip())
+        self._block = re.compile(rf"<\s*{name}\s*>(.*?)<\s*/\s*{name}\s*>", re.IGNORECASE | re.DOTALL)
+        self._any_tag = re.compile(rf"<\s*/?\s*{name}\s*>", re.IGNORECASE)
 
     def __call__(self, prompt: str, response: str, target: Any = None) -> float:
-        if any(block.strip() for block in _THINK_BLOCK.findall(response)):
+        if any(block.strip() for block in self._block.findall(response)):
             return self.full_reward
-        return self.partial_reward if _THINK_TAG.search(response) else 0.0
+        return self.partial_reward if self._any_tag.search(response) else 0.0
 
 
 @dataclass

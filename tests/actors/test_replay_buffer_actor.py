@@ -19,7 +19,7 @@ def _episode(version: int, i: int) -> Episode:
 
 
 async def test_seed_style_actor_buffer(runtime):
-    buf = await ReplayBuffer.options(procs=1).as_actor(batch_size=2, max_policy_age=1)
+    buf = await ReplayBuffer.options(procs=1).as_actor(batch_size=2, max_policy_age=1, collate=None)
     try:
         assert await buf.sample.call_one(curr_policy_version=0) is None
         for i in range(3):
@@ -47,7 +47,7 @@ async def test_a_killed_buffer_comes_back_from_its_snapshot_with_nothing_acknowl
 
     snapshot = tmp_path / "buffer.pt"
     buf = await ReplayBuffer.options(procs=1, restart_backoff=0.1).as_actor(
-        batch_size=2, max_policy_age=1, snapshot_path=str(snapshot))
+        batch_size=2, max_policy_age=1, snapshot_path=str(snapshot), collate=None)
     try:
         assert await buf.restored.call_one() is None  # a fresh buffer restored nothing
         acknowledged = 0

@@ -179,3 +179,43 @@ def test_add_rejects_non_episodes_and_incomplete_episodes() -> None:
         buf.add({"episode_id": "x"})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no completion"):
         buf.add(Episode(episode_id="x", pad_id=0, request_len=1, response_len=1))
+
+
+def test_documents_episodes_get_the_buffer_version_and_a_batch_baseline_advantage() -> None:
+    buf = ReplayBuffer(batch_size=2, max_policy_age=1)
+    assert buf.sample(curr_policy_version=3) is None  # the trainer is at version 3
+    first = Episode(prompt_ids=[1], response_ids=[2], reward=1.0)
+    buf.add(first)
+    buf.add(Episode(prompt_ids=[1], response_ids=[3], reward=0.0))
+    assert first.policy_version == 3  # age counts from when it entered the buffer
+    batch = buf.sample(curr_policy_version=4)
+    assert batch is not None  # not evicted as "version 0" stale
+    assert sorted(e.advantage for e in batch[0]) == [-0.5, 0.5]  # reward - mean of the sample
+
+
+def test_sample_without_a_version_evicts_nothing() -> None:
+    buf = ReplayBuffer(batch_size=1, max_policy_age=0)
+    buf.add(ep("old", 0))
+    assert ids(buf.sample()) == [["old"]] and buf.counters()["evicted_stale"] == 0
+    buf.add(ep("old2", 0))
+    assert buf.sample(curr_policy_version=7) is None and buf.counters()["evicted_stale"] == 1
+
+
+def test_batch_baseline_keeps_given_advantages_and_zeroes_quarantined() -> None:
+    from forge_nb.rl.advantages import batch_baseline
+
+    given = Episode(prompt_ids=[1], response_ids=[2], reward=5.0, advantage=0.25)
+    bad = Episode(prompt_ids=[1], response_ids=[2], reward=0.0, quarantine="reward raised")
+    a = Episode(prompt_ids=[1], response_ids=[2], reward=3.0)
+    b = Episode(prompt_ids=[1], response_ids=[2], reward=1.0)
+    assert batch_baseline([given, bad, a, b]) == 3
+    assert (given.advantage, bad.advantage, a.advantage, b.advantage) == (0.25, 0.0, 1.0, -1.0)
+    lone = Episode(prompt_ids=[1], response_ids=[2], reward=1.0)
+    batch_baseline([lone])
+    assert lone.advantage == 0.0
+
+
+def test_add_refuses_an_episode_with_nothing_to_learn_from() -> None:
+    buf = ReplayBuffer(batch_size=1, max_policy_age=0)
+    with pytest.raises(ValueError, match="reward"):
+        buf.add(Episode(prompt_ids=[1], response_ids=[2]))

@@ -184,3 +184,14 @@ async def test_score_uses_the_functions_it_was_called_with_when_the_list_changes
     fns.append(slow)
     result = await score(fns, "p", "r", None)
     assert result.quarantine is None and result.rewards == {"slow": 1.0}
+
+
+def test_thinking_reward_with_another_tag() -> None:
+    import pickle
+
+    reward = ThinkingReward(tag="思考")
+    assert reward("", "<思考>足します</思考>17", None) == 1.0
+    assert reward("", "<think>x</think>", None) == 0.0 and reward("", "<思考>", None) == 0.2
+    assert pickle.loads(pickle.dumps(reward))("", "<思考>x</思考>", None) == 1.0  # travels to reward actors
+    with pytest.raises(ValueError, match="tag"):
+        ThinkingReward(tag=" ")

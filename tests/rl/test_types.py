@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import pytest
 import torch
 
 from forge_nb.rl import Completion, Episode, TrainBatch, collate, collate_seed
+from forge_nb.rl.types import ForwardBackwardResult, SeedBatch, TextTrainBatch
 
 PAD = 0
 
@@ -68,13 +70,13 @@ def test_episode_conveniences_and_errors() -> None:
 
 def test_completion_validation() -> None:
     c = Completion(prompt="p", text="t", prompt_ids=[1, 2], token_ids=[3])
-    assert c.prompt_ids.dtype == torch.long and c.metadata == {} and c.generator_version == 0
+    assert c.prompt_ids.dtype == torch.long and c.metadata == {} and c.generator_version is None
     with pytest.raises(ValueError, match="logprobs"):
         completion([1], [2, 3], logprobs=[-0.1])
     with pytest.raises(ValueError, match="1-D"):
         Completion(prompt="p", text="t", prompt_ids=torch.zeros(2, 2, dtype=torch.long), token_ids=[1])
     with pytest.raises(ValueError, match="generator_version"):
-        Completion(prompt="p", text="t", prompt_ids=[1], token_ids=[1], generator_version=None)
+        Completion(prompt="p", text="t", prompt_ids=[1], token_ids=[1], generator_version="3")
 
 
 def test_collate_shapes_and_values() -> None:
@@ -131,3 +133,66 @@ def test_collate_seed_matches_the_seed_layout() -> None:
     assert targets[1]["padding_mask"].tolist() == [[True, True, False]]
     assert targets[1]["advantages"].tolist() == [[-1.0]]
     assert inputs[1]["tokens"].tolist() == [[PAD, PAD, PAD, 6, 8, 9, PAD]]
+
+
+def test_completion_with_the_skill_cards_four_fields() -> None:
+    c = Completion(text="4", token_ids=[7, 1], logprobs=[-0.5, -0.1], metadata={"k": 1})
+    assert c.prompt is None and c.prompt_ids.tolist() == [] and c.generator_version is None
+    assert c.token_ids.dtype == torch.long and c.logprobs.tolist() == pytest.approx([-0.5, -0.1])
+    with pytest.raises(TypeError):
+        Completion("4", [7])  # keywords only: positional fields would silently shift meaning
+
+
+def test_episode_the_documents_way() -> None:
+    a = Episode(prompt_ids=torch.tensor([5, 6, 7]), response_ids=torch.tensor([8]), reward=1.0)
+    b = Episode(prompt_ids=[5], response_ids=[8, 9], reward=0.0)
+    assert a.episode_id != b.episode_id and a.pad_id == 0 and a.request_len is None
+    assert a.prompt_ids.tolist() == [5, 6, 7] and a.response_ids.tolist() == [8]
+    assert a.request_tensor.tolist() == [5, 6, 7] and a.response_mask.tolist() == [True]
+    assert a.policy_version is None and a.advantage is None and a.reward == 1.0
+    restored = pickle.loads(pickle.dumps(a))
+    assert restored.response_ids.tolist() == [8] and restored.episode_id == a.episode_id
+    assert dataclasses.replace(a, reward=2.0).reward == 2.0
+    with pytest.raises(ValueError, match="response_ids"):
+        Episode(prompt_ids=[1])
+    with pytest.raises(ValueError, match="one of the two"):
+        Episode(prompt_ids=[1], response_ids=[2], completion=completion([1], [2]))
+
+
+def test_collate_pads_episodes_without_fixed_lengths_to_the_longest() -> None:
+    a = Episode(prompt_ids=[5, 6, 7], response_ids=[8], reward=1.0, advantage=0.5)
+    b = Episode(prompt_ids=[5], response_ids=[8, 9], reward=0.0, advantage=-0.5, pad_id=PAD)
+    batch = collate([a, b])
+    assert batch.request_len == 3 and batch.response_len == 2
+    assert batch.tokens.tolist() == [[5, 6, 7, 8, PAD], [PAD, PAD, 5, 8, 9]]
+    assert batch.response_mask.tolist() == [[True, False], [True, True]]
+    assert batch.policy_versions.tolist() == [-1, -1]  # unknown, never passed off as version 0
+    assert not batch.has_ref_logprobs and not batch.has_generator_logprobs
+
+
+def test_collate_refuses_mixed_lengths_and_missing_prompts() -> None:
+    free = Episode(prompt_ids=[5], response_ids=[8], advantage=0.0)
+    with pytest.raises(ValueError, match="request_len"):
+        collate([free, episode([5], [7])])
+    with pytest.raises(ValueError, match="prompt ids"):
+        collate([Episode(completion=Completion(text="t", token_ids=[1]), advantage=0.0)])
+
+
+def test_collate_seed_says_when_reference_logprobs_are_missing() -> None:
+    batch = collate_seed([[episode([5], [7], ref=[-1.0, -1.0, -1.0]), episode([6], [8])]])
+    assert isinstance(batch, SeedBatch) and isinstance(batch, tuple)
+    inputs, targets = batch  # the documents' unpacking
+    assert targets[0]["ref_logprobs"] is None  # never zeros standing in for reference logprobs
+    assert batch.inputs is inputs and inputs[0]["tokens"].shape == (2, 7)
+    assert pickle.loads(pickle.dumps(batch)).targets[0]["advantages"].tolist() == [[0.5], [0.5]]
+
+
+def test_skill_card_trainer_types() -> None:
+    ids = torch.tensor([[1, 2, 3]])
+    b = TextTrainBatch(input_ids=ids, target_ids=torch.tensor([[2, 3, 0]]),
+                       target_mask=torch.tensor([[False, True, False]]), target_weights=torch.zeros(1, 3))
+    assert b.target_ids.shape == b.input_ids.shape
+    with pytest.raises(ValueError, match="target_weights"):
+        TextTrainBatch(input_ids=ids, target_ids=ids, target_mask=ids.bool(), target_weights=torch.zeros(3))
+    result = ForwardBackwardResult(loss=0.25, metrics={"kl": 0.01})
+    assert result.loss == 0.25 and ForwardBackwardResult(loss=1.0).metrics == {}

@@ -1,0 +1,1 @@
+"""The documents' ``forge.data`` namespace: ``forge_nb.data.rewards`` holds MathReward and ThinkingReward."""
