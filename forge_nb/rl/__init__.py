@@ -21,6 +21,7 @@ from forge_nb.rl.advantages import (
 )
 from forge_nb.rl.losses import (
     AGG_MODES,
+    AGG_TYPES,
     LOSSES,
     AggMode,
     CISPOLoss,
@@ -54,11 +55,22 @@ from forge_nb.rl.tasks import (
     gsm8k_transform,
     load_gsm8k,
 )
-from forge_nb.rl.types import Completion, Episode, Group, TrainBatch, collate, collate_seed
+from forge_nb.rl.types import (
+    Completion,
+    Episode,
+    ForwardBackwardResult,
+    Group,
+    SeedBatch,
+    TextTrainBatch,
+    TrainBatch,
+    collate,
+    collate_seed,
+)
 
 __all__ = [
     "ADVANTAGE_METHODS",
     "AGG_MODES",
+    "AGG_TYPES",
     "GSM8K_SYSTEM_PROMPT",
     "LOSSES",
     "AdvantageMethod",
@@ -68,6 +80,7 @@ __all__ = [
     "DAPOLoss",
     "DrGRPOLoss",
     "Episode",
+    "ForwardBackwardResult",
     "GRPOLoss",
     "GSPOLoss",
     "Group",
@@ -79,7 +92,9 @@ __all__ = [
     "RewardFn",
     "RewardResult",
     "SAPOLoss",
+    "SeedBatch",
     "Task",
+    "TextTrainBatch",
     "ThinkingReward",
     "ToyTask",
     "TrainBatch",

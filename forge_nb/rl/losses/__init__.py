@@ -9,6 +9,11 @@ loss/policy, loss/total, kl/k1 and kl/k3 (when ref_logprobs is given), clip/frac
 clip/frac_high, ratio/mean, ratio/max, and entropy (when logits [B, T, V] are given).
 
     make_loss("dapo", clip_high=0.3)     # or DAPOLoss(clip_high=0.3)
+
+Every loss is also callable in TorchForge's form, `loss(logits=, target_ids=, advantages=,
+generator_logprobs=, loss_mask=, ref_logprobs=)`, takes TorchForge's keyword names (`agg_type`,
+`clip_range`, `adaptive_kl`, `kl_target`, `dual_clip_c`) and is importable as `forge_nb.rl.loss.GRPOLoss`
+etc.; TorchForge's building blocks are in `forge_nb.rl.loss.ops` (see `primitives`).
 """
 
 from __future__ import annotations
@@ -19,12 +24,20 @@ from typing import Any
 
 from forge_nb.rl.losses.base import PolicyLoss
 from forge_nb.rl.losses.clipped import DAPOLoss, DrGRPOLoss, GRPOLoss
-from forge_nb.rl.losses.ops import AGG_MODES, AggMode, aggregate, compute_logprobs, entropy_from_logits
+from forge_nb.rl.losses.ops import (
+    AGG_MODES,
+    AGG_TYPES,
+    AggMode,
+    aggregate,
+    compute_logprobs,
+    entropy_from_logits,
+)
 from forge_nb.rl.losses.sequence import GSPOLoss
 from forge_nb.rl.losses.soft import CISPOLoss, SAPOLoss
 
 __all__ = [
     "AGG_MODES",
+    "AGG_TYPES",
     "LOSSES",
     "AggMode",
     "CISPOLoss",

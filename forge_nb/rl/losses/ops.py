@@ -11,7 +11,16 @@ from typing import Literal
 
 import torch
 
-__all__ = ["AGG_MODES", "AggMode", "aggregate", "compute_logprobs", "entropy_from_logits", "masked_mean"]
+__all__ = [
+    "AGG_MODES",
+    "AGG_TYPES",
+    "AggMode",
+    "agg_mode",
+    "aggregate",
+    "compute_logprobs",
+    "entropy_from_logits",
+    "masked_mean",
+]
 
 AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 AGG_MODES: tuple[str, ...] = (
@@ -20,6 +29,25 @@ AGG_MODES: tuple[str, ...] = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
+# torchforge's `agg_type` names for the same reductions: "fixed_horizon" divides by B * T (a constant
+# horizon, Dr. GRPO), "sequence_mean" is the mean of per-sequence token means (GRPO's 1/|o_i|).
+AGG_TYPES: dict[str, AggMode] = {
+    "token_mean": "token-mean",
+    "sequence_mean": "seq-mean-token-mean",
+    "fixed_horizon": "seq-mean-token-sum-norm",
+}
+
+
+def agg_mode(value: str, owner: str = "aggregate") -> AggMode:
+    """forge_nb's aggregation mode for `value`, a forge_nb mode or one of torchforge's agg_type names."""
+    if value in AGG_MODES:
+        return value  # type: ignore[return-value]
+    if value in AGG_TYPES:
+        return AGG_TYPES[value]
+    raise ValueError(
+        f"{owner}: unknown aggregation {value!r}; use one of forge_nb's {list(AGG_MODES)} "
+        f"or torchforge's agg_type names {list(AGG_TYPES)}"
+    )
 
 
 def compute_logprobs(

@@ -24,8 +24,11 @@ class GSPOLoss(PolicyLoss):
     ratio has far lower variance than token ratios, which is what made MoE training stable without
     routing replay. Because s_i is a geometric mean its clip range is tiny (the paper: 3e-4 / 4e-4).
 
-    The per-sequence loss is spread over the sequence's tokens and reduced with `agg`; the default
-    "seq-mean-token-mean" gives exactly the 1/B sum_i above. Ratio and clip metrics are per sequence.
+    Each token carries s_i in value with its own gradient (the paper's GSPO-token form,
+    `s_it = sg(s_i) * pi(y_t) / sg(pi(y_t))`, as torchforge's compute_ratio(ratio_type="sequence")): with
+    per-sequence advantages and the default "seq-mean-token-mean" this is exactly the 1/B sum_i above, and
+    per-token advantages [B, T] also work. Ratio and clip metrics are per sequence for per-sequence
+    advantages, per token otherwise. (torchforge's GSPOLoss defaults to clip_low = clip_high = 0.2.)
     """
 
     clip_low: float = 3e-4
@@ -35,8 +38,8 @@ class GSPOLoss(PolicyLoss):
 
     name: ClassVar[str] = "gspo"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def __post_init__(self, agg_type: str | None) -> None:
+        super().__post_init__(agg_type)
         check_clip(type(self).__name__, "clip_low", self.clip_low)
         check_clip(type(self).__name__, "clip_high", self.clip_high)
 
@@ -45,16 +48,14 @@ class GSPOLoss(PolicyLoss):
     ) -> PolicyTerms:
         m = mask.to(logprobs.dtype)
         lengths = m.sum(-1)
-        mean_log_ratio = (log_ratio(logprobs, old_logprobs) * m).sum(-1) / lengths.clamp(min=1.0)
-        seq_ratio = torch.exp(mean_log_ratio)  # [B]
-        adv = advantages.reshape(-1)
-        clipped = seq_ratio.clamp(1.0 - self.clip_low, 1.0 + self.clip_high)
-        per_seq = torch.maximum(-adv * seq_ratio, -adv * clipped)
-        s = seq_ratio.detach()
-        return PolicyTerms(
-            per_token=per_seq.unsqueeze(-1).expand_as(logprobs),
-            ratio=s,
-            ratio_mask=lengths > 0,
-            clipped_low=(adv < 0) & (s < 1.0 - self.clip_low),
-            clipped_high=(adv > 0) & (s > 1.0 + self.clip_high),
-        )
+        seq_log_ratio = (log_ratio(logprobs, old_logprobs) * m).sum(-1) / lengths.clamp(min=1.0)  # [B]
+        # GSPO-token: every token's ratio is s_i in value, with that token's own gradient
+        token_ratio = torch.exp(logprobs - logprobs.detach() + seq_log_ratio.detach().unsqueeze(-1))
+        lo, hi = 1.0 - self.clip_low, 1.0 + self.clip_high
+        per_token = torch.maximum(-advantages * token_ratio, -advantages * token_ratio.clamp(lo, hi))
+        s = seq_log_ratio.detach().exp()
+        if advantages.shape[-1] == 1:  # per-sequence advantages: per-sequence ratio and clip metrics
+            adv = advantages.reshape(-1)
+            return PolicyTerms(per_token, s, lengths > 0, (adv < 0) & (s < lo), (adv > 0) & (s > hi))
+        r = token_ratio.detach()
+        return PolicyTerms(per_token, r, mask, (advantages < 0) & (r < lo), (advantages > 0) & (r > hi))

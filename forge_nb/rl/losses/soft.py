@@ -30,6 +30,7 @@ class CISPOLoss(PolicyLoss):
     loses its gradient. The paper sets no lower bound (`clip_low=None`) and tunes only eps_high.
     The loss value is `-w A logp`, not a ratio surrogate, so it is not comparable across loss types;
     its gradient is what matters. clip/frac_high counts tokens whose weight was capped at 1 + eps_high.
+    (torchforge's CISPOLoss defaults to clip_low=1.0, i.e. no lower bound, and clip_high=4.0.)
     """
 
     clip_low: float | None = None
@@ -40,8 +41,8 @@ class CISPOLoss(PolicyLoss):
 
     name: ClassVar[str] = "cispo"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def __post_init__(self, agg_type: str | None) -> None:
+        super().__post_init__(agg_type)
         check_clip(type(self).__name__, "clip_low", self.clip_low, allow_none=True)
         check_clip(type(self).__name__, "clip_high", self.clip_high)
 
@@ -85,8 +86,8 @@ class SAPOLoss(PolicyLoss):
 
     name: ClassVar[str] = "sapo"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def __post_init__(self, agg_type: str | None) -> None:
+        super().__post_init__(agg_type)
         for field_name in ("tau_pos", "tau_neg"):
             value = getattr(self, field_name)
             if not value > 0:
