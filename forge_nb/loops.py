@@ -143,7 +143,7 @@ async def train_one_step(run: Run, episodes: list[Episode], wait_s: float) -> di
     except Exception:  # the trainer raised: the run stops with this error (Run._loop_done)
         run.settle_step("failed_step", len(episodes))
         raise
-    out = dict(results[0])
+    out = dict(results[0].metrics)
     t1 = time.perf_counter()
     if _skipped(run, out):
         run.settle_step("skipped_step", len(episodes))
@@ -218,7 +218,7 @@ async def sft_one_step(run: Run, batch: dict[str, torch.Tensor]) -> dict[str, An
     except ReplicaDied as error:
         await run.recover_trainer(str(error))
         return {}
-    out = {**results[0], "sft": 1.0}
+    out = {**results[0].metrics, "sft": 1.0}
     t1 = time.perf_counter()
     if not _skipped(run, out) and not await _publish(run, out, t1):
         return {}

@@ -28,10 +28,12 @@ def grpo_math() -> str:
     return skill_card_yaml()["# config/grpo_math.yaml"]
 
 
-def test_grpo_math_as_written_is_refused_only_for_gradient_accumulation():
-    with pytest.raises(ValueError, match=r"training\.gradient_accumulation_steps=4: not supported yet.*"
-                                         r"set training\.batch_size to 16"):
-        from_yaml(grpo_math())
+def test_grpo_math_as_written_accumulates_gradients_over_micro_batches():
+    cfg = from_yaml(grpo_math())  # training: batch_size 4, gradient_accumulation_steps 4
+    assert cfg.batch_size == 16  # episodes per optimizer step
+    assert cfg.trainer.extra["training"]["gradient_accumulation_steps"] == 4
+    with pytest.raises(ValueError, match=r"training\.gradient_accumulation_steps=0: an int >= 1"):
+        from_yaml(grpo_math().replace("gradient_accumulation_steps: 4", "gradient_accumulation_steps: 0"))
 
 
 def test_grpo_math_loads_with_every_key_in_the_run_config():

@@ -13,10 +13,12 @@ from typing import Any, TypeVar
 import torch
 
 from forge_nb.rl import TrainBatch
+from forge_nb.rl.types import TextTrainBatch
 
 __all__ = ["as_train_batch", "local_rows", "sft_labels"]
 
-T = TypeVar("T", TrainBatch, torch.Tensor)
+T = TypeVar("T", TrainBatch, TextTrainBatch, torch.Tensor)
+B = TypeVar("B", TrainBatch, TextTrainBatch)
 
 IGNORE = -100
 
@@ -71,8 +73,25 @@ def local_rows(batch: T, rank: int, world: int, local_batch_size: int | None) ->
     rows = slice(rank * (n // world), (rank + 1) * (n // world))
     if isinstance(batch, torch.Tensor):
         return batch[rows]
+    return _rows(batch, rows)
+
+
+def micro_batches(batch: B, steps: int) -> list[B]:
+    """``batch`` in ``steps`` contiguous micro-batches of equal size (gradient accumulation)."""
+    n = len(batch)
+    if n % steps:
+        raise ValueError(
+            f"training.gradient_accumulation_steps={steps} does not divide this rank's {n} rows; sample a "
+            f"multiple of {steps} episodes per rank and step"
+        )
+    size = n // steps
+    return [batch] if steps == 1 else [_rows(batch, slice(i * size, (i + 1) * size)) for i in range(steps)]
+
+
+def _rows(batch: B, rows: slice) -> B:
+    """The rows ``rows`` of a batch dataclass (every tensor field sliced on its first dimension)."""
     values = {f.name: getattr(batch, f.name) for f in fields(batch)}
-    return TrainBatch(**{k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in values.items()})
+    return type(batch)(**{k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in values.items()})
 
 
 def sft_labels(batch: TrainBatch | dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int | None]:

@@ -4,7 +4,7 @@
                          loss_config={"beta": 0.04}, optimizer={"lr": 1e-6},
                          checkpoint={"folder": "runs/r1/ckpt", "interval": 50})
     await trainer.setup.call()
-    metrics = await trainer.train_step.call(collate(episodes))   # every rank: .call, never .route
+    result = await trainer.train_step.call(collate(episodes))    # every rank; a ForwardBackwardResult each
     await trainer.push_weights.call(version)
 
 One step: each rank takes its contiguous slice of the batch, runs the policy (``_policy_model``: torchtitan
@@ -41,7 +41,7 @@ from forge_nb.actors._policy_model import (
     reduce_metrics,
     response_logprobs,
 )
-from forge_nb.actors._trainer_batch import as_train_batch, local_rows, sft_labels
+from forge_nb.actors._trainer_batch import as_train_batch, local_rows, micro_batches, sft_labels
 from forge_nb.actors._trainer_config import (
     CheckpointConfig,
     LRSchedulerConfig,
@@ -53,8 +53,9 @@ from forge_nb.actors._trainer_config import (
     read_section,
     with_hparams,
 )
-from forge_nb.actors._trainer_loss import loss_function, rl_loss, sft_loss
+from forge_nb.actors._trainer_loss import loss_function, rl_loss, sft_loss, text_loss
 from forge_nb.rl import TrainBatch
+from forge_nb.rl.types import ForwardBackwardResult, SeedBatch, TextTrainBatch
 from forge_nb.service.actor import ForgeActor
 
 __all__ = ["RLTrainer", "TitanTrainer"]
@@ -130,20 +131,41 @@ class RLTrainer(ForgeActor):
     # Steps
 
     @endpoint
-    async def train_step(self, batch: TrainBatch | list[dict[str, Any]], targets: Any = None) -> dict[str, float]:
-        """One RL step on ``batch`` (a TrainBatch, or torchforge's ``(inputs, targets)`` lists)."""
+    async def train_step(
+        self, batch: TrainBatch | TextTrainBatch | SeedBatch | list[dict[str, Any]], targets: Any = None
+    ) -> ForwardBackwardResult:
+        """One RL step on ``batch``: a TrainBatch, torchforge's ``(inputs, targets)`` (as one SeedBatch or
+        as two arguments), or the skill card's TextTrainBatch (per-token ``target_weights`` as advantages).
+
+        With ``training.gradient_accumulation_steps = N`` the rank's rows are trained as N micro-batches
+        whose gradients add up (each loss weighted by its share of the rows) before one optimizer step."""
         start = time.perf_counter()
         policy = self._policy()
-        local = local_rows(as_train_batch(batch, targets), self.rank, self.world, self.train_cfg.local_batch_size)
+        text = isinstance(batch, TextTrainBatch)
+        rows = batch if text else as_train_batch(batch, targets)
+        local = local_rows(rows, self.rank, self.world, self.train_cfg.local_batch_size)
         policy.module.train()
-        with self._autocast():
-            logits = policy.logits(local.tokens, local.request_len)
-        loss, metrics = rl_loss(self.loss_fn, logits, local, self.train_cfg.temperature)
-        del logits  # free it before backward, whose peak it would otherwise raise
-        return self._finish(loss, metrics, int(local.response_mask.sum()), start)
+        losses, metrics, tokens, reason = [], [], 0, ""
+        for micro in micro_batches(local, self.train_cfg.gradient_accumulation_steps):
+            with self._autocast():
+                if isinstance(micro, TextTrainBatch):
+                    logits = policy.logits(micro.input_ids)
+                    loss, m = text_loss(self.loss_fn, logits, micro, self.train_cfg.temperature)
+                    tokens += int(micro.target_mask.sum())
+                else:
+                    logits = policy.logits(micro.tokens, micro.request_len)
+                    loss, m = rl_loss(self.loss_fn, logits, micro, self.train_cfg.temperature)
+                    tokens += int(micro.response_mask.sum())
+            del logits  # free it before backward, whose peak it would otherwise raise
+            reason = self._backward(loss, len(micro) / len(local))
+            losses.append(loss.detach())
+            metrics.append(m)
+            if reason:
+                break
+        return self._step(torch.stack(losses).mean(), _mean(metrics), tokens, start, reason)
 
     @endpoint
-    async def sft_step(self, batch: TrainBatch | dict[str, torch.Tensor]) -> dict[str, float]:
+    async def sft_step(self, batch: TrainBatch | dict[str, torch.Tensor]) -> ForwardBackwardResult:
         """One supervised step: token-mean cross-entropy on the response tokens of a TrainBatch, or on
         ``labels`` (aligned with ``tokens``, -100 ignored) of a ``{"tokens", "labels"}`` dict."""
         start = time.perf_counter()
@@ -156,17 +178,25 @@ class RLTrainer(ForgeActor):
             logits = policy.logits(tokens, request_len)
         loss = sft_loss(logits, labels)
         del logits
-        return self._finish(loss, {}, int((labels != -100).sum()), start)
+        reason = self._backward(loss, 1.0)
+        return self._step(loss.detach(), {}, int((labels != -100).sum()), start, reason)
 
-    def _finish(self, loss: torch.Tensor, metrics: dict[str, float], tokens: int, start: float) -> dict[str, float]:
-        """Backward, clip, step (or skip), then the step's metrics reduced over ranks."""
+    def _backward(self, loss: torch.Tensor, weight: float) -> str:
+        """Backward of ``weight * loss``, or the reason it was not run. Every rank agrees on the reason, so
+        FSDP's collectives in backward run on all ranks or on none."""
+        if not all_ranks(bool(torch.isfinite(loss.detach())), self.world):
+            return "nonfinite_loss"
+        (loss * weight).backward()
+        return ""
+
+    def _step(self, loss: torch.Tensor, metrics: dict[str, float], tokens: int, start: float,
+              reason: str) -> ForwardBackwardResult:
+        """Clip and step (or skip) on the gradients backward left, then the step's metrics over ranks."""
         lr = self._lr()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        reason = "" if all_ranks(bool(torch.isfinite(loss.detach())), self.world) else "nonfinite_loss"
         grad_norm = math.nan
-        if not reason:  # every rank agrees, so FSDP's collectives in backward run on all or none
-            loss.backward()
+        if not reason:
             max_norm = self.train_cfg.max_norm or math.inf
             norm = torch.nn.utils.clip_grad_norm_(self._policy().module.parameters(), max_norm)
             grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
@@ -178,7 +208,7 @@ class RLTrainer(ForgeActor):
             self.optimizer.step()
             self.step += 1
         self.optimizer.zero_grad(set_to_none=True)
-        mine = {"loss": float(loss.detach()), **metrics, "grad_norm": grad_norm, "tokens": float(tokens)}
+        mine = {"loss": float(loss), **metrics, "grad_norm": grad_norm, "tokens": float(tokens)}
         out = reduce_metrics(mine, self.world)
         out.update(lr=lr, step=float(self.step), skipped=float(bool(reason)))
         if reason:
@@ -186,7 +216,7 @@ class RLTrainer(ForgeActor):
         out["time_s"] = time.perf_counter() - start
         if not reason and self.ckpt_cfg.interval and self.step % self.ckpt_cfg.interval == 0:
             self._save(self.step)
-        return out
+        return ForwardBackwardResult(loss=out["loss"], metrics=out)
 
     @endpoint
     async def set_hparams(self, **changes: Any) -> dict[str, tuple[Any, Any]]:
@@ -305,6 +335,12 @@ class RLTrainer(ForgeActor):
         """The lr of the next optimizer step: ``optimizer.lr`` after a linear warmup."""
         warmup = self.sched_cfg.warmup_steps
         return self.opt_cfg.lr * (min(1.0, (self.step + 1) / (warmup + 1)) if warmup else 1.0)
+
+
+def _mean(metrics: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the micro-batches that reported it."""
+    names = {k for m in metrics for k in m}
+    return {k: sum(m[k] for m in metrics if k in m) / sum(k in m for m in metrics) for k in sorted(names)}
 
 
 TitanTrainer = RLTrainer

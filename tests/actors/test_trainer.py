@@ -16,7 +16,7 @@ import torch
 
 from forge_nb import runtime, weights
 from forge_nb.models import build_tiny_model
-from forge_nb.rl import Completion, Episode, TrainBatch, collate
+from forge_nb.rl import Completion, Episode, ForwardBackwardResult, TrainBatch, collate
 
 pytestmark = pytest.mark.timeout(120)
 # The async tests share the module's event loop, on which the module's mesh was spawned.
@@ -51,7 +51,8 @@ def first(value_mesh: Any) -> Any:
 def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 0.0) -> None:
     assert a.keys() == b.keys()
     for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0 if atol == 0 else 1e-4, msg=k)
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0 if atol == 0 else 1e-4,
+                                   msg=lambda m, k=k: f"{k}: {m}")
 
 
 def differs(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
@@ -90,7 +91,9 @@ async def test_steps_train_skip_nonfinite_and_push_hf_weights(env: Any) -> None:
 
     losses = []
     for i in range(3):
-        metrics = first(await trainer.train_step.call(batch))
+        result = first(await trainer.train_step.call(batch))
+        assert isinstance(result, ForwardBackwardResult) and result.loss == result.metrics["loss"]
+        metrics = result.metrics
         assert METRIC_KEYS <= metrics.keys(), sorted(METRIC_KEYS - metrics.keys())
         assert metrics["skipped"] == 0.0 and metrics["step"] == i + 1
         assert metrics["tokens"] == float(batch.response_mask.sum())
@@ -187,6 +190,49 @@ async def test_set_hparams_changes_between_steps_and_rejects_unknown(env: Any) -
 
 
 @on_module_loop
+async def test_gradient_accumulation_trains_what_one_whole_batch_trains(env: Any) -> None:
+    # seq-mean aggregation: the mean of two micro-batches' losses, each weighted by its half of the rows, is
+    # the whole batch's loss, so one accumulated step and one whole step move the weights the same way
+    loss_config = {"agg": "seq-mean-token-mean", "beta": 0.0}
+    whole = await spawn(env.mesh, "accum-whole", env.model, loss_config=loss_config)
+    split = await spawn(env.mesh, "accum-split", env.model, loss_config=loss_config,
+                        training={"gradient_accumulation_steps": 2})
+    batch = make_batch(n=8)
+    a, b = first(await whole.train_step.call(batch)), first(await split.train_step.call(batch))
+    assert a.loss == pytest.approx(b.loss, abs=1e-5) and a["tokens"] == b["tokens"]
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    # float rounding differs between the two sums of gradients: ~1e-5 of a 0.1 step on the odd element
+    assert_same(first(await whole.state_dict.call())["model"], first(await split.state_dict.call())["model"],
+                atol=2e-5)
+    with pytest.raises(Exception, match="gradient_accumulation_steps=3 does not divide"):
+        await (await spawn(env.mesh, "accum-3", env.model, training={"gradient_accumulation_steps": 3})
+               ).train_step.call(batch)
+
+
+@on_module_loop
+async def test_a_text_train_batch_trains_its_weighted_targets(env: Any) -> None:
+    from forge_nb.rl import TextTrainBatch
+
+    trainer = await spawn(env.mesh, "text", env.model, loss_config={"beta": 0.0})
+    batch = make_batch()
+    # the skill card's layout: targets are the inputs shifted left; weights are each row's advantage on
+    # its response tokens and 0 elsewhere
+    targets = torch.zeros_like(batch.tokens)
+    targets[:, :-1] = batch.tokens[:, 1:]
+    mask = torch.zeros(batch.tokens.shape, dtype=torch.bool)
+    mask[:, batch.request_len - 1 : -1] = batch.response_mask
+    text = TextTrainBatch(input_ids=batch.tokens, target_ids=targets, target_mask=mask,
+                          target_weights=mask * batch.advantages)
+    before = first(await trainer.state_dict.call())["model"]
+    result = first(await trainer.train_step.call(text))
+    assert result.metrics["skipped"] == 0.0 and result.metrics["tokens"] == float(mask.sum())
+    assert differs(before, first(await trainer.state_dict.call())["model"])
+    ref = await spawn(env.mesh, "text-ref", env.model, loss_config={"beta": 0.0})
+    same = first(await ref.train_step.call(batch))  # the same rows as a TrainBatch: the same loss
+    assert result.loss == pytest.approx(same.loss, abs=1e-5)
+
+
+@on_module_loop
 async def test_missing_model_is_reported_by_setup(env: Any) -> None:
     from forge_nb.actors.trainer import RLTrainer
 
@@ -260,7 +306,7 @@ async def test_fsdp_over_two_procs_matches_one_proc(env: Any) -> None:
         for _ in range(3):
             m2 = await sharded.train_step.call(batch)
             m1 = first(await single.train_step.call(batch))
-            ranks = [{k: v for k, v in m2.item(procs=r).items() if k != "time_s"} for r in range(2)]
+            ranks = [{k: v for k, v in m2.item(procs=r).metrics.items() if k != "time_s"} for r in range(2)]
             assert ranks[0] == ranks[1]  # metrics are reduced over ranks
             assert first(m2)["loss"] == pytest.approx(m1["loss"], abs=1e-5)
             assert first(m2)["tokens"] == m1["tokens"]
