@@ -20,6 +20,7 @@ import resource
 import signal
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,10 +31,16 @@ from forge_nb.service.actor import ForgeActor
 
 @dataclass(kw_only=True, slots=True)
 class ExecResult:
+    """What ``execute`` returns. It unpacks as the documents' ``stdout, stderr = await
+    coder.execute.route(code)``; ``exit_code`` and ``timed_out`` say the rest."""
+
     stdout: str
     stderr: str
     exit_code: int | None
     timed_out: bool
+
+    def __iter__(self) -> Iterator[str]:
+        return iter((self.stdout, self.stderr))
 
 
 @dataclass(kw_only=True, slots=True)

@@ -43,7 +43,7 @@ from monarch.actor import concurrent_endpoint, endpoint
 from forge_nb._procs import remove_left_by_dead
 from forge_nb.actors._vllm_worker import WORKER_EXTENSION, completions, make_engine_args, make_sampling_params
 from forge_nb.models import resolve_model
-from forge_nb.rl.types import Completion
+from forge_nb.rl.types import Completions
 from forge_nb.service.actor import ForgeActor
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ class Generator(ForgeActor):
         self._config = config
 
     @concurrent_endpoint
-    async def generate(self, prompt: str, **sampling_overrides: Any) -> list[Completion]:
+    async def generate(self, prompt: str, **sampling_overrides: Any) -> Completions:
         """Sample ``n`` completions of ``prompt``; keyword arguments override the default sampling."""
         engine = self._require_engine("generate")
         if not isinstance(prompt, str):

@@ -65,27 +65,40 @@ class ReferenceModel(ForgeActor):
     async def forward(
         self,
         input_ids: torch.Tensor | TrainBatch,
-        request_len: int | None = None,
+        max_req_tokens: int | None = None,
         return_logprobs: bool = True,
+        *,
+        request_len: int | None = None,
     ) -> torch.Tensor:
-        """Logprobs [B, Lr] of ``input_ids[:, request_len:]`` (float32, CPU), or with
-        ``return_logprobs=False`` the logits [B, L, V]. A TrainBatch brings its own ``request_len``."""
+        """Logprobs [B, L - max_req_tokens] of ``input_ids[:, max_req_tokens:]`` (float32, CPU), or with
+        ``return_logprobs=False`` the logits [B, L, V]. A TrainBatch brings its own request length.
+
+        ``max_req_tokens`` has torchforge's meaning: every request is left-padded to that many columns, so
+        the response starts there (``request_len`` is forge_nb's name for the same number)."""
         if self.policy is None:
             raise RuntimeError("the reference model is not set up: await ref.setup.call() first")
+        if request_len is not None and max_req_tokens not in (None, request_len):
+            raise ValueError(f"max_req_tokens={max_req_tokens} and request_len={request_len} name the same "
+                             "column (where the response starts); pass one")
+        start = request_len if request_len is not None else max_req_tokens
         if isinstance(input_ids, TrainBatch):
-            input_ids, request_len = input_ids.tokens, input_ids.request_len
-        if request_len is None or not 0 < request_len < input_ids.shape[1]:
+            input_ids, start = input_ids.tokens, input_ids.request_len
+        input_ids = torch.as_tensor(input_ids)
+        if input_ids.dim() == 1:
+            input_ids = input_ids.unsqueeze(0)
+        if start is None or not 0 < start < input_ids.shape[1]:
             raise ValueError(
-                f"request_len={request_len!r}: pass where the response starts, between 1 and "
-                f"{input_ids.shape[1] - 1} for input_ids of shape {tuple(input_ids.shape)}"
+                f"max_req_tokens={start!r} for input_ids of shape {tuple(input_ids.shape)}: the response "
+                f"must start at a column between 1 and {input_ids.shape[1] - 1}. Left-pad each request to "
+                "max_req_tokens and append the response (as forge_nb.rl.collate does), or pass a TrainBatch"
             )
         dtype = self.config.torch_dtype
         autocast = torch.autocast(self.policy.device.type, dtype=dtype, enabled=dtype != torch.float32)
         with torch.inference_mode(), autocast:
-            logits = self.policy.logits(input_ids, request_len)
+            logits = self.policy.logits(input_ids, start)
             if not return_logprobs:
                 return logits.float().cpu()
-            return response_logprobs(logits, input_ids, request_len, self.config.temperature).cpu()
+            return response_logprobs(logits, input_ids, start, self.config.temperature).cpu()
 
     @endpoint
     async def info(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(120)
 async def test_reference_logprobs_equal_the_initial_policy_and_ignore_padding(tmp_path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from forge_nb.actors.reference import ReferenceModel
+    from forge_nb.actors.reference_model import ReferenceModel
     from forge_nb.actors.trainer import RLTrainer
 
     model = str(build_tiny_model(tmp_path / "tiny"))
@@ -49,7 +49,7 @@ async def test_reference_logprobs_equal_the_initial_policy_and_ignore_padding(tm
 
         logits = await ref.forward.call_one(batch.tokens, batch.request_len, return_logprobs=False)
         assert logits.shape == (*batch.tokens.shape, hf.config.vocab_size)
-        with pytest.raises(Exception, match="request_len"):
+        with pytest.raises(Exception, match="max_req_tokens"):
             await ref.forward.call_one(batch.tokens)
 
         # Still the initial policy after the trainer has moved on.
