@@ -38,6 +38,7 @@ _EXPORTS = {
     "TitanTrainer": "forge_nb.actors.trainer",
     "ReferenceModel": "forge_nb.actors.reference_model",
     "ReplayBuffer": "forge_nb.rl",
+    "SandboxedPythonCoder": "forge_nb.actors.coder",
     "DatasetActor": "forge_nb.actors.dataset",
     "RewardActor": "forge_nb.actors.reward",
     "ComputeAdvantages": "forge_nb.actors.advantages",

@@ -134,23 +134,33 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _allocate_gpus(procs: int, name: str) -> list[int]:
+def free_gpus() -> list[int]:
+    """The visible GPUs that no running mesh of this kernel holds."""
+    used = {g for m in _meshes.values() if m.state == "running" for g in m.gpu_ids}
+    return [g for g in range(visible_gpus()) if g not in used]
+
+
+def check_gpus(procs: int, name: str) -> None:
+    """Raise ResourceError unless ``procs`` GPUs are free for ``name``: before anything is spawned."""
     total = visible_gpus()
     if total == 0:
         raise ResourceError(
-            f"mesh {name!r} asks for {procs} GPU(s) (with_gpus=True) but this machine has no CUDA "
+            f"{name} asks for {procs} GPU(s) (with_gpus=True) but this machine has no CUDA "
             "device (torch.cuda.is_available() is False). Use with_gpus=False to run on CPU."
         )
-    used = {g for m in _meshes.values() if m.state == "running" for g in m.gpu_ids}
-    free = [g for g in range(total) if g not in used]
+    free = free_gpus()
     if procs > len(free):
         holders = ", ".join(f"{m.name}: {m.gpu_ids}" for m in _meshes.values() if m.gpu_ids)
         raise ResourceError(
-            f"mesh {name!r} asks for {procs} GPU(s) but {len(free)} of the {total} visible are free"
+            f"{name} asks for {procs} GPU(s) but {len(free)} of the {total} visible are free"
             + (f" (in use by {holders})" if holders else "")
             + ". Ask for fewer procs, or stop a mesh first."
         )
-    return free[:procs]
+
+
+def _allocate_gpus(procs: int, name: str) -> list[int]:
+    check_gpus(procs, f"mesh {name!r}")
+    return free_gpus()[:procs]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ Every function works in any process (kernel or actor): torchstore is reached thr
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import functools
@@ -37,6 +38,7 @@ import mmap
 import os
 import socket
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,9 @@ def _ts() -> Any:
 _store_mesh: runtime.Mesh | None = None
 
 
+_store_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
 async def initialize_store() -> bool:
     """Start the kernel's torchstore (a controller and one storage volume). Kernel only; idempotent:
     returns True when this call started it, False when it was already running.
@@ -77,16 +82,19 @@ async def initialize_store() -> bool:
     The storage volume gets a process of the runtime's (left to itself, torchstore would spawn one
     the runtime does not know, which would outlive ``shutdown_store``)."""
     global _store_mesh
-    ts = _ts()
-    remove_orphaned_shm()
-    try:
-        await ts.keys(PREFIX)
-        return False  # already running
-    except Exception:
-        pass
-    _store_mesh = await runtime.spawn_mesh("torchstore", 1, owner="torchstore")
-    await ts.initialize(mesh=_store_mesh.proc_mesh)
-    return True
+    loop = asyncio.get_running_loop()
+    lock = _store_locks.setdefault(loop, asyncio.Lock())
+    async with lock:  # services spawned side by side (asyncio.gather) each ask for the store
+        ts = _ts()
+        remove_orphaned_shm()
+        try:
+            await ts.keys(PREFIX)
+            return False  # already running
+        except Exception:
+            pass
+        _store_mesh = await runtime.spawn_mesh("torchstore", 1, owner="torchstore")
+        await ts.initialize(mesh=_store_mesh.proc_mesh)
+        return True
 
 
 async def shutdown_store() -> None:

@@ -136,6 +136,8 @@ class Generator(ForgeActor):
     sampling_params={"n": 8, "max_tokens": 512})``. The model may also be given as ``model=``.
     """
 
+    needs_store = True  # push_weights / update_weights go through the kernel's torchstore
+
     def __init__(self, engine_args: Mapping[str, Any] | None = None,
                  sampling_params: Mapping[str, Any] | None = None, *, model: str | None = None,
                  engine_config: Mapping[str, Any] | None = None,

@@ -73,6 +73,8 @@ class RLTrainer(ForgeActor):
     """Trains the policy. Arguments are kept as given and validated by ``setup()``, where errors reach
     the caller (an exception in ``__init__`` would only kill the actor)."""
 
+    needs_store = True  # push_weights / update_weights go through the kernel's torchstore
+
     def __init__(
         self,
         model: str | dict[str, Any],

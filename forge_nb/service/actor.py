@@ -77,6 +77,8 @@ class ForgeActor(Actor, metaclass=ForgeActorMeta):
 
     _options: ClassVar[Options] = Options()
     _spawn_class: ClassVar[type[ForgeActor] | None] = None
+    needs_store: ClassVar[bool] = False
+    """Whether the class moves weights through torchstore: spawning it starts the kernel's store."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

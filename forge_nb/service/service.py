@@ -34,6 +34,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from forge_nb import runtime
+from forge_nb.runtime import ResourceError
 from forge_nb.service.actor import ForgeActor, Options
 from forge_nb.service.errors import ActorStartFailed, NoHealthyReplica, ReplicaDied
 from forge_nb.service.replica import Replica, ReplicaStatus
@@ -81,15 +83,27 @@ class Service:
     @classmethod
     async def start(cls, actor_cls: type[ForgeActor], options: Options, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Service:
-        """Spawn every replica concurrently; if any fails to start, stop them all and raise its error."""
+        """Spawn every replica concurrently; if any fails to start, stop them all and raise its error.
+
+        GPUs for every replica are checked first, and a class that moves weights (``needs_store``) gets the
+        kernel's torchstore started, as the documents' code never starts it itself."""
+        if options.with_gpus:
+            runtime.check_gpus(options.procs * options.num_replicas,
+                               f"{actor_cls.__name__} ({options.num_replicas} replica(s) x {options.procs} procs)")
+        if actor_cls.needs_store:
+            from forge_nb import weights
+
+            await weights.initialize_store()
         svc = cls(actor_cls, options, args, kwargs)
         results = await asyncio.gather(*(r.start() for r in svc.replicas), return_exceptions=True)
         errors = [(r, e) for r, e in zip(svc.replicas, results, strict=True) if isinstance(e, BaseException)]
         if errors:
             await svc.shutdown()
             replica, error = errors[0]
-            if isinstance(error, ActorStartFailed):
-                raise error  # it names the user's exception and carries its traceback text
+            if isinstance(error, ActorStartFailed | ResourceError):
+                # the first names the user's exception and carries its traceback text; the second says
+                # what the machine lacks, before anything was spawned
+                raise error
             raise ActorStartFailed(f"{replica.name} failed to start: {type(error).__name__}: {error}",
                                    replica=replica.name, exception=error) from error
         return svc
