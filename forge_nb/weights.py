@@ -87,19 +87,37 @@ async def initialize_store() -> bool:
     async with lock:  # services spawned side by side (asyncio.gather) each ask for the store
         ts = _ts()
         remove_orphaned_shm()
+        if _store_mesh is not None and _store_mesh.state != "running":
+            await _forget_store()  # its volume was stopped (runtime.stop_all): the controller still says ready
         try:
             await ts.keys(PREFIX)
             return False  # already running
         except Exception:
-            pass
+            ts.reset_client()
         _store_mesh = await runtime.spawn_mesh("torchstore", 1, owner="torchstore")
         await ts.initialize(mesh=_store_mesh.proc_mesh)
         return True
 
 
-async def shutdown_store() -> None:
+async def _forget_store() -> None:
+    """Reset torchstore's controller (in this process) and client after its volume's process is gone."""
     global _store_mesh
     ts = _ts()
+    with contextlib.suppress(Exception):  # teardown marks the controller uninitialised, then asks the dead volume
+        await ts.shutdown()
+    ts.reset_client()
+    _store_mesh = None
+
+
+async def shutdown_store() -> None:
+    """Stop the store ``initialize_store`` started (its versions dropped first); nothing if none is up."""
+    global _store_mesh
+    ts = _ts()
+    if _store_mesh is None:
+        return
+    if _store_mesh.state != "running":
+        await _forget_store()
+        return
     try:
         for version in await stored_versions():
             await drop_version(version)

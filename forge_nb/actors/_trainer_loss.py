@@ -40,9 +40,14 @@ LossFn = Callable[..., Any]
 
 
 def loss_function(loss: str | LossFn, loss_config: Mapping[str, Any] | None) -> LossFn:
-    """A loss by name configured by ``loss_config``, or the callable given."""
+    """A loss by name configured by ``loss_config``, a ``"package.module:Name"`` path (a class, built with
+    ``loss_config``, or a callable), or the callable given."""
     from forge_nb.rl import make_loss
 
+    if isinstance(loss, str) and ":" in loss:
+        loss = _imported(loss)
+        if isinstance(loss, type):
+            return loss(**dict(loss_config or {}))
     if isinstance(loss, str):
         return make_loss(loss, **dict(loss_config or {}))
     if not callable(loss):
@@ -50,6 +55,20 @@ def loss_function(loss: str | LossFn, loss_config: Mapping[str, Any] | None) -> 
     if loss_config:
         raise ValueError("loss_config configures a loss given by name; configure your callable yourself")
     return loss
+
+
+def _imported(path: str) -> Any:
+    import importlib
+
+    module, _, name = path.partition(":")
+    try:
+        value: Any = importlib.import_module(module)
+        for part in name.split("."):
+            value = getattr(value, part)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"loss={path!r}: cannot import it in the trainer's process ({e}); name a loss in "
+                         "an importable module (package.module:Name), or pass the loss object itself") from e
+    return value
 
 
 def rl_loss(

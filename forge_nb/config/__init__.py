@@ -9,6 +9,8 @@ mistake a user can make raises ``ValueError`` naming the field, the value and th
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,8 @@ import yaml
 
 from forge_nb.config._resolve import FLOAT
 from forge_nb.models import TinyModelConfig
+
+_IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
 def _positive_int(obj: Any, *names: str, minimum: int = 1) -> None:
@@ -50,8 +54,10 @@ class TrainerConfig:
     with_gpus: bool = False
     lr: float = 1e-5
     max_norm: float = 1.0
-    loss: str = "grpo"
-    """A name from ``forge_nb.rl.LOSSES`` (grpo, dr_grpo, dapo, cispo, gspo, sapo)."""
+    loss: str | Callable[..., Any] = "grpo"
+    """A name from ``forge_nb.rl.LOSSES`` (grpo, dr_grpo, dapo, cispo, gspo, sapo), ``"package.module:Name"``
+    (a loss class built with ``loss_config``, or a callable), or a loss object such as the skill card's
+    ``CustomLoss()``. A run directory records an object as its class's path, which ``resume`` imports."""
     loss_config: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the loss, e.g. {"beta": 0.04, "clip_eps": 0.2}."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -63,8 +69,16 @@ class TrainerConfig:
             raise ValueError(f"TrainerConfig.lr={self.lr!r}: must be a positive number (e.g. 1e-5)")
         from forge_nb.rl import LOSSES
 
+        if callable(self.loss):
+            if self.loss_config:
+                raise ValueError(f"TrainerConfig.loss_config={self.loss_config!r} with a loss object: configure the "
+                                 "object through its constructor and set loss_config={}")
+            return
+        if isinstance(self.loss, str) and _IMPORT_PATH.fullmatch(self.loss):
+            return
         if self.loss not in LOSSES:
-            raise ValueError(f"TrainerConfig.loss={self.loss!r}: unknown loss; choose one of {sorted(LOSSES)}")
+            raise ValueError(f"TrainerConfig.loss={self.loss!r}: unknown loss; choose one of {sorted(LOSSES)}, "
+                             "a 'package.module:Name' path, or pass a loss object")
 
 
 @dataclass(kw_only=True)
@@ -169,20 +183,27 @@ class RunConfig:
             if kind not in EXPORTERS or not isinstance(options, dict):
                 raise ValueError(f"RunConfig.exporters[{kind!r}]={options!r}: use a kind of {list(EXPORTERS)} "
                                  "mapped to its options, e.g. {'wandb': {'project': 'grpo'}}")
-        from forge_nb.rl import make_loss
+        from forge_nb.rl import LOSSES, make_loss
 
-        try:
-            loss = make_loss(self.trainer.loss, **self.trainer.loss_config)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"trainer.loss_config={self.trainer.loss_config!r} for loss "
-                             f"{self.trainer.loss!r}: {e}") from None
+        loss: Any = self.trainer.loss  # a path or an object is checked where it is imported: the trainer
+        if isinstance(loss, str) and loss in LOSSES:
+            try:
+                loss = make_loss(loss, **self.trainer.loss_config)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"trainer.loss_config={self.trainer.loss_config!r} for loss "
+                                 f"{self.trainer.loss!r}: {e}") from None
         beta = getattr(loss, "beta", 0.0)
         if beta and not self.use_reference:
             raise ValueError(f"the {self.trainer.loss!r} loss has beta={beta}, which needs reference logprobs: "
                              "set use_reference=True (spawns a ReferenceModel) or trainer.loss_config.beta=0")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        loss = self.trainer.loss
+        if callable(loss):  # a loss object is data only as its class's import path
+            cls = loss if isinstance(loss, type) else type(loss)
+            data["trainer"]["loss"] = f"{cls.__module__}:{cls.__qualname__}"
+        return data
 
 
 def from_dict(data: dict[str, Any]) -> RunConfig:

@@ -64,7 +64,9 @@ async def test_dataset_actor_both_sample_forms_and_epochs(runtime, tmp_path, cha
 async def test_dataset_actor_without_chat_template_fails_with_the_fix(runtime, tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps(ROWS[0]) + "\n")
-    model = str(build_tiny_model(tmp_path / "plain"))  # the tiny tokenizer has no chat template
+    model = build_tiny_model(tmp_path / "plain")
+    (model / "chat_template.jinja").unlink()  # a tokenizer without a chat template (the tiny one has one)
+    model = str(model)
     with pytest.raises(Exception, match="chat template"):
         await DatasetActor.options(procs=1).as_actor(path=str(data), model=model)
 

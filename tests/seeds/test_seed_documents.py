@@ -26,7 +26,7 @@ import pytest
 import pytest_asyncio
 import torch
 
-from forge_nb import runtime
+from forge_nb import runtime, weights
 from forge_nb.models import build_tiny_model
 from tests.seeds.documents import PLANS, SEEDS, all_blocks, prepared
 
@@ -189,6 +189,7 @@ async def system(tmp_path_factory: pytest.TempPathFactory) -> Any:
         ns.update(given(ns))
         yield ns
     finally:
+        await weights.shutdown_store()  # the Generator and RLTrainer started it, as a kernel's first spawn does
         await runtime.stop_all(timeout=30)
         assert runtime.meshes() == []
 
@@ -359,3 +360,43 @@ async def test_environment_blocks_run_as_services(system: dict[str, Any]) -> Non
     assert await graded.evaluate_response.route(prompt="q", response=r"so \boxed{4}", target="4") == 1.0
     assert await graded.evaluate_response.route(prompt="q", response=r"so \boxed{5}", target="4") == 0.0
     await graded.shutdown()
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(600)
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_skill_cards_custom_loss_trains_a_run_and_reaches_its_metrics_and_dashboard(
+        system: dict[str, Any], tmp_path: Path) -> None:
+    """Workflow 2: the card's CustomLoss, defined from the document itself in a cell, passed to a run's
+    trainer. Its beta of 0.1 needs a reference model (a config without one is refused, naming it)."""
+    import dataclasses
+
+    import forge_nb
+    from forge_nb.widgets import Dashboard
+
+    await runtime.stop_all(timeout=30)  # the documents' system is done with; free the cores for this run
+    ns: dict[str, Any] = {"__name__": "seed_custom_loss"}
+    await run_block(("torchforge_skill_card.md", 1), ns)
+    base = forge_nb.quickstart(run_dir=str(tmp_path))
+    trainer = dataclasses.replace(base.trainer, loss=ns["CustomLoss"](), loss_config={})
+    with pytest.raises(ValueError, match="beta=0.1, which needs reference logprobs"):
+        dataclasses.replace(base, trainer=trainer)
+    with pytest.raises(ValueError, match="configure the object through its constructor"):
+        dataclasses.replace(base.trainer, loss=ns["CustomLoss"](), loss_config={"beta": 0.0})
+    cfg = dataclasses.replace(base, use_reference=True, trainer=trainer)
+    run = await forge_nb.spawn(cfg, progress=False)
+    try:
+        rows = await run.step(3)
+        assert [r["step"] for r in rows] == [1, 2, 3]
+        for row in rows:  # the loss's own metrics, recorded with the step
+            assert {"pg_loss", "kl", "ratio_mean"} <= set(row) and math.isfinite(row["kl"])
+        assert list(run.metrics.frame()["pg_loss"]) == [r["pg_loss"] for r in rows]
+        d = Dashboard(run)
+        try:  # its "kl" is the KL panel's curve
+            assert list(d.curves.trace("kl").y) == pytest.approx([r["kl"] for r in rows])
+        finally:
+            d.close()
+        recorded = json.loads((run.dir.path / "config.json").read_text())["trainer"]["loss"]
+        assert recorded == "seed_custom_loss:CustomLoss"  # the object, as its class's path
+    finally:
+        await run.shutdown()
