@@ -244,9 +244,14 @@ async def run_until_trained(ns: dict[str, Any], coro: Any, steps: int = 2, timeo
             await task
 
 
-@pytest.mark.heavy
-@pytest.mark.timeout(600)
-@pytest.mark.asyncio(loop_scope="module")
+def on_the_system(test: Any) -> Any:
+    """Marks a test that runs on the module's spawned system: heavy, its event loop, a generous bound."""
+    for mark in (pytest.mark.heavy, pytest.mark.timeout(600), pytest.mark.asyncio(loop_scope="module")):
+        test = mark(test)
+    return test
+
+
+@on_the_system
 async def test_adverbs_and_a_failure_handler_run(system: dict[str, Any]) -> None:
     ns = system
     await run_block(("rl_fundamentals_part1.md", 4), ns)
@@ -263,9 +268,7 @@ async def test_adverbs_and_a_failure_handler_run(system: dict[str, Any]) -> None
     await run_block(("concepts.md", 4), ns)
 
 
-@pytest.mark.heavy
-@pytest.mark.timeout(600)
-@pytest.mark.asyncio(loop_scope="module")
+@on_the_system
 async def test_generate_episode_fills_the_replay_buffer(system: dict[str, Any]) -> None:
     ns = system
     await run_block(("rl_workflows.md", 0), ns)
@@ -277,9 +280,7 @@ async def test_generate_episode_fills_the_replay_buffer(system: dict[str, Any]) 
     await ns["generate_episode"](ns["dataloader"], ns["policy"], ns["reward"], ns["replay_buffer"])
 
 
-@pytest.mark.heavy
-@pytest.mark.timeout(600)
-@pytest.mark.asyncio(loop_scope="module")
+@on_the_system
 async def test_the_fundamentals_rl_steps_train_and_sync_weights(system: dict[str, Any]) -> None:
     ns = system
     await run_block(("rl_fundamentals_part1.md", 3), ns)
@@ -306,9 +307,7 @@ async def test_the_fundamentals_rl_steps_train_and_sync_weights(system: dict[str
     assert loss is None or math.isfinite(float(loss[0].loss))
 
 
-@pytest.mark.heavy
-@pytest.mark.timeout(600)
-@pytest.mark.asyncio(loop_scope="module")
+@on_the_system
 async def test_the_workflows_loops_train(system: dict[str, Any]) -> None:
     ns = system
     await run_block(("rl_workflows.md", 0), ns)  # generate_episode, as the loops call it
@@ -340,9 +339,7 @@ async def test_the_workflows_loops_train(system: dict[str, Any]) -> None:
     assert ns["recent_kls"]  # one entry per step (NaN: these episodes have no reference logprobs)
 
 
-@pytest.mark.heavy
-@pytest.mark.timeout(600)
-@pytest.mark.asyncio(loop_scope="module")
+@on_the_system
 async def test_environment_blocks_run_as_services(system: dict[str, Any]) -> None:
     ns = system
     await run_block(("rl_workflows.md", 3), ns)  # SandboxedPythonCoder service and its episode function
@@ -362,9 +359,7 @@ async def test_environment_blocks_run_as_services(system: dict[str, Any]) -> Non
     await graded.shutdown()
 
 
-@pytest.mark.heavy
-@pytest.mark.timeout(600)
-@pytest.mark.asyncio(loop_scope="module")
+@on_the_system
 async def test_the_skill_cards_custom_loss_trains_a_run_and_reaches_its_metrics_and_dashboard(
         system: dict[str, Any], tmp_path: Path) -> None:
     """Workflow 2: the card's CustomLoss, defined from the document itself in a cell, passed to a run's
