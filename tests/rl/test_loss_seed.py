@@ -11,6 +11,7 @@ import forge_nb.rl.losses as losses
 from forge_nb.rl import loss as tf_loss
 from forge_nb.rl.loss import CISPOLoss, DAPOLoss, GRPOLoss, GSPOLoss, SAPOLoss
 from forge_nb.rl.loss.ops import aggregate, compute_kl, compute_logprobs, compute_ratio, create_shifted_targets
+from tests.actors_for_tests import CustomLoss  # the skill card's Workflow 2 loss
 
 B, T, V = 4, 6, 9
 
@@ -35,24 +36,6 @@ def make_inputs(seed: int, noise: float = 0.3) -> dict[str, torch.Tensor]:
 
 def plain_logprobs(logits: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(-1, target_ids.unsqueeze(-1)).squeeze(-1)
-
-
-class CardLoss:
-    """The skill card's Workflow 2 CustomLoss, restated on forge_nb.rl.loss.ops."""
-
-    def __init__(self, clip_range: float = 0.2, beta: float = 0.1) -> None:
-        self.clip_range, self.beta = clip_range, beta
-
-    def __call__(self, logits, target_ids, advantages, generator_logprobs, loss_mask, ref_logprobs):
-        logprobs = compute_logprobs(logits, target_ids)
-        ratio = compute_ratio(logprobs, generator_logprobs, loss_mask)
-        clipped_ratio = torch.clamp(ratio, 1 - self.clip_range, 1 + self.clip_range)
-        pg_loss = -torch.min(ratio * advantages, clipped_ratio * advantages)
-        kl = compute_kl(logprobs, ref_logprobs, loss_mask)
-        loss = aggregate(pg_loss + self.beta * kl, loss_mask)
-        metrics = {"pg_loss": aggregate(pg_loss, loss_mask).item(), "kl": kl.mean().item(),
-                   "ratio_mean": ratio.mean().item()}
-        return loss, metrics
 
 
 # ---- the package ----------------------------------------------------------------------------------
@@ -239,7 +222,7 @@ def test_per_token_advantages(name: str) -> None:
 def test_card_custom_loss_computes_like_grpo() -> None:
     x = make_inputs(6, noise=0.5)
     logits = x["logits"].clone().requires_grad_()
-    loss, metrics = CardLoss(clip_range=0.2, beta=0.1)(**{**x, "logits": logits})
+    loss, metrics = CustomLoss(clip_range=0.2, beta=0.1)(**{**x, "logits": logits})
     ours, ours_metrics = GRPOLoss(clip_eps=0.2, beta=0.1, agg_type="token_mean")(**{**x, "logits": logits})
     torch.testing.assert_close(loss.float(), ours)  # ops' logprobs are float32, as torchforge's
     torch.testing.assert_close(torch.autograd.grad(loss, logits)[0], torch.autograd.grad(ours, logits)[0],
@@ -253,7 +236,7 @@ def test_missing_ref_with_beta_is_refused_in_both_forms() -> None:
     with pytest.raises(ValueError, match="beta=0.1 needs ref_logprobs"):
         GRPOLoss(beta=0.1)(**x)
     with pytest.raises(ValueError, match="ref_logprobs is None"):
-        CardLoss()(**x)
+        CustomLoss()(**x)
     loss, metrics = GRPOLoss(beta=0.0)(**x)
     assert torch.isfinite(loss) and "kl/k3" not in metrics
 
