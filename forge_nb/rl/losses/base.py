@@ -29,14 +29,11 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from forge_nb.rl.losses.ops import AggMode, agg_mode, aggregate, entropy_from_logits, masked_mean
+from forge_nb.rl.losses.ops import MAX_LOG_RATIO, AggMode, agg_mode, aggregate, entropy_from_logits, masked_mean
 from forge_nb.rl.losses.primitives import CROSS_ENTROPY_IGNORE_IDX, compute_logprobs
 
 __all__ = ["PolicyLoss", "PolicyTerms", "check_clip", "log_ratio"]
 
-# exp() of a log-ratio beyond this overflows float32 long before it carries information; clamping keeps
-# one wild token (a bf16 rounding artefact, a stale episode) from turning the whole loss into inf/nan.
-_MAX_LOG_RATIO = 20.0
 # PPO's adaptive KL rule: the band around the target, the step factor, the bounds, and the start value
 # when beta is 0 (a loss whose default has no KL term): a multiplicative rule never leaves 0.
 _KL_BAND, _KL_STEP, _BETA_MIN, _BETA_MAX, _ADAPTIVE_START = 1.5, 2.0, 1e-4, 10.0, 0.1
@@ -61,7 +58,7 @@ def check_clip(owner: str, name: str, value: float | None, *, allow_none: bool =
 
 
 def log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
-    return (logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    return (logprobs - old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
 
 
 @dataclass(kw_only=True)

@@ -22,6 +22,10 @@ __all__ = [
     "masked_mean",
 ]
 
+# exp() of a log-ratio beyond this overflows float32 long before it carries information; clamping keeps
+# one wild token (a bf16 rounding artefact, a stale episode) from turning the whole loss into inf/nan.
+MAX_LOG_RATIO = 20.0
+
 AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 AGG_MODES: tuple[str, ...] = (
     "token-mean",

@@ -17,7 +17,7 @@ from typing import Literal
 
 import torch
 
-from forge_nb.rl.losses.ops import agg_mode
+from forge_nb.rl.losses.ops import MAX_LOG_RATIO, agg_mode, masked_mean
 from forge_nb.rl.losses.ops import aggregate as reduce
 from forge_nb.rl.losses.ops import compute_logprobs as _logprobs_aligned
 
@@ -32,14 +32,7 @@ __all__ = [
 ]
 
 CROSS_ENTROPY_IGNORE_IDX = -100
-_MAX_LOG_RATIO = 20.0  # exp() beyond this overflows float32 long before it carries information
 _MAX_K3 = 10.0  # torchforge's cap on the per-token k3 estimate
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """sum(values * mask) / sum(mask), 0 for an empty mask."""
-    m = mask.to(values.dtype)
-    return (values * m).sum() / m.sum().clamp(min=1.0)
 
 
 def create_shifted_targets(
@@ -101,7 +94,7 @@ def compute_ratio(
         log_ratio = logprobs - logprobs.detach() + seq.detach()
     elif ratio_type != "token":
         raise ValueError(f"compute_ratio: ratio_type must be 'token' or 'sequence', got {ratio_type!r}")
-    return torch.exp(log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    return torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
 
 
 def compute_kl(
@@ -130,7 +123,7 @@ def compute_kl(
     if kl_type == "k2":
         return 0.5 * log_ratio.square()
     if kl_type == "k3":
-        d = (-log_ratio).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+        d = (-log_ratio).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         return (torch.exp(d) - d - 1).clamp(0.0, _MAX_K3)
     raise ValueError(f"compute_kl: kl_type must be 'k1', 'k2' or 'k3', got {kl_type!r}")
 
