@@ -19,6 +19,14 @@ controller: every mesh it spawns is recorded here, so that
 
 Importing this module has no side effects; :func:`ensure_started` does the work, once.
 
+Leases (:func:`lease` / :func:`release`, a ``forge_nb.leases.Shared``): services and the leased
+torchstore hold the runtime under a holder id, and meshes they spawn carry that id as ``owner``. The
+first lease starts the runtime (``ensure_started``); releasing a holder stops every mesh it still owns
+(what a shutdown left behind, e.g. a respawn caught midway); the last release also ends the pid
+watchdog when no mesh is left. What a lease does not cover: the process-wide start-up stays for the
+life of the kernel (monarch cannot be un-imported, and its late failure reports still need our
+hook), and meshes spawned without a lease (``%spawn``, tests) are the spawner's to stop.
+
 It is longer than most modules because it is one concept: the kernel's registry of meshes and
 everything that keeps that registry true (spawn, stop, the fault hook, the pid watchdog, exit).
 """
@@ -42,6 +50,7 @@ from typing import Any, NoReturn
 
 from forge_nb._monarch_compat import await_maybe
 from forge_nb._procs import kill_groups, kill_pids, pid_alive, start_reaper, stop_reaper
+from forge_nb.leases import Shared
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +128,43 @@ def ensure_started() -> None:
         monarch.actor.unhandled_fault_hook = _fault_hook
         atexit.register(_kill_everything)
         _started = True
+
+
+# ---------------------------------------------------------------------------------------------
+# Leases
+
+
+async def _lease_start() -> None:
+    ensure_started()
+
+
+async def _lease_stop() -> None:
+    if _watchdog is not None and not meshes():
+        _watchdog.cancel()  # it would end by itself at its next look; a released runtime leaves no task
+
+
+_leases = Shared("runtime", start=_lease_start, stop=_lease_stop)
+
+
+async def lease(holder: str) -> None:
+    """Hold the runtime for ``holder`` (a unique id; give it as ``owner`` to the meshes it spawns)."""
+    await _leases.acquire(holder)
+
+
+async def release(holder: str) -> None:
+    """End ``holder``'s lease: stop the meshes it still owns; the last release ends the watchdog if no
+    mesh is left. A holder that holds nothing: no-op."""
+    if holder not in _leases.holders:
+        return
+    for mesh in [m for m in meshes() if m.owner == holder]:
+        logger.info("mesh %s was left running by %s; stopping it", mesh.name, holder)
+        await mesh.stop()
+    await _leases.release(holder)
+
+
+def lease_holders() -> frozenset[str]:
+    """Who holds the runtime now."""
+    return _leases.holders
 
 
 # ---------------------------------------------------------------------------------------------

@@ -172,3 +172,20 @@ async def test_a_dead_procs_own_children_do_not_outlive_it(runtime):
     grandchild = await again.spawn("parent", Parent).start_child.call_one()
     await again.stop()
     assert await _wait_for(lambda: not pid_alive(grandchild), timeout=15), "stop() left a child behind"
+
+
+async def test_releasing_a_runtime_lease_stops_the_meshes_its_holder_left_behind(runtime):
+    await runtime.lease("holder-a")
+    await runtime.lease("holder-b")
+    left = await runtime.spawn_mesh("left-behind", owner="holder-a")
+    kept = await runtime.spawn_mesh("kept", owner="holder-b")
+    mine = await runtime.spawn_mesh("not-leased", owner="user")
+    assert {"holder-a", "holder-b"} <= runtime.lease_holders()
+    await runtime.release("holder-a")
+    assert left.state == "stopped" and await _wait_for(lambda: not left.alive_pids())
+    assert kept.state == "running" and mine.state == "running"
+    await runtime.release("holder-a")  # released already: nothing happens
+    await kept.stop()
+    await runtime.release("holder-b")
+    assert "holder-b" not in runtime.lease_holders() and mine.state == "running"  # not a holder's mesh
+    await mine.stop()

@@ -44,7 +44,7 @@ async def test_push_in_one_process_load_in_another(store, runtime, transport, tm
     files = list((tmp_path / "shm").glob("*")) if (tmp_path / "shm").exists() else []
     assert len(files) == (1 if transport == "shm" else 0)
     await weights.drop_version(1)
-    assert await weights.stored_versions() == [] and not list((tmp_path / "shm").glob("*-policy.*"))
+    assert await weights.stored_versions() == [] and not list((tmp_path / "shm").glob("*.bin"))
 
 
 def _checksums(state: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -66,7 +66,7 @@ async def test_a_dropped_file_is_reused_unless_a_reader_still_holds_it(store, ru
     reader = mesh.spawn("reader", WeightsReader)
     await reader.hold.call_one(1)  # another process keeps views of version 1
     await weights.drop_version(1)
-    assert len(list(shm.glob("*-spare.*.bin"))) == 1
+    assert len(list(shm.glob("*.spare"))) == 1
     await weights.push_state_dict(_state(2.0), 2, transport="shm")
     assert _version_file(shm, 2).stat().st_ino != first  # held: not rewritten under the reader
     assert await reader.held_checksums.call_one() == _checksums(_state(1.0))
@@ -75,7 +75,7 @@ async def test_a_dropped_file_is_reused_unless_a_reader_still_holds_it(store, ru
     await weights.push_state_dict(_state(3.0), 3, transport="shm")
     assert _version_file(shm, 3).stat().st_ino == first  # released: version 1's pages carry version 3
     assert await reader.checksums.call_one(3) == _checksums(_state(3.0))
-    assert await weights.stored_versions() == [3] and len(list(shm.glob("*-spare.*.bin"))) == 1
+    assert await weights.stored_versions() == [3] and len(list(shm.glob("*.spare"))) == 1
 
 
 async def test_open_version_reads_every_version_through_one_kept_mapping(store, runtime, tmp_path):
@@ -158,7 +158,7 @@ async def test_spares_are_bounded_and_shutdown_removes_every_file(runtime, tmp_p
             await weights.push_state_dict(_state(float(version)), version, transport="shm")
         for version in range(1, 5):
             await weights.drop_version(version)
-        assert len(list(shm.glob("*-spare.*.bin"))) == weights.SPARES
+        assert len(list(shm.glob("*.spare"))) == weights.SPARES
     finally:
         await weights.shutdown_store()
     assert list(shm.iterdir()) == []
@@ -180,9 +180,77 @@ async def test_missing_version_names_what_exists(store):
 
 def test_orphaned_shm_files_of_dead_writers_are_removed(tmp_path, monkeypatch):
     monkeypatch.setenv("FORGE_NB_SHM_DIR", str(tmp_path))
-    dead = [tmp_path / "999999999-policy.v3.bin", tmp_path / "999999999-spare.v2.bin"]
+    dead = [tmp_path / "999999999-policy.v3.bin", tmp_path / "999999999-policy-x.v2.spare"]
     mine = tmp_path / f"{os.getpid()}-policy.v4.bin"
     for path in [*dead, mine]:
         path.write_bytes(b"x")
     assert sorted(weights.remove_orphaned_shm()) == sorted(map(str, dead))
     assert mine.exists() and not any(path.exists() for path in dead)
+
+
+# -- namespaces: runs side by side in one kernel ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["shm", "torchstore"])
+async def test_two_namespaces_keep_their_own_versions_and_bytes(store, runtime, tmp_path, transport):
+    from tests.store_actors import NamespaceReader
+
+    shm, other = tmp_path / "shm", "policy-runA"  # "policy-runA" starts like "policy": still apart
+    for version in (1, 2, 3):
+        await weights.push_state_dict(_state(float(version)), version, transport=transport)
+        await weights.push_state_dict(_state(10.0 * version), version, transport=transport, namespace=other)
+    assert await weights.stored_versions() == [1, 2, 3]
+    assert await weights.stored_versions(namespace=other) == [1, 2, 3]
+    if transport == "shm":
+        names = sorted(p.name for p in shm.glob("*.bin"))
+        assert len(names) == 6 and sum("-policy-runA.v" in n for n in names) == 3, names
+
+    for version in (1, 2, 3):  # the first run drops everything it has
+        assert await weights.drop_version(version) > 0
+    assert await weights.stored_versions() == []
+    assert await weights.stored_versions(namespace=other) == [1, 2, 3]
+    assert await weights.drop_version(3) == 0  # nothing of "policy" left; the other's v3 untouched
+    reader = (await runtime.spawn_mesh("reader")).spawn("reader", NamespaceReader)
+    for version in (1, 2, 3):  # another process reads the other namespace's bytes, intact
+        assert await reader.checksums.call_one(version, other) == _checksums(_state(10.0 * version))
+    with pytest.raises(KeyError, match=r"policy version 2 is not in torchstore \(stored: none\)"):
+        await weights.load_state_dict(2)
+    if transport == "shm":
+        assert sum("-policy-runA.v" in p.name for p in shm.glob("*.bin")) == 3
+        assert not [p for p in shm.glob("*.bin") if "-policy.v" in p.name]
+
+
+async def test_shutdown_drops_every_namespace_and_removes_its_files(runtime, tmp_path, monkeypatch):
+    shm = tmp_path / "shm"
+    monkeypatch.setenv("FORGE_NB_SHM_DIR", str(shm))
+    await weights.initialize_store()
+    try:
+        await weights.push_state_dict(_state(1.0), 1, transport="shm", namespace="policy-a")
+        await weights.push_state_dict(_state(2.0), 1, transport="shm", namespace="policy-b")
+        assert len(list(shm.glob("*.bin"))) == 2
+    finally:
+        await weights.shutdown_store()
+    assert list(shm.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad", ["a.b", "run A", "", "x/y", 3])
+async def test_a_namespace_that_is_not_one_key_component_is_refused(bad):
+    with pytest.raises(ValueError, match=r"namespace=.*namespace_for\(name\)"):
+        weights.weights_key(1, namespace=bad)
+    with pytest.raises(ValueError, match="namespace="):  # before torchstore is asked anything
+        await weights.push_state_dict(_state(1.0), 1, namespace=bad)
+    with pytest.raises(ValueError, match="namespace="):
+        await weights.stored_versions(namespace=bad)
+
+
+def test_namespace_for_maps_any_run_name_to_a_distinct_valid_namespace():
+    assert weights.namespace_for("runA") == "policy-runA"
+    assert weights.weights_key(4, namespace="policy-runA") == "policy-runA.v4"
+    names = ["run A", "run_A", "run.A", "run/A", "lr=1e-5", "ünï", "runA"]
+    spaces = [weights.namespace_for(n) for n in names]
+    assert len(set(spaces)) == len(names), spaces
+    for space in spaces:
+        assert weights.check_namespace(space) == space and space.startswith("policy-")
+    assert weights.namespace_for("run A") == weights.namespace_for("run A")  # stable
+    with pytest.raises(ValueError, match="non-empty name"):
+        weights.namespace_for("")

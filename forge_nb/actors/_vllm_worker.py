@@ -159,7 +159,7 @@ def _run(coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
     return asyncio.run_coroutine_threadsafe(coro, _loop).result(timeout)
 
 
-async def _fetch(controller_ref: bytes, version: int) -> Any:
+async def _fetch(controller_ref: bytes, version: int, namespace: str) -> Any:
     global _client_ref
     import torchstore.api
     from torchstore.client import LocalClient
@@ -176,7 +176,7 @@ async def _fetch(controller_ref: bytes, version: int) -> Any:
             controller=controller, strategy=strategy
         )
         _client_ref = controller_ref
-    return await weights.open_version(version)
+    return await weights.open_version(version, namespace=namespace)
 
 
 def _mismatch(pushed: set[str], expected: set[str]) -> str | None:
@@ -198,8 +198,9 @@ class TorchstoreWeightLoader:
     model_runner: Any  # provided by the vLLM worker this class is mixed into
     vllm_config: Any
 
-    def forge_nb_load_version(self, controller_ref: bytes, version: int, timeout: float) -> dict[str, Any]:
-        """Fetch policy ``version`` (HF names) from torchstore and reload it into the model in place.
+    def forge_nb_load_version(self, controller_ref: bytes, version: int, timeout: float,
+                              namespace: str = "policy") -> dict[str, Any]:
+        """Fetch ``version`` of weights ``namespace`` (HF names) from torchstore and reload it into the model in place.
 
         Returns sizes and timings, or ``{"refused": why}`` when fetching failed or the names do not
         match the model's checkpoint (both before anything is loaded: the old weights stay whole).
@@ -207,7 +208,7 @@ class TorchstoreWeightLoader:
         start = time.perf_counter()
         with contextlib.ExitStack() as held:  # shared memory: the version stays locked until the reload is done
             try:
-                state_dict = held.enter_context(_run(_fetch(controller_ref, version), timeout))
+                state_dict = held.enter_context(_run(_fetch(controller_ref, version, namespace), timeout))
             except Exception as e:
                 return {"refused": f"fetching it from torchstore failed ({type(e).__name__}: {e})"}
             fetched = time.perf_counter()

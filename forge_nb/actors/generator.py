@@ -141,11 +141,12 @@ class Generator(ForgeActor):
     def __init__(self, engine_args: Mapping[str, Any] | None = None,
                  sampling_params: Mapping[str, Any] | None = None, *, model: str | None = None,
                  engine_config: Mapping[str, Any] | None = None,
-                 sampling_config: Mapping[str, Any] | None = None) -> None:
+                 sampling_config: Mapping[str, Any] | None = None, weights_namespace: str = "policy") -> None:
         super().__init__()
         # Validated in setup(), whose errors reach the caller; an __init__ error only kills the actor.
         self._raw = {"engine_args": engine_args, "sampling_params": sampling_params, "model": model,
                      "engine_config": engine_config, "sampling_config": sampling_config}
+        self._namespace = weights_namespace  # the torchstore namespace update_weights loads from
         self._engine: Any = None
         self._sockets: Path | None = None  # vLLM's sockets, when this actor chose where they go
         self._config: GeneratorArgs | None = None
@@ -164,6 +165,10 @@ class Generator(ForgeActor):
         if self._engine is not None:
             return
         import torch
+
+        from forge_nb import weights
+
+        weights.check_namespace(self._namespace)
 
         config = GeneratorArgs.from_args(**self._raw)
         model_path = resolve_model(config.model)
@@ -218,7 +223,8 @@ class Generator(ForgeActor):
 
     @concurrent_endpoint
     async def update_weights(self, version: int) -> int:
-        """Load the trainer's weights of ``version`` from torchstore into the engine; returns it."""
+        """Load the trainer's weights of ``version`` (in this generator's ``weights_namespace``) from
+        torchstore into the engine; returns it."""
         engine = self._require_engine("update_weights")
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"update_weights(version={version!r}): version must be an int >= 0 "
@@ -233,7 +239,8 @@ class Generator(ForgeActor):
                     await self._gate.wait_for(lambda: self._in_flight == 0)
                 try:
                     (report,) = await engine.collective_rpc("forge_nb_load_version", timeout=UPDATE_TIMEOUT_S,
-                                                            args=(controller, version, UPDATE_TIMEOUT_S))
+                                                            args=(controller, version, UPDATE_TIMEOUT_S,
+                                                                  self._namespace))
                 except Exception as e:
                     self._exit_if_engine_dead(e)
                     self._broken = (
@@ -290,14 +297,14 @@ class Generator(ForgeActor):
         from forge_nb._torchstore import Controller
 
         try:
-            stored = await weights.stored_versions()
+            stored = await weights.stored_versions(namespace=self._namespace)
         except Exception as e:
             raise RuntimeError(
                 f"update_weights({version}): torchstore is not running ({type(e).__name__}). Start it in the "
                 "kernel with `await forge_nb.weights.initialize_store()` and push the weights with "
                 "`await forge_nb.weights.push_state_dict(state_dict, version)` first") from e
         if version not in stored:
-            raise KeyError(f"update_weights({version}): policy version {version} is not in torchstore "
+            raise KeyError(f"update_weights({version}): {self._namespace} version {version} is not in torchstore "
                            f"(stored: {stored or 'none'}); push it first")
         controller = await get_or_spawn_controller(torchstore.api.DEFAULT_TORCHSTORE_NAME, Controller)
         return pickle.dumps(controller)

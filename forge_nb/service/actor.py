@@ -9,64 +9,22 @@ as the documents' CustomEnv does): see ``_actor_side``.
 
 ``options()`` returns a configured *subclass*, as in TorchForge. That subclass is never sent to a
 process: it is not importable there. We spawn the class the user wrote and keep the options here.
+``Options`` lives in ``options`` (the service and its replicas read it without importing this module).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from monarch.actor import Actor, endpoint
 
 from forge_nb._monarch_compat import async_endpoints
 from forge_nb.service._actor_side import ForgeActorMeta, bind_endpoints
+from forge_nb.service.options import Options
 
 if TYPE_CHECKING:
     from forge_nb.service.service import ActorHandle, Service
-
-
-@dataclass(kw_only=True, slots=True)
-class Options:
-    """Resources and service behaviour of an actor, as given to ``ForgeActor.options(...)``."""
-
-    procs: int = 1
-    """Processes per replica (one monarch ProcMesh per replica)."""
-    with_gpus: bool = False
-    """Give each replica ``procs`` GPUs; an error on a machine without enough of them."""
-    num_replicas: int = 1
-    """Replicas of a service (``as_service``); an actor has one."""
-    hosts: int | None = None
-    """Hosts per replica; forge_nb spawns on the kernel's host only (None or 1)."""
-    mesh_name: str | None = None
-    """Base name of the replicas' meshes; defaults to the class name in lower case."""
-    max_restarts: int = 3
-    """Respawns of one replica in a row (each dying within ``restart_reset_s`` of the last) before it
-    stays failed and traffic goes elsewhere."""
-    restart_reset_s: float = 60.0
-    """A replica that has served this long since its last respawn gets its ``max_restarts`` budget and
-    backoff back: the budget stops crash loops, not the occasional deaths of a long run."""
-    request_timeout: float | None = 300.0
-    """Seconds before a request counts as hung: its replica is restarted, the request retried."""
-    route_wait_timeout: float = 120.0
-    """Seconds ``route`` waits for a healthy replica (e.g. a respawn) before it raises."""
-    restart_backoff: float = 0.5
-    """First delay before a respawn; doubles with each restart of the same replica."""
-    env: dict[str, str] = field(default_factory=dict)
-    """Extra environment variables for the replicas' processes."""
-
-    def __post_init__(self) -> None:
-        for name in ("procs", "num_replicas"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
-        if not isinstance(self.with_gpus, bool):
-            raise ValueError(f"with_gpus={self.with_gpus!r}: must be True or False")
-        if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
-            raise ValueError(f"max_restarts={self.max_restarts!r}: must be an integer >= 0")
-        if self.request_timeout is not None and self.request_timeout <= 0:
-            raise ValueError(f"request_timeout={self.request_timeout!r}: must be > 0, or None for no limit")
-        if self.route_wait_timeout < 0 or self.restart_backoff < 0 or self.restart_reset_s < 0:
-            raise ValueError("route_wait_timeout, restart_backoff and restart_reset_s must be >= 0")
 
 
 _OPTION_NAMES = frozenset(f.name for f in fields(Options))

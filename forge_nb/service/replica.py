@@ -35,8 +35,8 @@ from monarch.actor import ActorError
 
 from forge_nb import runtime
 from forge_nb._procs import kill_pids
-from forge_nb.service.actor import ForgeActor, Options
 from forge_nb.service.errors import ActorStartFailed, ReplicaDied
+from forge_nb.service.options import ActorClass, Options
 
 __all__ = ["STATES", "Replica", "ReplicaDied", "ReplicaStatus"]
 
@@ -66,10 +66,11 @@ class ReplicaStatus:
 class Replica:
     """One replica: spawns its mesh and actor, forwards calls, and recovers from process death."""
 
-    def __init__(self, service: str, index: int, actor_cls: type[ForgeActor], options: Options,
+    def __init__(self, service: str, index: int, actor_cls: ActorClass, options: Options,
                  args: tuple[Any, ...], kwargs: dict[str, Any],
-                 on_state: Callable[[Replica, str, str, str], None]):
+                 on_state: Callable[[Replica, str, str, str], None], *, owner: str | None = None):
         self.service, self.index = service, index
+        self.owner = owner or service  # the ``owner`` of its meshes: its service's lease holder id
         self._cls, self._options, self._args, self._kwargs = actor_cls, options, args, kwargs
         self._on_state = on_state
         self.catch_up: Callable[[Replica], Awaitable[None]] | None = None
@@ -105,7 +106,7 @@ class Replica:
         base = self._options.mesh_name or self._cls.__name__.lower()
         self.mesh = await runtime.spawn_mesh(
             f"{base}-r{self.index}", self._options.procs, self._options.with_gpus,
-            hosts=self._options.hosts, env=self._options.env, owner=self.service,
+            hosts=self._options.hosts, env=self._options.env, owner=self.owner,
         )
         self.mesh.on_failure(self._process_died)
         self.actor = self.mesh.spawn(self._cls.__name__.lower(), self._cls.spawn_class(),

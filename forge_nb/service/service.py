@@ -36,8 +36,8 @@ from typing import Any
 
 from forge_nb import runtime
 from forge_nb.runtime import ResourceError
-from forge_nb.service.actor import ForgeActor, Options
 from forge_nb.service.errors import ActorStartFailed, NoHealthyReplica, ReplicaDied
+from forge_nb.service.options import ActorClass, Options
 from forge_nb.service.replica import Replica, ReplicaStatus
 
 __all__ = ["ActorHandle", "NoHealthyReplica", "Service", "ServiceEvent"]
@@ -65,36 +65,44 @@ class ServiceEvent:
 class Service:
     """Replicas of ``actor_cls``, each on its own mesh. Endpoints: ``svc.<endpoint>.route(...)``."""
 
-    def __init__(self, actor_cls: type[ForgeActor], options: Options, args: tuple[Any, ...],
+    def __init__(self, actor_cls: ActorClass, options: Options, args: tuple[Any, ...],
                  kwargs: dict[str, Any], name: str | None = None):
         self.name = name or actor_cls.__name__
         self.actor_cls = actor_cls
         self.options = options
         self._endpoints = set(actor_cls.endpoint_names())
         self._adverbs: dict[str, Any] = {}
-        self.replicas = [Replica(self.name, i, actor_cls, options, args, kwargs, self._state_changed)
-                         for i in range(options.num_replicas)]
+        self._id = next(_ids)
+        self.holder = f"{self.name}#{self._id}"
+        """This service's id in the kernel: its lease holder name and its meshes' ``owner``."""
+        self.replicas = [Replica(self.name, i, actor_cls, options, args, kwargs, self._state_changed,
+                                 owner=self.holder) for i in range(options.num_replicas)]
         self.events: deque[ServiceEvent] = deque(maxlen=1000)
         self._subscribers: list[Callable[[ServiceEvent], None]] = []
         self._changed = asyncio.Event()
         self._rr = 0
-        self._id = next(_ids)
 
     @classmethod
-    async def start(cls, actor_cls: type[ForgeActor], options: Options, args: tuple[Any, ...],
+    async def start(cls, actor_cls: ActorClass, options: Options, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Service:
         """Spawn every replica concurrently; if any fails to start, stop them all and raise its error.
 
-        GPUs for every replica are checked first, and a class that moves weights (``needs_store``) gets the
-        kernel's torchstore started, as the documents' code never starts it itself."""
+        GPUs for every replica are checked first. The service leases the runtime, and a class that moves
+        weights (``needs_store``) leases the kernel's torchstore too (starting it if it is down: the
+        documents' code never starts it itself), both until ``shutdown``."""
         if options.with_gpus:
             runtime.check_gpus(options.procs * options.num_replicas,
                                f"{actor_cls.__name__} ({options.num_replicas} replica(s) x {options.procs} procs)")
-        if actor_cls.needs_store:
-            from forge_nb import weights
-
-            await weights.initialize_store()
         svc = cls(actor_cls, options, args, kwargs)
+        try:
+            await runtime.lease(svc.holder)
+            if actor_cls.needs_store:
+                from forge_nb import weights
+
+                await weights.lease_store(svc.holder)
+        except BaseException:
+            await svc._release()
+            raise
         results = await asyncio.gather(*(r.start() for r in svc.replicas), return_exceptions=True)
         errors = [(r, e) for r, e in zip(svc.replicas, results, strict=True) if isinstance(e, BaseException)]
         if errors:
@@ -147,7 +155,20 @@ class Service:
             r.catch_up = hook
 
     async def shutdown(self) -> None:
-        await asyncio.gather(*(r.stop() for r in self.replicas), return_exceptions=True)
+        """Stop every replica, then release this service's leases (the store stops with its last user)."""
+        try:
+            await asyncio.gather(*(r.stop() for r in self.replicas), return_exceptions=True)
+        finally:
+            await self._release()
+
+    async def _release(self) -> None:
+        try:
+            if self.actor_cls.needs_store:
+                from forge_nb import weights
+
+                await weights.release_store(self.holder)
+        finally:
+            await runtime.release(self.holder)
 
     def __repr__(self) -> str:
         states = ", ".join(r.state for r in self.replicas)
@@ -229,7 +250,7 @@ class ActorHandle(Service):
     """One replica, from ``.as_actor()``: ``await actor.ep.call_one(...)`` / ``.call(...)``."""
 
     @classmethod
-    async def start(cls, actor_cls: type[ForgeActor], options: Options, args: tuple[Any, ...],
+    async def start(cls, actor_cls: ActorClass, options: Options, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> ActorHandle:
         handle = await super().start(actor_cls, options, args, kwargs)
         assert isinstance(handle, ActorHandle)

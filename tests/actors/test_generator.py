@@ -227,3 +227,22 @@ async def test_user_mistakes_reach_the_caller_with_a_fix(gen: Any) -> None:
         await spawn("twice", model="a", engine_args={"model": "b"}).setup.call_one()
     with pytest.raises(Exception, match=r"generate\(\) before setup\(\)"):
         await spawn("early", model=str(gen.model)).generate.call_one("abc")
+    with pytest.raises(Exception, match=r"namespace='a\.b'.*namespace_for\(name\)"):
+        await spawn("badspace", model=str(gen.model), weights_namespace="a.b").setup.call_one()
+
+
+@pytest.mark.timeout(240)  # a second engine starts
+async def test_a_generator_loads_from_its_own_weights_namespace(gen: Any) -> None:
+    """Two runs in one kernel: a generator spawned with ``weights_namespace`` sees its run's versions only."""
+    other = gen.mesh.spawn("gen-ns", Generator, engine_args={"model": str(gen.model)}, sampling_params=SAMPLING,
+                           weights_namespace="policy-other")
+    await other.setup.call_one()
+    await weights.push_state_dict(dominant_state_dict(gen.model, "f"), version=5, namespace="policy-other")
+    await weights.push_state_dict(dominant_state_dict(gen.model), version=6)  # the default namespace's
+    with pytest.raises(Exception, match=r"policy-other version 6 is not in torchstore \(stored: \[5\]\)"):
+        await other.update_weights.call_one(6)
+    assert await other.update_weights.call_one(5) == 5
+    (c,) = await other.generate.call_one("abc", n=1)
+    assert c.generator_version == 5 and c.text == "f" * SAMPLING["max_tokens"]
+    await weights.drop_version(5, namespace="policy-other")
+    await weights.drop_version(6)

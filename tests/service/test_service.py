@@ -146,7 +146,7 @@ async def test_crash_loop_stops_at_max_restarts_and_traffic_goes_elsewhere(runti
         assert await _until(lambda: svc.replicas[0].state == "failed", timeout=60)
         assert svc.replicas[0].restarts == 2
         assert svc.replicas[0].mesh.alive_pids() == []  # no process left behind by the attempts
-        assert len([m for m in runtime.meshes() if m.owner == "Worker"]) == 1
+        assert len([m for m in runtime.meshes() if m.owner == svc.holder]) == 1
         assert {await svc.pid.route() for _ in range(3)} == {svc.replicas[1].mesh.pids[0]}
     finally:
         await svc.shutdown()
