@@ -107,3 +107,152 @@ def test_the_real_torchforge_yaml_if_present():
 def test_forge_nb_style_sections_in_yaml_are_read_not_dropped():
     cfg = from_yaml("trainer: {lr: 5.0, procs: 3, loss_config: {beta: 0}}\ngenerator: {num_replicas: 3}\n")
     assert (cfg.trainer.lr, cfg.trainer.procs, cfg.generator.num_replicas) == (5.0, 3, 3)
+
+
+# -- hot-changeable fields: declared once, on the field --------------------------------------------------
+
+
+def _hot_fields_of_every_config_class() -> dict[str, str]:
+    """Every field of a dataclass in forge_nb.config declared hot, found by scanning the module, not RunConfig."""
+    import dataclasses
+
+    import forge_nb.config as config
+
+    found = {}
+    for obj in vars(config).values():
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj):
+            found |= {f.name: f.metadata["hot"] for f in dataclasses.fields(obj) if "hot" in f.metadata}
+    return found
+
+
+def test_the_run_gets_exactly_the_fields_declared_hot_and_the_trainer_the_same_names():
+    from forge_nb.actors._trainer_config import OptimizerConfig, TrainingConfig, hparams
+    from forge_nb.config import hot_fields, trainer_changes
+    from forge_nb.rl import LOSSES, make_loss
+
+    declared = _hot_fields_of_every_config_class()
+    assert {"lr", "weight_decay", "max_norm", "temperature", "top_p", "max_tokens", "max_policy_age",
+            "difficulty"} <= declared.keys()
+    assert hot_fields(quickstart(), loss_fields=()) == declared  # none forgotten, none invented
+    for name, cls in LOSSES.items():
+        cfg = RunConfig(trainer=TrainerConfig(loss=name, loss_config={"beta": 0.0}))
+        routes = hot_fields(cfg)
+        loss_names = {f for f in routes if f not in declared}
+        assert loss_names == {f.name for f in __import__("dataclasses").fields(cls)} - declared.keys(), name
+        assert {routes[f] for f in loss_names} == {"trainer"}
+        # the trainer's set_hparams / info()["hparams"] names: its routed names, plus temperature (its logprobs)
+        trainer_names = hparams(OptimizerConfig(), TrainingConfig(), make_loss(name, beta=0.0)).keys()
+        assert set(trainer_names) == set(trainer_changes(dict.fromkeys(routes), routes)), name
+        assert set(trainer_names) == {n for n, w in routes.items() if w == "trainer"} | {"temperature"}
+
+
+def test_a_hot_field_declared_in_a_nested_section_is_found_without_a_list_to_update():
+    from dataclasses import dataclass, field
+
+    from forge_nb.config import hot
+    from forge_nb.config._hot import declared
+
+    @dataclass
+    class Inner:
+        warmup: int = hot(0, "run")
+        cold: int = 1
+
+    @dataclass
+    class Outer:
+        inner: Inner = field(default_factory=Inner)
+        knobs: dict = field(default_factory=dict, metadata={"view": Inner})
+
+    with pytest.raises(TypeError, match="'warmup' is declared twice"):
+        declared(Outer)
+    del Outer.__dataclass_fields__["knobs"]
+    assert {n: (h.where, h.path) for n, h in declared(Outer).items()} == {"warmup": ("run", ("inner", "warmup"))}
+    with pytest.raises(ValueError, match=r"hot\(where='gpu'\)"):
+        hot(0, "gpu")
+
+
+def test_initial_hparams_are_the_configured_values():
+    from forge_nb.config import initial_hparams
+    from forge_nb.rl import ToyTask
+
+    cfg = apply_overrides(quickstart(), {"trainer.lr": 2e-4, "trainer.weight_decay": 0.01, "max_policy_age": 2,
+                                         "generator.sampling_params": {"temperature": 0.8}})
+    values = initial_hparams(cfg, task=ToyTask(difficulty=2))
+    assert {k: values[k] for k in ("lr", "weight_decay", "max_norm", "temperature", "top_p", "max_tokens",
+                                   "max_policy_age", "difficulty", "beta")} == {
+        "lr": 2e-4, "weight_decay": 0.01, "max_norm": 1.0, "temperature": 0.8, "top_p": 1.0,
+        "max_tokens": cfg.max_res_tokens, "max_policy_age": 2, "difficulty": 2, "beta": 0.0}
+    assert "difficulty" not in initial_hparams(cfg, task=object())  # a task without one
+    assert initial_hparams(cfg, {"beta": 0.5})["beta"] == 0.5  # the loss's values as the trainer reports them
+
+
+CHANGE_ERRORS = [
+    ("lr", -1, r"run\.set\(lr=-1\): TrainerConfig\.lr=-1: must be a positive number"),
+    ("weight_decay", -0.1, r"TrainerConfig\.weight_decay=-0\.1: must be a number >= 0"),
+    ("max_norm", "big", r"TrainerConfig\.max_norm='big'"),
+    ("max_tokens", 99, r"max_tokens=99: must be between 1 and max_res_tokens=4 \(longer responses"),
+    ("max_tokens", 0, r"max_tokens=0: must be between 1 and max_res_tokens=4"),
+    ("temperature", 0, r"temperature=0: must be a number > 0"),
+    ("top_p", 1.5, r"top_p=1\.5: must be a number in \(0, 1\]"),
+    ("max_policy_age", -1, r"max_policy_age=-1: must be an integer >= 0"),
+    ("difficulty", 0, r"difficulty=0: must be an integer >= 1"),
+    ("beta", 0.1, r"beta=0\.1: the KL penalty needs reference logprobs .* use_reference=True"),
+    ("clip_eps", -1.0, r"run\.set\(clip_eps=-1\.0\): .*clip_eps"),
+    ("learning_rate", 1.0, r"unknown name\(s\) \['learning_rate'\]; hot-changeable: \[.*'lr'"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "message"), CHANGE_ERRORS, ids=[f"{n}={v}" for n, v, _ in CHANGE_ERRORS])
+def test_check_change_names_the_value_and_the_fix(name, value, message):
+    from forge_nb.config import check_change
+
+    with pytest.raises(ValueError, match=message):
+        check_change(quickstart(), name, value)
+
+
+def test_check_change_accepts_what_the_run_can_apply():
+    from forge_nb.config import check_change
+    from forge_nb.rl import Gsm8kTask, ToyTask
+
+    cfg = quickstart()
+    for name, value in [("lr", 1e-4), ("weight_decay", 0.0), ("max_norm", 0.0), ("max_tokens", cfg.max_res_tokens),
+                        ("temperature", 0.7), ("top_p", 0.9), ("max_policy_age", 0), ("beta", 0.0),
+                        ("clip_eps", 0.3), ("agg", "token-mean")]:
+        check_change(cfg, name, value)
+    check_change(cfg, "difficulty", 2, task=ToyTask())
+    with pytest.raises(ValueError, match="the task Gsm8kTask has no difficulty to change"):
+        check_change(cfg, "difficulty", 2, task=Gsm8kTask.__new__(Gsm8kTask))
+    dapo = RunConfig(trainer=TrainerConfig(loss="dapo"))
+    check_change(dapo, "clip_low", 0.1)
+    with pytest.raises(ValueError, match="clip_"):  # checked with the loss's other fields as they are now
+        check_change(dapo, "clip_low", -0.5, current={"clip_high": 0.28})
+
+
+def test_the_trainer_config_reaches_the_actor_as_it_is():
+    from forge_nb.config import trainer_actor_kwargs
+
+    cfg = apply_overrides(quickstart(), {"trainer.max_norm": 0.5, "loop.warmup_steps": 3, "seed": 7,
+                                         "trainer.extra": {"training": {"dtype": "bfloat16"}}})
+    kwargs = trainer_actor_kwargs(cfg, checkpoint_folder="/tmp/ckpt", weights_namespace="a")
+    assert kwargs["trainer"] is cfg.trainer and kwargs["weights_namespace"] == "a"
+    run_sections = {k: v for k, v in kwargs.items() if k not in ("trainer", "weights_namespace")}
+    sections = cfg.trainer.actor_sections(run_sections)
+    assert sections == {  # what spawning's _trainer_sections built, now with weight_decay
+        "optimizer": {"lr": cfg.trainer.lr, "weight_decay": 0.0},
+        "training": {"seed": 7, "temperature": 1.0, "max_norm": 0.5, "dtype": "bfloat16"},
+        "lr_scheduler": {"warmup_steps": 3}, "checkpoint": {"folder": "/tmp/ckpt"},
+    }
+    # a YAML's trainer.checkpoint.folder (in extra) wins over the run's folder, as before
+    yaml_cfg = from_yaml("trainer: {checkpoint: {folder: ./ckpt}, optimizer: {lr: 2e-5, weight_decay: 0.1},\n"
+                         "          loss_config: {beta: 0}}\n")
+    assert (yaml_cfg.trainer.lr, yaml_cfg.trainer.weight_decay) == (2e-5, 0.1)
+    assert yaml_cfg.trainer.actor_sections({"checkpoint": {"folder": "/run"}})["checkpoint"] == {"folder": "./ckpt"}
+
+
+def test_a_field_is_set_once_and_sampling_values_are_checked_at_config_time():
+    with pytest.raises(ValueError, match=r"extra\['optimizer'\]\['lr'\]: set it as TrainerConfig\.lr"):
+        TrainerConfig(extra={"optimizer": {"lr": 1e-3}})
+    with pytest.raises(ValueError, match=r"sampling_params: sampling temperature=0"):
+        GeneratorConfig(sampling_params={"temperature": 0})
+    with pytest.raises(ValueError, match=r"max_tokens=9 > max_res_tokens=8"):
+        RunConfig(max_res_tokens=8, generator=GeneratorConfig(sampling_params={"max_tokens": 9}),
+                  trainer=TrainerConfig(loss_config={"beta": 0.0}))

@@ -270,3 +270,28 @@ def test_forge_config_cell_uses_the_same_loader():
     assert config_cell(QWEN3_SHAPED.replace("${oc.env:FORGE_TEST_USER,nobody}", "x")).model == "Qwen/Qwen3-0.6B"
     with pytest.raises(UsageError, match=r"unknown key\(s\) \['grpo\.n_sample'\]"):
         config_cell("grpo: {n_sample: 4}\n")
+
+
+def test_a_yaml_trainer_reaches_the_actor_sections_as_configured():
+    from forge_nb.actors import _trainer_config as tc
+    from forge_nb.config import trainer_actor_kwargs
+
+    cfg = from_yaml(QWEN3_SHAPED.replace("${oc.env:FORGE_TEST_USER,nobody}", "x"))
+    kwargs = trainer_actor_kwargs(cfg, checkpoint_folder="/runs/r/ckpt")
+    run_sections = {k: kwargs[k] for k in tc.SECTION_NAMES if k in kwargs}
+    sections, loss, loss_config = tc.trainer_arguments(kwargs["trainer"], run_sections, None, None)
+    opt = tc.read_section(tc.OptimizerConfig, "optimizer", sections["optimizer"])
+    training = tc.read_section(tc.TrainingConfig, "training", sections["training"])
+    ckpt = tc.read_section(tc.CheckpointConfig, "checkpoint", sections["checkpoint"])
+    sched = tc.read_section(tc.LRSchedulerConfig, "lr_scheduler", sections["lr_scheduler"])
+    assert (opt.lr, opt.eps, training.max_norm, training.temperature, training.dtype) == (
+        2e-5, 1e-7, 0.5, 0.9, "bfloat16")
+    assert (ckpt.folder, ckpt.interval, sched.warmup_steps) == ("./ckpt", 7, 3)  # the YAML's folder wins
+    assert set(sections) - set(tc.SECTION_NAMES) == {"compile", "activation_checkpoint"}  # torchtitan's, ignored
+    assert (loss, loss_config) == (cfg.trainer.loss, cfg.trainer.loss_config)
+    with pytest.raises(ValueError, match=r"trainer= and optimizer\.lr=0\.1: set TrainerConfig\.lr instead"):
+        tc.trainer_arguments(cfg.trainer, {"optimizer": {"lr": 0.1}}, None, None)
+    with pytest.raises(ValueError, match=r"trainer= and loss=/loss_config="):
+        tc.trainer_arguments(cfg.trainer, {}, "grpo", None)
+    with pytest.raises(TypeError, match=r"pass a forge_nb.config.TrainerConfig"):
+        tc.trainer_arguments({"lr": 1.0}, {}, None, None)  # type: ignore[arg-type]

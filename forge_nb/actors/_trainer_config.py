@@ -1,5 +1,9 @@
 """RLTrainer's configuration: one dataclass per section, read from dicts in forge_nb's or torchforge's shape.
 
+The trainer takes ``RunConfig.trainer`` (a ``TrainerConfig``) as it is, or torchforge's sections as keyword
+arguments (``trainer_arguments``). Which of its values ``set_hparams`` changes is declared on the config
+fields (``forge_nb.config.hot``), not listed here.
+
 torchforge's YAML (``apps/grpo/qwen3_1_7b.yaml``) passes torchtitan job sections to the trainer. Keys that
 mean the same thing here are read (``data_parallel_shard_degree`` -> ``dp_shard``); keys that only
 steer torchtitan's own engine (``seq_len``, ``gc_freq``, ``compile``...) are accepted and ignored, so a
@@ -8,24 +12,26 @@ seed config loads unchanged; anything else is a ValueError that lists the known 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
 import torch
 
 from forge_nb.actors._policy_model import ENGINES
+from forge_nb.config import TrainerConfig, trainer_hparam_sections
 
 __all__ = [
     "CheckpointConfig",
     "LRSchedulerConfig",
     "OptimizerConfig",
     "ParallelismConfig",
-    "TRAINER_HPARAMS",
+    "SECTION_NAMES",
     "TrainingConfig",
     "hparams",
     "model_source",
     "read_section",
+    "trainer_arguments",
     "with_hparams",
 ]
 
@@ -216,15 +222,38 @@ def model_source(model: str | Mapping[str, Any]) -> str:
     )
 
 
-TRAINER_HPARAMS = ("lr", "weight_decay", "max_norm", "temperature")
-"""Hyperparameters of the trainer itself that ``set_hparams`` changes; the loss's fields come on top."""
+SECTION_NAMES = ("optimizer", "training", "lr_scheduler", "checkpoint", "parallelism")
+"""RLTrainer's own sections (its other keyword sections are torchtitan's, accepted and ignored)."""
+
+
+def trainer_arguments(
+    trainer: TrainerConfig | None, sections: Mapping[str, Any], loss: str | Callable[..., Any] | None,
+    loss_config: Mapping[str, Any] | None,
+) -> tuple[dict[str, Any], str | Callable[..., Any], Mapping[str, Any] | None]:
+    """(sections, loss, loss_config) of RLTrainer's arguments: as given (torchforge's shape), or from a
+    ``TrainerConfig`` over the given sections, which then carry only what the run decides (seed, warmup,
+    checkpoint folder, temperature)."""
+    given = {k: v for k, v in sections.items() if v is not None}
+    if trainer is None:
+        return given, "grpo" if loss is None else loss, loss_config
+    if not isinstance(trainer, TrainerConfig):
+        raise TypeError(f"RLTrainer(trainer={trainer!r}): pass a forge_nb.config.TrainerConfig (e.g. cfg.trainer), "
+                        "or leave trainer out and pass torchforge's sections (optimizer=, training=, ...)")
+    if loss is not None or loss_config is not None:
+        raise ValueError("RLTrainer got trainer= and loss=/loss_config=: the TrainerConfig names the loss; "
+                         "set TrainerConfig.loss and .loss_config instead")
+    for name, where in TrainerConfig.section_fields().items():
+        if name in (given.get(where) or {}):
+            raise ValueError(f"RLTrainer got trainer= and {where}.{name}={given[where][name]!r}: set "
+                             f"TrainerConfig.{name} instead (one place for each setting)")
+    return trainer.actor_sections(given), trainer.loss, trainer.loss_config
 
 
 def hparams(opt: OptimizerConfig, train: TrainingConfig, loss_fn: Any) -> dict[str, Any]:
-    """Every hyperparameter ``set_hparams`` can change, with its current value."""
-    values: dict[str, Any] = {
-        "lr": opt.lr, "weight_decay": opt.weight_decay, "max_norm": train.max_norm, "temperature": train.temperature,
-    }
+    """Every hyperparameter ``set_hparams`` can change, with its current value: the fields declared hot with a
+    trainer section (``forge_nb.config.trainer_hparam_sections``), then the loss's fields."""
+    held = {"optimizer": opt, "training": train}
+    values = {name: getattr(held[where], name) for name, where in trainer_hparam_sections().items()}
     if is_dataclass(loss_fn):
         values |= {f.name: getattr(loss_fn, f.name) for f in fields(loss_fn) if f.name not in values}
     return values
@@ -238,9 +267,10 @@ def with_hparams(
     unknown = set(changes) - set(known)
     if unknown:
         raise ValueError(f"set_hparams got unknown name(s) {sorted(unknown)}; known: {sorted(known)}")
-    opt = replace(opt, **{k: changes[k] for k in ("lr", "weight_decay") if k in changes})
-    train = replace(train, **{k: changes[k] for k in ("max_norm", "temperature") if k in changes})
-    for_loss = {k: v for k, v in changes.items() if k not in TRAINER_HPARAMS}
+    held = trainer_hparam_sections()
+    opt = replace(opt, **{k: v for k, v in changes.items() if held.get(k) == "optimizer"})
+    train = replace(train, **{k: v for k, v in changes.items() if held.get(k) == "training"})
+    for_loss = {k: v for k, v in changes.items() if k not in held}
     if for_loss:
         loss_fn = replace(loss_fn, **for_loss)  # the loss's __post_init__ validates its fields
     return opt, train, loss_fn

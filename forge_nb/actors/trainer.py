@@ -3,6 +3,7 @@
     trainer = mesh.spawn("trainer", RLTrainer, model="Qwen/Qwen3-1.7B", loss="grpo",
                          loss_config={"beta": 0.04}, optimizer={"lr": 1e-6},
                          checkpoint={"folder": "runs/r1/ckpt", "interval": 50})
+    # or forge_nb's config as it is: RLTrainer, model=..., trainer=cfg.trainer, training={"seed": 0}
     await trainer.setup.call()
     result = await trainer.train_step.call(collate(episodes))    # every rank; a ForwardBackwardResult each
     await trainer.push_weights.call(version)
@@ -43,6 +44,7 @@ from forge_nb.actors._policy_model import (
 )
 from forge_nb.actors._trainer_batch import as_train_batch, local_rows, micro_batches, sft_labels
 from forge_nb.actors._trainer_config import (
+    SECTION_NAMES,
     CheckpointConfig,
     LRSchedulerConfig,
     OptimizerConfig,
@@ -51,9 +53,11 @@ from forge_nb.actors._trainer_config import (
     hparams,
     model_source,
     read_section,
+    trainer_arguments,
     with_hparams,
 )
 from forge_nb.actors._trainer_loss import loss_function, rl_loss, sft_loss, text_loss
+from forge_nb.config import TrainerConfig
 from forge_nb.rl import TrainBatch
 from forge_nb.rl.types import ForwardBackwardResult, SeedBatch, TextTrainBatch
 from forge_nb.service.actor import ForgeActor
@@ -71,7 +75,12 @@ _SEED_SECTIONS = {
 
 class RLTrainer(ForgeActor):
     """Trains the policy. Arguments are kept as given and validated by ``setup()``, where errors reach
-    the caller (an exception in ``__init__`` would only kill the actor)."""
+    the caller (an exception in ``__init__`` would only kill the actor).
+
+    Configure it with torchforge's sections (``optimizer=``, ``training=``, ``loss=``...), or with
+    ``trainer=`` a ``TrainerConfig`` (``RunConfig.trainer``) as it is, the sections then adding only what
+    the run decides (seed, warmup, checkpoint folder, sampling temperature). ``weights_namespace``: the
+    torchstore key namespace ``push_weights`` writes under (one per run, so runs side by side never mix)."""
 
     needs_store = True  # push_weights / update_weights go through the kernel's torchstore
 
@@ -79,21 +88,23 @@ class RLTrainer(ForgeActor):
         self,
         model: str | dict[str, Any],
         *,
+        trainer: TrainerConfig | None = None,
         optimizer: dict[str, Any] | None = None,
         training: dict[str, Any] | None = None,
-        loss: str | Callable[..., Any] = "grpo",
+        loss: str | Callable[..., Any] | None = None,
         loss_config: dict[str, Any] | None = None,
         checkpoint: dict[str, Any] | None = None,
         parallelism: dict[str, Any] | None = None,
         lr_scheduler: dict[str, Any] | None = None,
         pad_id: int | None = None,
+        weights_namespace: str = "policy",
         **seed_sections: Any,
     ) -> None:
-        self._args = dict(
-            model=model, optimizer=optimizer, training=training, loss=loss, loss_config=loss_config,
-            checkpoint=checkpoint, parallelism=parallelism, lr_scheduler=lr_scheduler, pad_id=pad_id,
-            seed_sections=seed_sections,
-        )
+        sections = dict(optimizer=optimizer, training=training, checkpoint=checkpoint, parallelism=parallelism,
+                        lr_scheduler=lr_scheduler, **seed_sections)
+        self._args = dict(model=model, trainer=trainer, sections=sections, loss=loss, loss_config=loss_config,
+                          pad_id=pad_id)
+        self.weights_namespace = weights_namespace
         self.step = 0
         self.policy: PolicyModel | None = None
 
@@ -103,15 +114,17 @@ class RLTrainer(ForgeActor):
         from forge_nb.models import resolve_model
 
         a = self._args
-        unknown = set(a["seed_sections"]) - _SEED_SECTIONS
+        sections, loss, loss_config = trainer_arguments(a["trainer"], a["sections"], a["loss"], a["loss_config"])
+        unknown = set(sections) - set(SECTION_NAMES) - _SEED_SECTIONS
         if unknown:
             raise ValueError(f"RLTrainer got unknown argument(s) {sorted(unknown)}")
-        self.opt_cfg: OptimizerConfig = read_section(OptimizerConfig, "optimizer", a["optimizer"])
-        self.train_cfg: TrainingConfig = read_section(TrainingConfig, "training", a["training"])
-        self.sched_cfg: LRSchedulerConfig = read_section(LRSchedulerConfig, "lr_scheduler", a["lr_scheduler"])
-        self.ckpt_cfg: CheckpointConfig = read_section(CheckpointConfig, "checkpoint", a["checkpoint"])
-        parallelism: ParallelismConfig = read_section(ParallelismConfig, "parallelism", a["parallelism"])
-        self.loss_fn = loss_function(a["loss"], a["loss_config"])
+        self.opt_cfg: OptimizerConfig = read_section(OptimizerConfig, "optimizer", sections.get("optimizer"))
+        self.train_cfg: TrainingConfig = read_section(TrainingConfig, "training", sections.get("training"))
+        self.sched_cfg: LRSchedulerConfig = read_section(LRSchedulerConfig, "lr_scheduler",
+                                                         sections.get("lr_scheduler"))
+        self.ckpt_cfg: CheckpointConfig = read_section(CheckpointConfig, "checkpoint", sections.get("checkpoint"))
+        parallelism: ParallelismConfig = read_section(ParallelismConfig, "parallelism", sections.get("parallelism"))
+        self.loss_fn = loss_function(loss, loss_config)
         self.rank, self.world, shared = mesh_identity()
         parallelism.check_world(self.world)
         path = resolve_model(model_source(a["model"]))  # FileNotFoundError naming the model
@@ -222,9 +235,10 @@ class RLTrainer(ForgeActor):
 
     @endpoint
     async def set_hparams(self, **changes: Any) -> dict[str, tuple[Any, Any]]:
-        """Change hyperparameters between steps: lr, weight_decay, max_norm, temperature, and any field of
-        the loss (beta, clip_eps, clip_low, clip_high, agg...). Returns {name: (old, new)} of what changed;
-        unknown names or invalid values raise ValueError and change nothing."""
+        """Change hyperparameters between steps: those declared hot with a trainer section on the config
+        (lr, weight_decay, max_norm, temperature: ``forge_nb.config.trainer_hparam_sections``) and any field
+        of the loss (beta, clip_eps, clip_low, clip_high, agg...). Returns {name: (old, new)} of what
+        changed; unknown names or invalid values raise ValueError and change nothing."""
         before = hparams(self.opt_cfg, self.train_cfg, self.loss_fn)
         self.opt_cfg, self.train_cfg, self.loss_fn = with_hparams(self.opt_cfg, self.train_cfg, self.loss_fn, changes)
         for group in self.optimizer.param_groups:
@@ -246,7 +260,7 @@ class RLTrainer(ForgeActor):
         state = self._policy().hf_state_dict(copy=False, cpu=False)  # converted to `dtype` as it is written
         size = sum(t.numel() * stored_dtype(t, dtype).itemsize for t in state.values())
         if self.rank == 0:
-            await push_state_dict(state, version, dtype=dtype)
+            await push_state_dict(state, version, dtype=dtype, namespace=self.weights_namespace)
         return {"version": float(version), "seconds": time.perf_counter() - start, "mb": size / 2**20}
 
     @endpoint

@@ -29,9 +29,9 @@ from typing import Any
 
 import yaml
 
-from forge_nb.config import RunConfig
 from forge_nb.config._keys import MUST_BE_ONE
 from forge_nb.config._resolve import resolve
+from forge_nb.config._run import RunConfig
 from forge_nb.config._sections import AnyKey, model_name, same, section
 from forge_nb.config._yaml_trainer import TrainerSections
 

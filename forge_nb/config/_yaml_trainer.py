@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from forge_nb.config import REFERENCE_SECTIONS, ReferenceConfig, TrainerConfig
 from forge_nb.config._keys import DTYPES, MUST_BE_ONE, TRAINER_SECTION_KEYS, TRAINER_SEED_SECTIONS
+from forge_nb.config._run import REFERENCE_SECTIONS, ReferenceConfig, TrainerConfig
 from forge_nb.config._sections import Tree, model_name, number, same, section
 
 
@@ -53,10 +53,8 @@ class TrainerSections(Tree):
         trainer = extra == "trainer.extra"
         for key, value in items.items():
             dotted = f"{where}.{key}"
-            if trainer and (name, key) == ("optimizer", "lr"):
-                self.put("trainer.lr", number(value, dotted), dotted)
-            elif trainer and (name, key) == ("training", "max_norm"):
-                self.put("trainer.max_norm", number(value, dotted), dotted)
+            if trainer and TrainerConfig.section_fields().get(key) == name:  # optimizer.lr -> trainer.lr ...
+                self.put(f"trainer.{key}", number(value, dotted), dotted)
             elif trainer and (name, key) == ("training", "steps"):
                 self.put("loop.max_steps", number(value, dotted, int), dotted)
             elif trainer and (name, key) == ("lr_scheduler", "warmup_steps"):

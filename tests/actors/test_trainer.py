@@ -190,6 +190,35 @@ async def test_set_hparams_changes_between_steps_and_rejects_unknown(env: Any) -
 
 
 @on_module_loop
+async def test_a_trainer_built_from_the_run_config_trains_as_configured_and_pushes_to_its_namespace(env: Any) -> None:
+    from forge_nb.actors.trainer import RLTrainer
+    from forge_nb.config import GeneratorConfig, RunConfig, TrainerConfig, trainer_actor_kwargs
+
+    cfg = RunConfig(trainer=TrainerConfig(lr=1e-3, max_norm=0.5, weight_decay=0.01, loss="dapo"),
+                    generator=GeneratorConfig(sampling_params={"temperature": 0.8}), seed=3)
+    kwargs = trainer_actor_kwargs(cfg, checkpoint_folder=None, weights_namespace="run-a")
+    trainer = env.mesh.spawn("from-config", RLTrainer, model=env.model, **kwargs)
+    await trainer.setup.call()
+    hp = first(await trainer.info.call())["hparams"]
+    assert {k: hp[k] for k in ("lr", "max_norm", "weight_decay", "temperature", "clip_high")} == {
+        "lr": 1e-3, "max_norm": 0.5, "weight_decay": 0.01, "temperature": 0.8, "clip_high": 0.28}
+    assert first(await trainer.train_step.call(make_batch()))["lr"] == pytest.approx(1e-3)  # the optimizer's
+    changed = first(await trainer.set_hparams.call(lr=2e-3, temperature=1.0))
+    assert changed == {"lr": (1e-3, 2e-3), "temperature": (0.8, 1.0)}
+    assert first(await trainer.train_step.call(make_batch()))["lr"] == pytest.approx(2e-3)
+
+    await trainer.push_weights.call(5)  # under the run's namespace, not the default "policy"
+    assert await weights.stored_versions(namespace="run-a") == [5]
+    assert 5 not in await weights.stored_versions()
+    await weights.drop_version(5, namespace="run-a")
+
+    wrong = env.mesh.spawn("from-config-twice", RLTrainer, model=env.model, trainer=cfg.trainer,
+                           optimizer={"lr": 0.1})
+    with pytest.raises(Exception, match=r"optimizer\.lr=0\.1: set TrainerConfig\.lr instead"):
+        await wrong.setup.call()
+
+
+@on_module_loop
 async def test_gradient_accumulation_trains_what_one_whole_batch_trains(env: Any) -> None:
     # seq-mean aggregation: the mean of two micro-batches' losses, each weighted by its half of the rows, is
     # the whole batch's loss, so one accumulated step and one whole step move the weights the same way

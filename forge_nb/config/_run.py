@@ -1,0 +1,266 @@
+"""The run configuration's dataclasses: one per component (generator, trainer, loop, reference) and RunConfig.
+
+Each validates itself in ``__post_init__`` with a message naming the field, the value and the fix. Fields a
+run may change while it trains are declared with ``hot(...)`` (see ``forge_nb.config._hot``). The
+package's ``__init__`` re-exports them with the YAML reader and ``apply_overrides``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from forge_nb.config._hot import SamplingConfig, TaskKnobs, hot
+from forge_nb.models import TinyModelConfig
+
+_IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+def _positive_int(obj: Any, *names: str, minimum: int = 1) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise ValueError(f"{type(obj).__name__}.{name}={value!r}: must be an integer >= {minimum}")
+
+
+@dataclass(kw_only=True)
+class GeneratorConfig:
+    """The vLLM generator service (``Generator`` / ``Policy``)."""
+
+    num_replicas: int = 1
+    procs: int = 1
+    with_gpus: bool = False
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    """vLLM engine arguments; ``model`` defaults to the run's model."""
+    sampling_params: dict[str, Any] = field(default_factory=lambda: {"temperature": 1.0, "top_p": 1.0},
+                                            metadata={"view": SamplingConfig})
+    """vLLM sampling parameters; ``n`` and ``max_tokens`` default to the run's group size and max_res_tokens.
+    Its hot keys (temperature, top_p, max_tokens) are declared and checked by ``SamplingConfig``."""
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "num_replicas", "procs")
+        try:
+            SamplingConfig.of(self.sampling_params)
+        except ValueError as e:
+            raise ValueError(f"GeneratorConfig.sampling_params: {e}") from None
+
+
+@dataclass(kw_only=True)
+class TrainerConfig:
+    """The trainer actor (``RLTrainer``) and its loss."""
+
+    procs: int = 1
+    with_gpus: bool = False
+    lr: float = hot(1e-5, "trainer", section="optimizer")
+    weight_decay: float = hot(0.0, "trainer", section="optimizer")
+    max_norm: float = hot(1.0, "trainer", section="training")
+    """Gradient clipping norm; 0 disables clipping."""
+    loss: str | Callable[..., Any] = "grpo"
+    """A name from ``forge_nb.rl.LOSSES`` (grpo, dr_grpo, dapo, cispo, gspo, sapo), ``"package.module:Name"``
+    (a loss class built with ``loss_config``, or a callable), or a loss object such as the skill card's
+    ``CustomLoss()``. A run directory records an object as its class's path, which ``resume`` imports."""
+    loss_config: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the loss, e.g. {"beta": 0.04, "clip_eps": 0.2}."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """RLTrainer's other sections in torchforge's shape (optimizer, training, checkpoint, parallelism...),
+    merged over the fields above by ``actor_sections``; a field above is set as the field, not here."""
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "procs")
+        if isinstance(self.lr, bool) or not (isinstance(self.lr, int | float) and self.lr > 0):
+            raise ValueError(f"TrainerConfig.lr={self.lr!r}: must be a positive number (e.g. 1e-5)")
+        for name in ("weight_decay", "max_norm"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, int | float) and value >= 0):
+                raise ValueError(f"TrainerConfig.{name}={value!r}: must be a number >= 0 (0 turns it off)")
+        for name, where in self.section_fields().items():
+            if name in (self.extra.get(where) or {}):
+                raise ValueError(f"TrainerConfig.extra[{where!r}][{name!r}]: set it as TrainerConfig.{name} "
+                                 "(the field), not in extra")
+        from forge_nb.rl import LOSSES
+
+        if callable(self.loss):
+            if self.loss_config:
+                raise ValueError(f"TrainerConfig.loss_config={self.loss_config!r} with a loss object: configure the "
+                                 "object through its constructor and set loss_config={}")
+            return
+        if isinstance(self.loss, str) and _IMPORT_PATH.fullmatch(self.loss):
+            return
+        if self.loss not in LOSSES:
+            raise ValueError(f"TrainerConfig.loss={self.loss!r}: unknown loss; choose one of {sorted(LOSSES)}, "
+                             "a 'package.module:Name' path, or pass a loss object")
+
+    @classmethod
+    def section_fields(cls) -> dict[str, str]:
+        """This config's fields that live in one of RLTrainer's sections, with the section: {"lr": "optimizer"...}."""
+        return {f.name: f.metadata["section"] for f in dataclasses.fields(cls) if f.metadata.get("section")}
+
+    def actor_sections(self, base: dict[str, Any] | None = None) -> dict[str, Any]:
+        """RLTrainer's keyword sections in torchforge's shape: ``base`` (the run's own settings, e.g.
+        {"training": {"seed": 0}}), then the fields that live in a section (lr -> optimizer.lr, max_norm ->
+        training.max_norm), then ``extra``; a later one wins. RLTrainer(trainer=...) calls it in its setup."""
+        sections: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in (base or {}).items()}
+        for name, where in self.section_fields().items():
+            sections.setdefault(where, {})[name] = getattr(self, name)
+        for key, value in self.extra.items():
+            sections[key] = {**sections.get(key, {}), **value} if isinstance(value, dict) else value
+        return sections
+
+
+@dataclass(kw_only=True)
+class LoopConfig:
+    """How rollouts and training interleave."""
+
+    mode: str = "async"
+    """"async": rollouts run ahead, bounded by max_policy_age; "sync": collect, train, update in lockstep."""
+    rollout_loops: int = 2
+    """Concurrent rollout loops (seeds' rollout_threads); one per generator replica is a good start."""
+    max_steps: int | None = None
+    """Stop after this many training steps (None: until stopped)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warmup over the first steps."""
+    eval_every: int = 0
+    """Evaluate on held-out prompts every N steps (0: never)."""
+    eval_prompts: int = 16
+    checkpoint_every: int = 0
+    """Save a trainer checkpoint and a buffer snapshot every N steps (0: never)."""
+    starved_after_s: float = 60.0
+    """Record a "starved" event when the trainer waits this long for a batch."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("async", "sync"):
+            raise ValueError(f"LoopConfig.mode={self.mode!r}: must be 'async' or 'sync'")
+        _positive_int(self, "rollout_loops", "eval_prompts")
+        _positive_int(self, "warmup_steps", "eval_every", "checkpoint_every", minimum=0)
+        if self.max_steps is not None:
+            _positive_int(self, "max_steps")
+
+
+REFERENCE_SECTIONS = frozenset({"training", "parallelism", "checkpoint", "compile", "comm", "job",
+                                "activation_checkpoint"})
+"""The keyword arguments of ``ReferenceModel`` besides ``model`` and ``pad_id``."""
+
+
+@dataclass(kw_only=True)
+class ReferenceConfig:
+    """The frozen ``ReferenceModel`` service, spawned when ``RunConfig.use_reference`` is set."""
+
+    num_replicas: int = 1
+    procs: int = 1
+    with_gpus: bool | None = None
+    """None: placed like the trainer."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Passed to ``ReferenceModel`` unchanged: its ``training`` section (dtype, engine, temperature) and
+    torchforge's ref_model sections it accepts."""
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "num_replicas", "procs")
+        unknown = set(self.extra) - REFERENCE_SECTIONS
+        if unknown:
+            raise ValueError(f"ReferenceConfig.extra has unknown section(s) {sorted(unknown)}; "
+                             f"ReferenceModel takes {sorted(REFERENCE_SECTIONS)}")
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """Everything one experiment needs. Build one with a recipe or :func:`from_yaml`."""
+
+    name: str = "run"
+    model: str = "tiny"
+    """A hub id, a local model folder, or "tiny" to build a small Qwen3 locally (see ``tiny``)."""
+    tiny: TinyModelConfig | None = None
+    task: str = "toy"
+    """"toy" (CPU quickstart), "gsm8k", or "module:function" returning a task object."""
+    task_args: dict[str, Any] = field(default_factory=dict, metadata={"view": TaskKnobs})
+    """Keyword arguments of the task; its hot keys (difficulty) are declared by ``TaskKnobs``."""
+    group_size: int = 8
+    max_req_tokens: int = 16
+    max_res_tokens: int = 8
+    batch_size: int = 16
+    """Episodes per training step (per data-parallel rank)."""
+    max_policy_age: int = hot(1, "run")
+    """An episode from version v is trainable while current - v <= max_policy_age (0: on-policy)."""
+    advantage: str = "grpo"
+    use_reference: bool = False
+    """Score responses with a frozen ReferenceModel for the KL penalty (needed when beta > 0)."""
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    """Where and how the ReferenceModel runs (used only with use_reference)."""
+    exporters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Metric exporters to attach at spawn, by kind with their options: {"wandb": {"project": "grpo"}}
+    (see ``forge_nb.exporters``)."""
+    run_dir: str | None = None
+    """Where config, metrics, events, checkpoints and the buffer snapshot go (default runs/<name>-<time>)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "group_size", "max_req_tokens", "max_res_tokens", "batch_size")
+        _positive_int(self, "max_policy_age", minimum=0)
+        max_tokens = self.sampling().max_tokens
+        if max_tokens > self.max_res_tokens:
+            raise ValueError(f"generator.sampling_params max_tokens={max_tokens} > max_res_tokens="
+                             f"{self.max_res_tokens}: longer responses would be cut in training; lower it or "
+                             "raise max_res_tokens")
+        if self.group_size < 2:
+            raise ValueError(f"RunConfig.group_size={self.group_size}: GRPO compares a group; use >= 2")
+        from forge_nb.rl import ADVANTAGE_METHODS
+
+        if self.advantage not in ADVANTAGE_METHODS:
+            raise ValueError(f"RunConfig.advantage={self.advantage!r}: choose one of {sorted(ADVANTAGE_METHODS)}")
+        from forge_nb.exporters import EXPORTERS
+
+        for kind, options in self.exporters.items():
+            if kind not in EXPORTERS or not isinstance(options, dict):
+                raise ValueError(f"RunConfig.exporters[{kind!r}]={options!r}: use a kind of {list(EXPORTERS)} "
+                                 "mapped to its options, e.g. {'wandb': {'project': 'grpo'}}")
+        from forge_nb.rl import LOSSES, make_loss
+
+        loss: Any = self.trainer.loss  # a path or an object is checked where it is imported: the trainer
+        if isinstance(loss, str) and loss in LOSSES:
+            try:
+                loss = make_loss(loss, **self.trainer.loss_config)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"trainer.loss_config={self.trainer.loss_config!r} for loss "
+                                 f"{self.trainer.loss!r}: {e}") from None
+        beta = getattr(loss, "beta", 0.0)
+        if beta and not self.use_reference:
+            raise ValueError(f"the {self.trainer.loss!r} loss has beta={beta}, which needs reference logprobs: "
+                             "set use_reference=True (spawns a ReferenceModel) or trainer.loss_config.beta=0")
+
+    def sampling(self) -> SamplingConfig:
+        """The generator's hot sampling values, with the run's defaults filled in (max_tokens = max_res_tokens)."""
+        sampling = SamplingConfig.of(self.generator.sampling_params)
+        if sampling.max_tokens is None:
+            sampling.max_tokens = self.max_res_tokens
+        return sampling
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        loss = self.trainer.loss
+        if callable(loss):  # a loss object is data only as its class's import path
+            cls = loss if isinstance(loss, type) else type(loss)
+            data["trainer"]["loss"] = f"{cls.__module__}:{cls.__qualname__}"
+        return data
+
+
+def from_dict(data: dict[str, Any]) -> RunConfig:
+    """A RunConfig from plain data (the inverse of ``to_dict``); unknown keys are errors."""
+    return _build(RunConfig, data, "")
+
+
+def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(data) - set(known)
+    if unknown:
+        raise ValueError(f"unknown key(s) {sorted(where + k for k in unknown)}; known here: {sorted(known)}")
+    kwargs = {}
+    for key, value in data.items():
+        nested = {"generator": GeneratorConfig, "trainer": TrainerConfig, "loop": LoopConfig,
+                  "reference": ReferenceConfig, "tiny": TinyModelConfig}.get(key) if cls is RunConfig else None
+        kwargs[key] = _build(nested, value, f"{where}{key}.") if nested and isinstance(value, dict) else value
+    return cls(**kwargs)
