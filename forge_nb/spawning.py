@@ -14,7 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from forge_nb import runtime, weights
-from forge_nb.config import RunConfig, apply_overrides, from_dict, from_yaml
+from forge_nb.config import (
+    RunConfig,
+    apply_overrides,
+    from_dict,
+    from_yaml,
+    hot_fields,
+    initial_hparams,
+    trainer_actor_kwargs,
+    trainer_hparam_sections,
+)
+from forge_nb.controller import WeightSync
 from forge_nb.models import TinyModelConfig, build_tiny_model, resolve_model
 from forge_nb.run import EpisodeFn, Run
 from forge_nb.rundir import RunDir
@@ -23,13 +33,21 @@ logger = logging.getLogger(__name__)
 
 
 async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[str, Any] | None = None,
-                episode_fn: EpisodeFn | None = None, progress: bool = True) -> Run:
-    """Spawn every service of ``config`` (a RunConfig, a YAML path or YAML text) and return the Run."""
+                episode_fn: EpisodeFn | None = None, progress: bool = True,
+                actors: dict[str, type] | None = None) -> Run:
+    """Spawn every service of ``config`` (a RunConfig, a YAML path or YAML text) and return the Run.
+
+    ``actors`` replaces the class of a service ("policy", "trainer", "ref_model") by another
+    ForgeActor with the same endpoints and constructor keywords, e.g. your own generator."""
+    unknown = set(actors or {}) - {"policy", "trainer", "ref_model"}
+    if unknown:
+        raise ValueError(f"actors={sorted(unknown)}: the services whose class can be replaced are 'policy', "
+                         "'trainer' and 'ref_model'")
     cfg = config if isinstance(config, RunConfig) else from_yaml(config)
     if overrides:
         cfg = apply_overrides(cfg, overrides)
     directory = RunDir.create(cfg.to_dict(), cfg.name, cfg.run_dir)
-    run = await _bring_up(cfg, directory, episode_fn, progress)
+    run = await _bring_up(cfg, directory, episode_fn, progress, actors or {})
     for kind, options in cfg.exporters.items():  # e.g. a YAML's metric_logging section
         run.export(kind, **options)
     return run
@@ -44,21 +62,13 @@ async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progr
     """
     directory = RunDir.open(path)
     cfg = from_dict({**directory.config, "run_dir": str(directory.path)})
-    run = await _bring_up(cfg, directory, episode_fn, progress)
+    run = await _bring_up(cfg, directory, episode_fn, progress, {})
     state = directory.load_state()
     if state is None:
         run.metrics.event("resume", from_step=0, message="no checkpoint yet: starting from the initial weights")
         return run
     last_recorded = run.metrics.step
-    run.current_step, run.version = int(state["step"]), int(state["version"])
-    run.replay_buffer.load_state_dict(state["buffer"])
-    run._ledger.update(state.get("ledger", {}))
-    if state.get("hparams"):
-        run.set(**state["hparams"])
-        await run.apply_changes()
-    await run.trainer.push_weights.call(run.version)
-    await run.policy.update_weights.fanout(run.version)
-    run.set_version(run.version)
+    await run._ctl.restore(state)
     if last_recorded > run.current_step:
         run.metrics.event("rewind", from_step=last_recorded, to_step=run.current_step,
                           message=f"steps {run.current_step + 1}..{last_recorded} came after the last checkpoint "
@@ -73,25 +83,30 @@ async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progr
     return run
 
 
-async def _bring_up(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | None, progress: bool) -> Run:
+async def _bring_up(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | None, progress: bool,
+                    actors: dict[str, type]) -> Run:
     task = make_task(cfg)
     model = _model_path(cfg, task, directory)
     pad_id = _pad_id(model)
     runtime.ensure_started()
-    started_store = await weights.initialize_store()
+    sync = WeightSync(weights.namespace_for(cfg.name))
+    await sync.open()  # this run's key namespace and torchstore lease, before anything is spawned
     try:
-        return await _start_services(cfg, directory, episode_fn, progress, task, model, pad_id)
-    except BaseException:
-        if started_store:  # nothing of a failed spawn stays behind (its started services are already down)
-            await weights.shutdown_store()
+        return await _start_services(cfg, directory, episode_fn, progress, task, model, pad_id, sync, actors)
+    except BaseException:  # nothing of a failed spawn stays behind (its started services are already down)
+        await sync.close()
         raise
 
 
 async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | None, progress: bool,
-                          task: Any, model: str, pad_id: int) -> Run:
+                          task: Any, model: str, pad_id: int, sync: WeightSync, actors: dict[str, type]) -> Run:
     from forge_nb.actors.generator import Generator
     from forge_nb.actors.reference_model import ReferenceModel
     from forge_nb.actors.trainer import RLTrainer
+
+    Generator = actors.get("policy", Generator)  # noqa: N806 (a class, as in the seeds)
+    RLTrainer = actors.get("trainer", RLTrainer)  # noqa: N806
+    ReferenceModel = actors.get("ref_model", ReferenceModel)  # noqa: N806
 
     sampling = {"n": cfg.group_size, "max_tokens": cfg.max_res_tokens, **cfg.generator.sampling_params}
     engine_args = {"max_model_len": cfg.max_req_tokens + cfg.max_res_tokens + 8, "seed": cfg.seed,
@@ -99,30 +114,32 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
     starts: dict[str, Any] = {
         "policy": Generator.options(num_replicas=cfg.generator.num_replicas, procs=cfg.generator.procs,
                                     with_gpus=cfg.generator.with_gpus, mesh_name=f"{cfg.name}-policy")
-        .as_service(model=model, engine_args=engine_args, sampling_params=sampling),
+        .as_service(model=model, engine_args=engine_args, sampling_params=sampling,
+                    weights_namespace=sync.namespace),
         "trainer": RLTrainer.options(procs=cfg.trainer.procs, with_gpus=cfg.trainer.with_gpus,
                                      mesh_name=f"{cfg.name}-trainer")
-        .as_actor(model=model, loss=cfg.trainer.loss, loss_config=cfg.trainer.loss_config, pad_id=pad_id,
-                  **_trainer_sections(cfg, directory, sampling.get("temperature", 1.0))),
+        .as_actor(model=model, pad_id=pad_id, **trainer_actor_kwargs(
+            cfg, checkpoint_folder=str(directory.checkpoints), weights_namespace=sync.namespace)),
     }
     if cfg.use_reference:
         ref = cfg.reference
         with_gpus = cfg.trainer.with_gpus if ref.with_gpus is None else ref.with_gpus
-        ref_training = {"temperature": sampling.get("temperature", 1.0), **ref.extra.get("training", {})}
+        ref_training = {"temperature": cfg.sampling().temperature, **ref.extra.get("training", {})}
         starts["ref_model"] = ReferenceModel.options(
             num_replicas=ref.num_replicas, procs=ref.procs, with_gpus=with_gpus, mesh_name=f"{cfg.name}-ref",
         ).as_service(model=model, **{**ref.extra, "training": ref_training})
     services = await _start_all(starts, progress)
-    hparams = {"lr": cfg.trainer.lr, "max_norm": cfg.trainer.max_norm, "max_policy_age": cfg.max_policy_age,
-               **{k: v for k, v in sampling.items() if k in ("temperature", "top_p", "max_tokens")}}
-    hparams |= dict(cfg.trainer.loss_config)
-    if hasattr(task, "difficulty"):
-        hparams["difficulty"] = task.difficulty
-    trainer_info = (await services["trainer"].info.call())[0]
-    return Run(cfg, policy=services["policy"], trainer=services["trainer"], ref_model=services.get("ref_model"),
-               task=task, reward_fns=list(task.reward_fns), pad_id=pad_id, directory=directory,
-               episode_fn=episode_fn, hparams=hparams, trainer_hparams=tuple(trainer_info["hparams"]),
-               model=model)
+    try:
+        reported = (await services["trainer"].info.call())[0]["hparams"]
+        loss = {k: v for k, v in reported.items() if k not in trainer_hparam_sections()}
+        routes, hparams = hot_fields(cfg, loss), initial_hparams(cfg, loss, task=task)
+        return Run(cfg, policy=services["policy"], trainer=services["trainer"], ref_model=services.get("ref_model"),
+                   task=task, reward_fns=list(task.reward_fns), pad_id=pad_id, directory=directory, sync=sync,
+                   hot_routes=routes, hot_values=hparams, episode_fn=episode_fn, model=model)
+    except BaseException:
+        for service in services.values():
+            await service.shutdown()
+        raise
 
 
 async def _start_all(starts: dict[str, Any], progress: bool) -> dict[str, Any]:
@@ -190,16 +207,3 @@ def _pad_id(model: str) -> int:
     if pad is None:
         raise ValueError(f"the tokenizer of {model!r} has neither a pad nor an eos token")
     return int(pad)
-
-
-def _trainer_sections(cfg: RunConfig, directory: RunDir, temperature: float) -> dict[str, Any]:
-    """The trainer's config sections; its logprobs are of the distribution the generator samples from."""
-    sections: dict[str, Any] = {
-        "optimizer": {"lr": cfg.trainer.lr},
-        "training": {"max_norm": cfg.trainer.max_norm, "seed": cfg.seed, "temperature": temperature},
-        "checkpoint": {"folder": str(directory.checkpoints)},
-        "lr_scheduler": {"warmup_steps": cfg.loop.warmup_steps},
-    }
-    for key, value in cfg.trainer.extra.items():
-        sections[key] = {**sections.get(key, {}), **value} if isinstance(value, dict) else value
-    return sections

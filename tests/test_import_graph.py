@@ -1,4 +1,5 @@
-"""Dependencies point one way (magics -> run -> services/actors/rl -> runtime); imports have no side effects."""
+"""Dependencies point one way (magics -> run -> controller -> services/actors/rl -> runtime), with no import
+cycle anywhere in the package; modules stay under 500 lines; imports have no side effects."""
 
 from __future__ import annotations
 
@@ -14,15 +15,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "forge_nb"
 # layer of each top-level part of forge_nb: a module may import only from its own layer or lower ones.
 LAYERS = {
     "_procs": 0, "_monarch_compat": 0, "rl": 0, "data": 0, "models": 0, "metrics": 0, "sft": 0, "exporters": 1,
-    "runtime": 1, "_procinfo": 1, "_torchstore": 2, "weights": 2, "config": 2,
-    "service": 3, "actors": 4, "rundir": 4, "apps": 5, "loops": 5, "run": 5, "spawning": 6, "recipes": 6,
-    "widgets": 7, "magics": 8,
+    "runtime": 1, "_procinfo": 1, "leases": 0, "_weights_shm": 2, "_torchstore": 2, "weights": 2, "config": 2,
+    "service": 3, "actors": 4, "rundir": 4, "apps": 5, "controller": 5, "run": 6, "spawning": 7, "recipes": 7,
+    "widgets": 8, "magics": 9,
 }
 # widgets read metrics and status only: never the process machinery
-FORBIDDEN = {"widgets": {"runtime", "service", "actors", "_torchstore", "weights", "_procinfo"},
-             "data": {"runtime", "service", "actors", "weights", "_torchstore"},
-             "rl": {"runtime", "service", "actors", "weights", "_torchstore"},
-             "exporters": {"runtime", "service", "actors", "_torchstore", "weights", "_procinfo"}}
+FORBIDDEN = {"widgets": {"runtime", "service", "actors", "_torchstore", "weights", "_weights_shm", "_procinfo"},
+             "data": {"runtime", "service", "actors", "weights", "_weights_shm", "_torchstore"},
+             "rl": {"runtime", "service", "actors", "weights", "_weights_shm", "_torchstore"},
+             "exporters": {"runtime", "service", "actors", "_torchstore", "weights", "_weights_shm", "_procinfo"}}
 
 
 def _part(module: str) -> str | None:
@@ -61,6 +62,79 @@ def test_dependencies_point_one_way(part, path):
             continue
         assert LAYERS[target] <= LAYERS[part], f"{path.name} ({part}) imports {module} from a higher layer"
         assert target not in FORBIDDEN.get(part, set()), f"{path.name} ({part}) must not import {module}"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """forge_nb module -> the forge_nb modules it imports anywhere in its file (inside functions and under
+    TYPE_CHECKING too: an import back up there still means two modules share one responsibility)."""
+    names = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+    def resolve(module: str) -> str:
+        while module not in names and "." in module:
+            module = module.rsplit(".", 1)[0]
+        return module
+
+    graph = {}
+    for name, path in names.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {resolve(a.name) for a in node.names if a.name.startswith("forge_nb")}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("forge_nb"):
+                targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in names else resolve(node.module)
+                            for a in node.names}
+        graph[name] = targets - {name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                found.append(sorted([v, *component]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_in_the_package():
+    cycles = _cycles(_import_graph())
+    assert not cycles, f"import cycles (each a set of modules that import one another): {cycles}"
+
+
+def test_no_module_over_500_lines():
+    lengths = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    long = {name: n for name, n in lengths.items() if n > 500}
+    assert not long, f"split these modules (one concept per module): {long}"
 
 
 def _fresh_import(code: str) -> set[str]:

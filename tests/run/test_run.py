@@ -69,7 +69,7 @@ async def test_set_applies_at_the_next_step_boundary_and_is_recorded(run):
         run.set(max_tokens=999)
     with pytest.raises(ValueError, match="use_reference=True"):  # a KL penalty without a reference model
         run.set(beta=0.05)
-    assert run._pending == {}  # a refused change queues nothing
+    assert run.pending == {}  # a refused change queues nothing
     run.set(lr=1e-3, temperature=0.7)
     await run.step(1)
     (event,) = [e for e in run.metrics.events if e["kind"] == "set"][-1:]
@@ -99,7 +99,7 @@ async def test_sync_mode_is_on_policy_from_the_same_episode_function(run):
 
 async def test_custom_episode_function_curriculum_and_multi_task(run):
     """The seeds' patterns: a curriculum raising difficulty, and two tasks sampled in turn."""
-    from forge_nb.loops import generate_episode
+    from forge_nb.controller import generate_episode
 
     seen: list[tuple[str, int]] = []
 
@@ -132,7 +132,7 @@ async def test_a_loop_that_raises_stops_the_run_with_its_error(run):
     # the training step in flight when the rollout failed finished before its loop was cancelled
     assert await _until(lambda: not any(s == "running" for s in run.status()["loops"].values()), timeout=60)
     assert run.ledger()["balanced"], run.ledger()
-    from forge_nb.loops import generate_episode
+    from forge_nb.controller import generate_episode
 
     run.episode_fn = generate_episode  # fixed: the run continues
     before = run.current_step
@@ -150,7 +150,7 @@ async def test_a_starved_trainer_says_so(run):
     run.start()
     assert await _until(lambda: any(e["kind"] == "starved" for e in run.metrics.events), timeout=30)
     await run.stop(timeout=5)
-    from forge_nb.loops import generate_episode
+    from forge_nb.controller import generate_episode
 
     run.episode_fn = generate_episode
     run.config.loop.starved_after_s = 60.0

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(120)
 
 WIDGETS = Path(forge_nb.widgets.__file__).parent
 FORBIDDEN = ("monarch", "forge_nb.service", "forge_nb.runtime", "forge_nb.actors", "forge_nb.run",
-             "forge_nb.spawning", "forge_nb.loops", "torch", "vllm")
+             "forge_nb.spawning", "forge_nb.controller", "torch", "vllm")
 
 
 def _imported(tree: ast.AST) -> set[str]:

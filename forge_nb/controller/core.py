@@ -1,0 +1,453 @@
+"""Controller: the loops of one run, their events and counters, as named asyncio tasks in the kernel.
+
+::
+
+      task.sample()                                       (N rollout loops, "rollout<i>")
+           │
+           v
+      episode_fn(run, sample) ──> accept(group) ──> ReplayBuffer ──sample(version)──┐
+      generate, score, ref logprobs,   │  quarantined / rolled back: counted, dropped │
+      advantages                       v                                            v
+                                     Ledger                       trainer.train_step(batch)   ("train")
+                                                                            │
+      generators <── update_weights.fanout(v) <── push_weights(v) <── WeightSync.publish(v+1)
+                                                                            │
+                                              hot changes, eval, checkpoint at the step boundary
+
+Backpressure: what each loop consumes, what it waits for, and what unblocks it.
+
+===============  ===================  =============================================  ==========================
+loop             consumes             waits for                                      unblocked by
+===============  ===================  =============================================  ==========================
+rollout<i>       a task sample        ``running`` (pause), ``collect_allowed``        resume; a batch leaving
+                                      (buffer full: one batch in sync mode,           the buffer (async) or the
+                                      ``max_policy_age + 1`` batches in async mode)   step's weight sync (sync)
+train            a batch              ``running``; ``batch_ready`` (buffer short;     resume; accept(); at most
+                                      stale episodes just evicted frees room)         ``starved_after_s``
+sft              ``sft_data`` batches ``running``                                     resume
+===============  ===================  =============================================  ==========================
+
+Rules: a paused run stops rollouts after their in-flight generation and training after its step.
+Nothing cancels a training step in flight: ``stop()`` waits until the training loop is parked at a
+boundary (``training_idle``), then cancels every loop. A loop that raises or returns stops the run
+with its name and error (``_loop_done``): ``error`` keeps it, an "error" event records it, the
+other loops stop as ``stop()`` stops them. A trainer that dies mid-step or between steps is
+respawned by its service with its last complete checkpoint, and the run rewinds to it, visibly.
+
+The controller is the only writer of ``step``, the state and the ledger; ``WeightSync`` the only
+writer of the version. ``forge_nb.Run`` is the user's handle over it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from forge_nb.controller.episodes import episode_metrics, evaluate
+from forge_nb.controller.hot import HotChanges
+from forge_nb.controller.ledger import Ledger
+from forge_nb.controller.weight_sync import WeightSync
+from forge_nb.metrics import MetricsStore
+from forge_nb.rl import Episode, ReplayBuffer, collate
+from forge_nb.service import ReplicaDied
+
+logger = logging.getLogger(__name__)
+
+EpisodeFn = Callable[[Any, dict[str, Any]], Awaitable[list[Episode]]]
+
+
+class Controller:
+    """Loops, events and counters of one run (see the module docstring)."""
+
+    def __init__(self, handle: Any, *, config: Any, trainer: Any, policy: Any, task: Any, buffer: ReplayBuffer,
+                 ledger: Ledger, sync: WeightSync, hot: HotChanges, metrics: MetricsStore, directory: Any,
+                 episode_fn: EpisodeFn):
+        self.handle = handle  # what episode functions receive (the user's Run)
+        self.config, self.trainer, self.policy, self.task = config, trainer, policy, task
+        self.buffer, self.ledger, self.sync, self.hot = buffer, ledger, sync, hot
+        self.metrics, self.dir, self.episode_fn = metrics, directory, episode_fn
+        self.name = config.name
+        self.state, self.error, self.mode = "ready", None, "rl"
+        self.step = 0
+        self.sft_data: Any = None
+        self.recent: deque[dict[str, Any]] = deque(maxlen=2000)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._running = asyncio.Event()
+        self.collect_allowed, self.batch_ready = asyncio.Event(), asyncio.Event()
+        self.collect_allowed.set()
+        self.training_idle = asyncio.Event()  # set while the training loop is between steps
+        self._steps_left: int | None = None
+        self._steps_waiter: asyncio.Future[None] | None = None
+        self._rewound_to: list[int] = []  # the version each rewind went back to, in order
+        self._gen_tokens, self._gen_since = 0, time.monotonic()
+        self._trainer_failures_seen = self._trainer_failures()
+
+    # -- control ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start (or resume) the loops in the background."""
+        self.require_not_shut_down()
+        if self.state == "failed":  # the user fixed the cause (e.g. replaced run.episode_fn): go on
+            self.metrics.event("restart", after_error=self.error)
+            self.error = None
+        loop = asyncio.get_running_loop()
+        if self.mode == "sft":
+            wanted: dict[str, Callable[[], Awaitable[None]]] = {"sft": self._sft_loop}
+        else:
+            wanted = {"train": self._training_loop} | {
+                f"rollout{i}": (lambda i=i: self._rollout_loop(i)) for i in range(self.config.loop.rollout_loops)}
+        for name, make in wanted.items():
+            if name not in self._tasks or self._tasks[name].done():
+                task = loop.create_task(make(), name=f"forge_nb.{self.name}.{name}")
+                task.add_done_callback(self._loop_done)
+                self._tasks[name] = task
+        self.set_state("running")
+        self._running.set()
+
+    def pause(self) -> None:
+        self._running.clear()
+        if self.state == "running":
+            self.set_state("paused")
+
+    async def run_steps(self, n: int) -> None:
+        """Run exactly ``n`` training steps, then pause (a step already in flight is not one of them)."""
+        self.pause()
+        await self.no_step_in_flight()
+        self._steps_left = n
+        self._steps_waiter = asyncio.get_running_loop().create_future()
+        self.start()
+        await self._steps_waiter
+
+    async def stop(self, timeout: float = 120.0) -> None:
+        """Stop the loops at a step boundary (services stay up; ``start()`` continues)."""
+        self.pause()
+        try:
+            await self.no_step_in_flight(timeout)
+        except TimeoutError:
+            logger.warning("run %s: the training step did not finish in %ss; cancelling it", self.name, timeout)
+        await self._cancel_loops()  # cancels synchronously, before its first await: no step can start
+        if self.state != "failed":
+            self.set_state("stopped")
+
+    async def switch(self, mode: str) -> None:
+        """Stop the loops (at a step boundary) and make ``mode`` ("rl" or "sft") the next start's loops."""
+        self.require_not_shut_down()
+        if any(not t.done() for t in self._tasks.values()):
+            await self.stop()
+        self._tasks.clear()
+        self.mode = mode
+
+    def loops(self) -> dict[str, str]:
+        return {n: ("running" if not t.done() else "done") for n, t in self._tasks.items()}
+
+    def require_not_shut_down(self) -> None:
+        if self.state in ("stopping", "shut down"):
+            raise RuntimeError(f"run {self.name!r} is {self.state}; spawn a new one (forge_nb.spawn)")
+
+    def set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            self.metrics.event("state", state=state)
+
+    @property
+    def running(self) -> bool:
+        return self._running.is_set()
+
+    # -- rollouts --------------------------------------------------------------------------------
+
+    async def _rollout_loop(self, index: int) -> None:
+        """Sample a prompt, make a group, hand it over; forever, pausing when the run pauses."""
+        while True:
+            await self._running.wait()
+            await self.collect_allowed.wait()
+            sample = self.task.sample()
+            rewinds = len(self._rewound_to)
+            group = await self.episode_fn(self.handle, sample)
+            self.accept(group, rewinds_before=rewinds)
+
+    def accept(self, group: list[Episode], rewinds_before: int | None = None) -> None:
+        """A finished group: quarantined episodes are recorded and dropped, the rest buffered.
+
+        ``rewinds_before``: how many rewinds had happened when the group's generation began. Episodes
+        made by weights a rewind since then took back (versions above the one it went back to) are
+        dropped as ``rolled_back``. The version number alone cannot tell: during a weight update the
+        generators already updated make version v+1 while the run still says v, and after a rewind
+        the numbers are used again by the new weights."""
+        taken_back = min(self._rewound_to[rewinds_before:], default=None) if rewinds_before is not None else None
+        for episode in group:
+            completion = episode.completion
+            self._gen_tokens += len(completion.token_ids) if completion is not None else 0
+            self.recent.append({
+                "episode_id": episode.episode_id, "prompt": completion.prompt if completion else None,
+                "response": completion.text if completion else None, "target": episode.target,
+                "reward": episode.reward, "advantage": episode.advantage, "version": episode.policy_version,
+                "quarantine": episode.quarantine})
+            self.ledger.accept()
+            if episode.quarantine:
+                self.ledger.end("quarantined")
+                self.metrics.event("quarantine", episode_id=episode.episode_id, reason=episode.quarantine)
+            elif taken_back is not None and (episode.policy_version or 0) > taken_back:
+                self.ledger.end("rolled_back")
+            else:
+                self.buffer.add(episode)
+        if len(self.buffer) >= self.buffer_limit:
+            self.collect_allowed.clear()
+        self.batch_ready.set()
+
+    @property
+    def buffer_limit(self) -> int:
+        """Episodes buffered before rollouts wait: one batch in sync mode, max_policy_age + 1 in async."""
+        batch = self.config.batch_size
+        return batch if self.config.loop.mode == "sync" else batch * (self.buffer.max_policy_age + 1)
+
+    def clear_buffer(self, reason: str) -> int:
+        """Drop every buffered episode, counted in the ledger and recorded as an event."""
+        n = len(self.buffer)
+        self.ledger.end("cleared", n)
+        self.buffer.clear()
+        self.metrics.event("buffer_cleared", episodes=n, reason=reason)
+        return n
+
+    # -- training --------------------------------------------------------------------------------
+
+    async def _training_loop(self) -> None:
+        """Train on a batch, publish the weights; one step at a time."""
+        try:
+            await self._train_forever()
+        finally:  # cancelled mid-step or failed: either way no step is in flight any more
+            self.training_idle.set()
+
+    async def _train_forever(self) -> None:
+        loop_cfg = self.config.loop
+        waited_since, starved_reported = time.monotonic(), False
+        while True:
+            if not await self._step_boundary():
+                continue
+            batch = self.buffer.sample(curr_policy_version=self.sync.version)
+            if batch is None:
+                self.training_idle.set()  # nothing sampled: waiting for a batch is a safe place to stop
+                self.collect_allowed.set()  # stale episodes were just evicted: room for fresh ones
+                waited = time.monotonic() - waited_since
+                if not starved_reported and waited > loop_cfg.starved_after_s:
+                    self.metrics.event("starved", waited_s=round(waited, 1),
+                                       message="the trainer has waited for a batch; are the generators healthy?")
+                    starved_reported = True
+                # wake up by the starvation deadline at the latest, so a trainer that waits forever says so
+                patience = 1.0 if starved_reported else max(0.05, loop_cfg.starved_after_s - waited)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.batch_ready.wait(), patience)
+                self.batch_ready.clear()
+                continue
+            sync_mode = loop_cfg.mode == "sync"
+            if not sync_mode:
+                self.collect_allowed.set()  # a batch left the buffer: rollouts may refill it while we train
+            await self._train_one_step([e for shard in batch for e in shard], time.monotonic() - waited_since)
+            if sync_mode:
+                self.collect_allowed.set()  # lockstep: the next batch is generated by the new weights
+            waited_since, starved_reported = time.monotonic(), False
+            if self._step_budget_spent():
+                continue
+            if loop_cfg.max_steps is not None and self.step >= loop_cfg.max_steps:
+                self.metrics.event("done", message=f"reached loop.max_steps={loop_cfg.max_steps}")
+                self.pause()
+
+    async def _step_boundary(self) -> bool:
+        """Between steps: park (``training_idle`` set, so ``stop()`` may cancel the loop) until the run
+        is running; from then on a step may be in flight, so ``stop()`` waits for it instead. A trainer
+        that died meanwhile rewinds the run first (False: start over); otherwise the queued hot changes
+        are applied and the step may begin (True)."""
+        self.training_idle.set()
+        await self._running.wait()
+        self.training_idle.clear()
+        if self._trainer_failures() != self._trainer_failures_seen:
+            await self.recover_trainer("the trainer's process died between steps")
+            return False
+        await self.hot.apply()
+        return True
+
+    async def _train_one_step(self, episodes: list[Episode], wait_s: float) -> None:
+        """train_step -> WeightSync.publish, with the step's metrics recorded."""
+        t0 = time.perf_counter()
+        measured = episode_metrics(episodes, self.sync.version)  # policy age against the version that trains them
+        self.ledger.begin_step(len(episodes))  # the ledger balances while the step runs, too
+        try:
+            results = await self.trainer.train_step.call(collate(episodes))
+        except ReplicaDied as error:  # the step is lost with its process; rewind to the last checkpoint
+            self.ledger.settle_step("trainer_died", len(episodes))
+            await self.recover_trainer(str(error))
+            return
+        except Exception:  # the trainer raised: the run stops with this error (_loop_done)
+            self.ledger.settle_step("failed_step", len(episodes))
+            raise
+        out = dict(results[0].metrics)
+        t1 = time.perf_counter()
+        trained = not self._skipped(out)
+        self.ledger.settle_step("trained" if trained else "skipped_step", len(episodes))
+        if trained and not await self._publish(out):
+            return
+        out.update(measured)
+        out["tokens_per_s/generate"] = self._generated_tokens_per_s()
+        out.update({f"buffer/{name}": value for name, value in self.buffer.counters().items()})
+        await self._record_step(out, t0, t1, wait_s)
+
+    def _skipped(self, out: dict[str, Any]) -> bool:
+        """Whether the trainer skipped the step (non-finite loss or gradient); records a "skip" event if so."""
+        if not out.get("skipped"):
+            return False
+        reason = next((k.split("/", 1)[1] for k in out if k.startswith("skipped/")), "non-finite")
+        self.metrics.event("skip", step=self.step + 1, reason=reason, loss=out.get("loss"))
+        return True
+
+    async def _publish(self, out: dict[str, Any]) -> bool:
+        """The next version to every generator; False when the trainer died before its push (the run
+        has then rewound to its last checkpoint)."""
+        try:
+            out.update(await self.sync.publish(self.sync.version + 1))
+        except ReplicaDied as error:  # trained but not pushed: the checkpoint is the truth
+            await self.recover_trainer(str(error))
+            return False
+        return True
+
+    async def _record_step(self, out: dict[str, Any], t0: float, t1: float, wait_s: float) -> None:
+        """Count the step, record its row, then the periodic work (evaluation, checkpoint)."""
+        self.step += 1
+        out.update({"time/wait_batch_s": wait_s, "time/train_s": t1 - t0, "time/step_s": time.perf_counter() - t0,
+                    "version": self.sync.version, "buffer/size": len(self.buffer)})
+        out["tokens_per_s/train"] = (out.get("tokens") or 0) / max(t1 - t0, 1e-9)
+        self.metrics.record(self.step, out)
+        every = self.config.loop
+        if every.eval_every and self.step % every.eval_every == 0:
+            values = await evaluate(self.handle, every.eval_prompts)
+            self.metrics.event("eval", **values)
+            self.metrics.rows[-1].update(values)
+        if every.checkpoint_every and self.step % every.checkpoint_every == 0:
+            await self.checkpoint()
+
+    def _step_budget_spent(self) -> bool:
+        """After each step: True when ``run_steps(n)``'s budget just ran out (the run then pauses)."""
+        if self._steps_left is None:
+            return False
+        self._steps_left -= 1
+        if self._steps_left > 0:
+            return False
+        self._steps_left = None
+        self.pause()
+        if self._steps_waiter is not None and not self._steps_waiter.done():
+            self._steps_waiter.set_result(None)
+        return True
+
+    def _generated_tokens_per_s(self) -> float:
+        now = time.monotonic()
+        rate = self._gen_tokens / max(now - self._gen_since, 1e-9)
+        self._gen_tokens, self._gen_since = 0, now
+        return rate
+
+    async def _sft_loop(self) -> None:
+        """Supervised steps on ``sft_data`` with the RL loop's controls; every step's weights are published."""
+        try:
+            while True:
+                if not await self._step_boundary():
+                    continue
+                await self._sft_one_step()
+                self._step_budget_spent()  # a step lost with the trainer's process counts, as in RL
+        finally:
+            self.training_idle.set()
+
+    async def _sft_one_step(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            results = await self.trainer.sft_step.call(self.sft_data.next_batch())
+        except ReplicaDied as error:
+            await self.recover_trainer(str(error))
+            return
+        out = {**results[0].metrics, "sft": 1.0}
+        t1 = time.perf_counter()
+        if self._skipped(out) or await self._publish(out):
+            await self._record_step(out, t0, t1, 0.0)
+
+    # -- checkpoints and the trainer's deaths -----------------------------------------------------
+
+    async def checkpoint(self) -> str:
+        """Trainer checkpoint, buffer snapshot, ledger and counters, in the run directory."""
+        path = (await self.trainer.save_checkpoint.call(self.sync.version))[0]
+        self.dir.save_state(step=self.step, version=self.sync.version, buffer=self.buffer.state_dict(),
+                            hparams=self.hot.values, ledger=self.ledger.state_dict(), mode=self.mode)
+        self.metrics.event("checkpoint", path=path, version=self.sync.version)
+        return path
+
+    async def restore(self, state: dict[str, Any]) -> None:
+        """A resumed run: counters, buffer, ledger and hot changes from a checkpoint's state; the
+        trainer (which loaded that checkpoint) publishes its weights again as the same version."""
+        self.step = int(state["step"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.ledger.load_state_dict(state.get("ledger", {}))
+        if state.get("hparams"):
+            self.hot.queue(state["hparams"])
+            await self.hot.apply()
+        await self.sync.publish(int(state["version"]))
+
+    async def recover_trainer(self, reason: str) -> None:
+        """The trainer died. Its service respawns it and it loads its last complete checkpoint (or its
+        initial weights); the run rewinds to that point, visibly, and goes on."""
+        self.metrics.event("trainer_died", step=self.step, reason=reason[:300])
+        info = (await self.trainer.info.call())[0]  # waits for the respawned, restored trainer
+        self._trainer_failures_seen = self._trainer_failures()
+        state = self.dir.load_state() or {"step": 0}
+        from_step, from_version = self.step, self.sync.version
+        self.step, version = int(state["step"]), int(info["step"])
+        self._rewound_to.append(version)
+        self.clear_buffer("made by weights the rewind took back")
+        await self.sync.publish(version)
+        self.metrics.event("rewind", from_step=from_step, to_step=self.step, from_version=from_version,
+                           version=version, message="the trainer restarted from its last complete checkpoint")
+
+    def _trainer_failures(self) -> int:
+        return sum(r.failures for r in self.trainer.replicas)
+
+    # -- stopping --------------------------------------------------------------------------------
+
+    async def no_step_in_flight(self, timeout: float | None = None) -> None:
+        """Return once the training loop is parked between steps (or not running); TimeoutError after
+        ``timeout``. Re-checked after every wake-up, with no await between the last check and the return:
+        the loop may start a step between the event being set and this task running. Cancelling a step in
+        flight would lose its episodes from the ledger and could leave the trainer an optimizer step ahead
+        of the run's version."""
+        training = self._tasks.get("sft" if self.mode == "sft" else "train")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while training is not None and not training.done() and not self.training_idle.is_set():
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            await asyncio.wait_for(self.training_idle.wait(), left)
+
+    def _loop_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        name = task.get_name()
+        if error is None:
+            error = RuntimeError(f"loop {name} returned; loops run until stopped")
+        self.error = f"{name}: {type(error).__name__}: {error}"
+        logger.error("run %s stopped: loop %s raised", self.name, name, exc_info=error)
+        self.metrics.event("error", loop=name, error=self.error)
+        self._running.clear()
+        self.set_state("failed")
+        if self._steps_waiter is not None and not self._steps_waiter.done():
+            self._steps_waiter.set_exception(RuntimeError(self.error))
+        asyncio.get_running_loop().create_task(self._stop_after_failure(), name=f"forge_nb.{self.name}.cleanup")
+
+    async def _stop_after_failure(self) -> None:
+        """The other loops stop as ``stop()`` stops them: a step in flight finishes (and is counted) first."""
+        try:
+            await self.no_step_in_flight(timeout=120.0)
+        finally:
+            await self._cancel_loops()
+
+    async def _cancel_loops(self) -> None:
+        tasks = [t for t in self._tasks.values() if not t.done() and t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,66 @@
+"""The default episode function (one GRPO group, as in the seeds), evaluation, and a batch's episode metrics.
+
+An episode function is ``async def fn(run, sample) -> list[Episode]``; ``run`` is the user's handle
+(``forge_nb.Run``): it reads ``run.policy``, ``run.ref_model``, ``run.config``, ``run.pad_id``,
+``run.reward_fns`` and ``run.sampling_overrides``. Replace it with ``run.episode_fn = my_fn``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import torch
+
+from forge_nb.metrics import summarize
+from forge_nb.rl import Episode, assign_advantages, score
+
+
+async def generate_episode(run: Any, sample: dict[str, Any]) -> list[Episode]:
+    """One GRPO group: generate, score, reference logprobs, group advantages."""
+    cfg = run.config
+    prompt, target = sample["request"], sample.get("target")
+    completions = await run.policy.generate.route(prompt, **run.sampling_overrides)
+    group = [
+        Episode(episode_id=uuid.uuid4().hex, pad_id=run.pad_id, request_len=cfg.max_req_tokens,
+                response_len=cfg.max_res_tokens, target=target, completion=c)
+        for c in completions
+    ]
+    reward_fns = list(run.reward_fns)  # one group, one set of reward functions, whatever a cell changes
+    for episode in group:
+        (await score(reward_fns, prompt, episode.completion.text, target)).apply_to(episode)
+    if run.ref_model is not None:
+        input_ids = torch.stack([torch.cat([e.request_tensor, e.response_tensor]) for e in group])
+        ref = await run.ref_model.forward.route(input_ids, cfg.max_req_tokens)
+        for episode, logprobs in zip(group, ref, strict=True):
+            episode.ref_logprobs = logprobs
+    assign_advantages(group, method=cfg.advantage)
+    return group
+
+
+async def evaluate(run: Any, n: int) -> dict[str, float]:
+    """Greedy answers on the task's held-out prompts; mean reward under ``eval/reward``."""
+    prompts = run.task.eval_prompts(n)
+
+    async def one(sample: dict[str, Any]) -> float:
+        (completion,) = await run.policy.generate.route(sample["request"], n=1, temperature=0.0)
+        result = await score(run.reward_fns, sample["request"], completion.text, sample.get("target"))
+        return result.total
+
+    rewards = await asyncio.gather(*(one(s) for s in prompts))
+    return {"eval/reward": sum(rewards) / max(len(rewards), 1)}
+
+
+def episode_metrics(episodes: list[Episode], version: int) -> dict[str, float]:
+    """Reward (total and per function), response length and policy age of a training batch."""
+    rewards = [e.reward for e in episodes if e.reward is not None]
+    out = summarize(rewards, "reward")
+    for name in sorted({name for e in episodes for name in e.rewards}):
+        values = [e.rewards[name] for e in episodes if name in e.rewards]
+        out[f"reward/{name}"] = sum(values) / len(values)
+    lengths = [len(e.completion.token_ids) for e in episodes if e.completion is not None]
+    out.update({k: v for k, v in summarize(lengths, "response_len").items() if k.endswith(("mean", "max"))})
+    ages = [version - (e.policy_version or 0) for e in episodes]
+    out.update({k: v for k, v in summarize(ages, "policy_age").items() if k.endswith(("mean", "max"))})
+    return out

@@ -1,0 +1,59 @@
+"""Hot changes: hyperparameters a cell changes while the run trains, applied at the next step boundary.
+
+Which names can change, and where each applies, is declared once on the config's fields
+(``forge_nb.config.hot_fields``): "trainer" (sent to the trainer's ``set_hparams``: lr, max_norm,
+the loss's fields), "sampling" (the generators' request overrides: temperature, top_p, max_tokens)
+or "run" (the replay buffer's ``max_policy_age``, the task's ``difficulty``). ``queue`` validates
+and records the change as pending; the training loop calls ``apply`` between steps, and every
+applied change is recorded as a "set" event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from forge_nb.config import trainer_changes
+
+
+class HotChanges:
+    """Pending and current values of the hot-changeable hyperparameters of one run."""
+
+    def __init__(self, routes: dict[str, str], values: dict[str, Any], *, check: Callable[[str, Any], None],
+                 trainer: Any, buffer: Any, task: Any, record: Callable[[dict[str, Any]], None]):
+        self.routes, self.values = dict(routes), dict(values)
+        self.pending: dict[str, Any] = {}
+        self.sampling: dict[str, Any] = {}  # what rollouts pass to generate(), on top of the config
+        self._check, self._trainer, self._buffer, self._task, self._record = check, trainer, buffer, task, record
+        self._lock = asyncio.Lock()
+
+    def queue(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Validate ``changes`` (nothing is queued if one is wrong) and keep them for the next boundary."""
+        unknown = sorted(set(changes) - set(self.routes))
+        if unknown:
+            raise ValueError(f"run.set(): unknown name(s) {unknown}; hot-changeable: {sorted(self.routes)}")
+        for name, value in changes.items():
+            self._check(name, value)
+        self.pending.update(changes)
+        return dict(self.pending)
+
+    async def apply(self) -> dict[str, Any]:
+        """Apply what is pending; serialized, so a step never starts while earlier changes are applied."""
+        async with self._lock:
+            if not self.pending:
+                return {}
+            changes, self.pending = self.pending, {}
+            trainer_part = trainer_changes(changes, self.routes)  # temperature too: its logprobs follow it
+            if trainer_part:
+                await self._trainer.set_hparams.call(**trainer_part)
+            for name, value in changes.items():
+                if self.routes[name] == "sampling":
+                    self.sampling[name] = value
+                elif name == "max_policy_age":
+                    self._buffer.max_policy_age = int(value)
+                elif name == "difficulty":
+                    self._task.difficulty = int(value)
+            self.values.update(changes)
+            self._record(changes)
+            return changes

@@ -1,0 +1,102 @@
+"""WeightSync: the only code that moves a run's policy weights: push, fan out, record, drop.
+
+::
+
+    trainer.push_weights(v) ──> torchstore "<namespace>.v<v>" ──> policy.update_weights.fanout(v)
+                                   │                                  └─> each healthy replica: version = v
+                                   └─ older versions dropped (except one a catching-up replica is reading)
+
+Each run has its own key namespace (``weights.namespace_for(run name)``), so runs side by side in
+one kernel never see or drop each other's versions; the trainer and generators of the run were
+spawned with it (``weights_namespace=``). The run holds a torchstore lease for as long as it lives
+(``open``/``close``): the store stops when the last run (or service) using it lets go.
+
+A replica that (re)spawns loads the current version before it takes traffic (``catch_up``); while
+it reads, that version is pinned so the steps going on meanwhile do not delete it mid-read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from forge_nb import weights
+
+_live_namespaces: set[str] = set()  # of the WeightSyncs open in this kernel
+
+
+class WeightSync:
+    """Weight versions of one run: ``version`` is the one every healthy generator has."""
+
+    def __init__(self, namespace: str):
+        self.namespace = namespace
+        self.trainer: Any = None  # set by attach(), once the run's services are up
+        self.policy: Any = None
+        self.version = 0
+        self._pinned: Counter[int] = Counter()
+        self._open = False
+
+    async def open(self) -> None:
+        """Take the run's torchstore lease and its namespace (one run per namespace in a kernel)."""
+        if self.namespace in _live_namespaces:
+            raise ValueError(f"weight namespace {self.namespace!r} is in use by a live run in this kernel; "
+                             "give the new run another name (RunConfig.name / --name)")
+        await weights.lease_store(self.namespace)
+        _live_namespaces.add(self.namespace)
+        self._open = True
+
+    def attach(self, trainer: Any, policy: Any) -> None:
+        """The services whose weights this moves (spawned with ``weights_namespace=self.namespace``)."""
+        self.trainer, self.policy = trainer, policy
+
+    async def close(self) -> None:
+        """Drop every version of this run and release its lease (the store stops if it was the last)."""
+        if not self._open:
+            return
+        self._open = False
+        _live_namespaces.discard(self.namespace)
+        try:
+            for version in await weights.stored_versions(namespace=self.namespace):
+                await weights.drop_version(version, namespace=self.namespace)
+        finally:
+            await weights.release_store(self.namespace)
+
+    async def publish(self, version: int) -> dict[str, float]:
+        """Push the trainer's weights as ``version``, load them on every generator, drop the older ones.
+
+        A ``ReplicaDied`` from the push propagates (nothing was recorded); returns the timings."""
+        t0 = time.perf_counter()
+        await self.trainer.push_weights.call(version)
+        t1 = time.perf_counter()
+        await self.policy.update_weights.fanout(version)
+        self._record(version)
+        t2 = time.perf_counter()
+        await self.drop_old()
+        return {"time/push_s": t1 - t0, "time/update_s": t2 - t1, "weight_sync_s": time.perf_counter() - t0}
+
+    def _record(self, version: int) -> None:
+        self.version = version
+        for replica in self.policy.replicas:
+            if replica.healthy:
+                replica.version = version
+
+    async def drop_old(self) -> None:
+        """Keep only the current version (and any a catching-up generator is loading)."""
+        for version in await weights.stored_versions(namespace=self.namespace):
+            if version != self.version and self._pinned[version] <= 0:
+                await weights.drop_version(version, namespace=self.namespace)
+
+    async def catch_up(self, replica: Any) -> None:
+        """A (re)spawned generator loads the current weights before it takes traffic.
+
+        It may come back a few versions behind: the next step's publish brings it current, and the
+        buffer's ``max_policy_age`` governs what it generates until then."""
+        version = self.version
+        if version > 0:
+            self._pinned[version] += 1
+            try:
+                await replica.actor.update_weights.call_one(version)
+            finally:
+                self._pinned[version] -= 1
+        replica.version = version

@@ -1,0 +1,150 @@
+"""Light actors for the controller's fast tests: a categorical policy instead of vLLM and a language model.
+
+They are real ``ForgeActor``s on real monarch meshes, spawned by ``forge_nb.spawn(cfg, actors=...)``
+with the keyword arguments the real Generator and RLTrainer get, and they move real weights through
+torchstore under the run's namespace. The policy is a table of logits, one row per response
+position, over the toy task's alphabet: generating is sampling one character per position, training
+is one REINFORCE step on that table. Everything the controller does (loops, backpressure,
+pause/step/stop, hot changes, weight sync, a killed process, shutdown) runs as with the real actors,
+in seconds instead of minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+from typing import Any
+
+import torch
+
+from forge_nb import weights
+from forge_nb.rl import Completion, ForwardBackwardResult
+from forge_nb.rl.types import Completions
+from forge_nb.service import ForgeActor, endpoint
+
+ALPHABET = "abcdefgh"
+
+
+def _ids(text: str) -> torch.Tensor:
+    return torch.tensor([ALPHABET.index(c) + 1 if c in ALPHABET else 0 for c in text], dtype=torch.long)
+
+
+class LightGenerator(ForgeActor):
+    """Samples ``n`` responses of ``max_tokens`` characters from its logits table."""
+
+    needs_store = True
+
+    def __init__(self, *, model: str = "", engine_args: dict[str, Any] | None = None,
+                 sampling_params: dict[str, Any] | None = None, weights_namespace: str = "policy",
+                 generate_delay_s: float = 0.0):
+        self.sampling = {"n": 4, "max_tokens": 4, "temperature": 1.0, **(sampling_params or {})}
+        self.namespace, self.delay_s = weights_namespace, generate_delay_s
+        self.logits = torch.zeros(int(self.sampling["max_tokens"]), len(ALPHABET))
+        self.version = 0
+
+    @endpoint
+    async def generate(self, prompt: str, **overrides: Any) -> Completions:
+        params = {**self.sampling, **overrides}
+        n, length = int(params["n"]), int(params["max_tokens"])
+        temperature = max(float(params["temperature"]), 1e-3)
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        dist = torch.distributions.Categorical(logits=self.logits[:length] / temperature)
+        out = []
+        for _ in range(n):
+            tokens = dist.sample()
+            text = "".join(ALPHABET[i] for i in tokens.tolist())
+            out.append(Completion(text=text, token_ids=tokens + 1, logprobs=dist.log_prob(tokens), prompt=prompt,
+                                  prompt_ids=_ids(prompt), stop_reason="length", generator_version=self.version))
+        return Completions(out)
+
+    @endpoint
+    async def update_weights(self, version: int) -> int:
+        with await weights.open_version(version, namespace=self.namespace) as state_dict:
+            self.logits.copy_(state_dict["logits"])
+        self.version = version
+        return version
+
+    @endpoint
+    async def get_version(self) -> int:
+        return self.version
+
+
+class LightTrainer(ForgeActor):
+    """One REINFORCE step per ``train_step`` on the logits table; checkpoints are small torch files."""
+
+    needs_store = True
+
+    def __init__(self, *, model: str = "", pad_id: int = 0, weights_namespace: str = "policy", trainer: Any = None,
+                 training: dict[str, Any] | None = None, checkpoint: dict[str, Any] | None = None,
+                 max_tokens: int = 4, step_delay_s: float = 0.0, fail_at_step: int | None = None, **_ignored: Any):
+        self.namespace, self.delay_s, self.fail_at_step = weights_namespace, step_delay_s, fail_at_step
+        self.folder = (checkpoint or {}).get("folder")
+        # the names the real trainer holds (lr, weight_decay, max_norm) and the sampling temperature it follows
+        self.hp = {"lr": float(getattr(trainer, "lr", 0.5)), "weight_decay": float(getattr(trainer, "weight_decay", 0)),
+                   "max_norm": float(getattr(trainer, "max_norm", 1.0)),
+                   "temperature": float((training or {}).get("temperature", 1.0))}
+        self.logits = torch.zeros(max_tokens, len(ALPHABET), requires_grad=True)
+        self.step = 0
+
+    @endpoint
+    async def setup(self) -> None:
+        """Load the last checkpoint, as the real trainer does when its service respawns it."""
+        saved = sorted(glob.glob(os.path.join(self.folder or "", "light-*.pt")))
+        if self.folder and saved:
+            state = torch.load(saved[-1])
+            with torch.no_grad():
+                self.logits.copy_(state["logits"])
+            self.step = int(state["step"])
+
+    @endpoint
+    async def train_step(self, batch: Any) -> ForwardBackwardResult:
+        if self.fail_at_step is not None and self.step + 1 == self.fail_at_step:
+            raise RuntimeError(f"LightTrainer: asked to fail at step {self.fail_at_step}")
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        length = min(self.logits.shape[0], batch.response.shape[1])
+        response = (batch.response[:, :length] - 1).clamp(0, len(ALPHABET) - 1)  # pads are masked out below
+        mask = batch.response_mask[:, :length].float()
+        logp = torch.log_softmax(self.logits[:length], -1).gather(1, response.T.contiguous()).T
+        loss = -(batch.advantages * logp * mask).sum() / mask.sum().clamp(min=1)
+        loss.backward()
+        with torch.no_grad():
+            grad_norm = float(self.logits.grad.norm())
+            self.logits -= self.hp["lr"] * self.logits.grad * min(1.0, self.hp["max_norm"] / max(grad_norm, 1e-9))
+            self.logits.grad = None
+        self.step += 1
+        loss = float(loss.detach())
+        return ForwardBackwardResult(loss=loss, metrics={"loss": loss, "grad_norm": grad_norm,
+                                                                "lr": self.hp["lr"], "tokens": float(mask.sum())})
+
+    @endpoint
+    async def push_weights(self, version: int) -> dict[str, float]:
+        await weights.push_state_dict({"logits": self.logits.detach()}, version, namespace=self.namespace)
+        return {}
+
+    @endpoint
+    async def set_hparams(self, **changes: Any) -> dict[str, tuple[Any, Any]]:
+        unknown = set(changes) - set(self.hp)
+        if unknown:
+            raise ValueError(f"set_hparams got unknown name(s) {sorted(unknown)}; known: {sorted(self.hp)}")
+        before = dict(self.hp)
+        self.hp.update({k: float(v) for k, v in changes.items()})
+        return {k: (before[k], self.hp[k]) for k in changes}
+
+    @endpoint
+    async def save_checkpoint(self, step: int | None = None) -> str:
+        os.makedirs(self.folder, exist_ok=True)
+        path = os.path.join(self.folder, f"light-{self.step:06d}.pt")
+        torch.save({"logits": self.logits.detach().clone(), "step": self.step}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        return path
+
+    @endpoint
+    async def info(self) -> dict[str, Any]:
+        return {"step": self.step, "hparams": dict(self.hp)}
+
+    @endpoint
+    async def logits_sum(self) -> float:
+        return float(self.logits.detach().sum())
