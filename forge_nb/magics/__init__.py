@@ -4,9 +4,9 @@
 Magic                                                  What it does
 =====================================================  =========================================================
 %forge_spawn RECIPE [--name N] [--replicas K]          spawn a run's services and wait for them; RECIPE is
-  [--procs P] [--gpus] [--set KEY=VALUE ...] [-o VAR]  quickstart, module:function, a .yaml path or a
-                                                       RunConfig variable; binds run (or VAR), policy,
-                                                       trainer, ref_model
+  [--procs P] [--gpus] [--set KEY=VALUE ...]           quickstart, module:function, a .yaml path or a
+  [--actor SERVICE=CLASS ...] [-o VAR]                 RunConfig variable; binds run (or VAR) and, where
+                                                       free, policy, trainer, ref_model
 %forge_spawn --procs N [--gpus] [--hosts 1] -o NAME    a bare process mesh for your own actors
 %%forge_config [-o VAR]                                the cell's YAML as a validated RunConfig
 %forge_attach PATH [-o VAR]                            bring back a run from its directory (new kernel)
@@ -15,17 +15,25 @@ Magic                                                  What it does
 %forge_step N                                          run N training steps and wait for them
 %forge_stop                                            stop the loops at a step boundary (services stay up)
 %forge_set KEY=VALUE ...                               hyperparameters for the next step (lr, temperature, ...)
-%forge_status                                          services, replicas, loops, step, version, last values
+%forge_status                                          services, replicas, loops, step, version, last values;
+                                                       with several live runs, one line per run
 %forge_episodes [-n K] [--version V] [--min-reward R]  recent episodes as a table
 %forge_dashboard                                       the live dashboard (forge_nb.widgets)
 %forge_meshes                                          every process mesh the kernel holds
-%forge_shutdown [--name N]                             stop loops, services and meshes; check no process is left
+%forge_shutdown [--name N | --all]                     stop loops, services and meshes; check no process is left
 %forge_help                                            this table
 =====================================================  =========================================================
 
-The run magics act on the current run (the last one spawned or attached); ``--name`` picks another,
-by its name or by a variable holding a Run. ``MAGIC?`` shows a magic's options. Misuse raises
-IPython's ``UsageError`` with a message that says what to write instead.
+Several runs in one kernel: every run magic takes ``--name N`` (a run's name or a variable holding a
+Run). With one live run (not shut down) the magics act on it; with several and no ``--name`` they
+raise a ``UsageError`` that lists the live runs, except ``%forge_status``, which then shows one line
+per run. ``%forge_shutdown`` without ``--name`` stops the kernel's run and every mesh, and refuses
+when several runs are live (``--all`` stops them all). Runs made with ``forge_nb.spawn`` and held in
+a variable count as live runs too. Names are never taken from another run: ``-o VAR`` holding a live
+run (``run`` by default) is refused before anything spawns, and ``policy``/``trainer``/``ref_model``
+are bound only where free or held by a shut-down run; otherwise the new run's stay ``VAR.policy`` etc.
+``MAGIC?`` shows a magic's options. Misuse raises IPython's ``UsageError`` with a message that says
+what to write instead.
 
 Waiting without blocking the loop: ``%forge_spawn``, ``%forge_attach``, ``%forge_step``,
 ``%forge_stop`` and ``%forge_shutdown`` wait for the run, and ``%forge_run``, ``%forge_resume`` and
@@ -67,7 +75,7 @@ def load_ipython_extension(ipython: Any) -> None:
     # Before anything imports monarch, so its supervision env applies (see forge_nb.runtime).
     runtime.ensure_started()
     runs = Runs.of(ipython)
-    ipython.register_magics(SpawnMagics(ipython, runs), ControlMagics(ipython, runs))
+    ipython.register_magics(SpawnMagics(ipython, runs), ControlMagics(ipython, runs, help_text()))
     if await_forge_magics not in ipython.input_transformers_post:
         ipython.input_transformers_post.append(await_forge_magics)
 

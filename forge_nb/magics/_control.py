@@ -14,14 +14,16 @@ from IPython.display import display
 from forge_nb.magics import _display, _parse
 from forge_nb.magics._runs import Runs
 
-NAME_HELP = "the run to act on (a run's name or a variable holding a Run; default: the current run)"
+NAME_HELP = ("the run to act on (a run's name or a variable holding a Run); needed when several runs are live, "
+             "else the one live run")
 
 
 @magics_class
 class ControlMagics(Magics):
-    def __init__(self, shell: Any, runs: Runs):
+    def __init__(self, shell: Any, runs: Runs, help_text: str = ""):
         super().__init__(shell)
         self.runs = runs
+        self.help_text = help_text  # the package's table of magics (forge_nb.magics.help_text)
 
     def _startable(self, name: str | None) -> Any:
         run = self.runs.get(name)
@@ -129,8 +131,16 @@ class ControlMagics(Magics):
     @argument("--name", help=NAME_HELP)
     @line_magic
     def forge_status(self, line: str) -> None:
-        """Services and replicas (state, pids, in flight, served, failures, restarts), loops, step, last values."""
-        run = self.runs.get(parse_argstring(self.forge_status, line).name)
+        """Services and replicas (state, pids, in flight, served, failures, restarts), loops, step, last values.
+
+        With several live runs and no ``--name``: one line per run (``--name NAME`` shows one in full)."""
+        name = parse_argstring(self.forge_status, line).name
+        live = self.runs.live()
+        if name is None and len(live) > 1:
+            rows = [{**run.status(), "variables": self.runs.variables(run)} for run in live]
+            display(_display.runs_table(rows))
+            return
+        run = self.runs.get(name)
         display(_display.status_report(run.status()))
 
     @magic_arguments()
@@ -169,6 +179,4 @@ class ControlMagics(Magics):
     @line_magic
     def forge_help(self, line: str) -> None:
         """The table of %forge_* magics; ``%forge_spawn?`` shows one magic's options."""
-        from forge_nb.magics import help_text
-
-        print(help_text())
+        print(self.help_text)

@@ -94,6 +94,23 @@ def status_report(status: dict[str, Any]) -> Report:
     return Report(parts)
 
 
+RUN_COLUMNS = ("run", "variables", "state", "step", "version", "buffer", "replicas", "reward/mean", "loss")
+
+
+def runs_table(statuses: Sequence[dict[str, Any]]) -> Table:
+    """One line per run (``%forge_status`` with several live runs): ``run.status()`` plus its ``variables``."""
+    rows = []
+    for status in statuses:
+        replicas = ", ".join(f"{name} {sum(r.state == 'healthy' for r in rs)}/{len(rs)}"
+                             for name, rs in status["services"].items())
+        last = status.get("last") or {}
+        rows.append({"run": status["name"], "variables": status.get("variables"), "state": status["state"],
+                     "step": status["step"], "version": status["version"], "buffer": status["buffer"],
+                     "replicas": replicas, "reward/mean": last.get("reward/mean"), "loss": last.get("loss")})
+    return Table(rows, RUN_COLUMNS, title=f"{len(rows)} live runs (replicas: healthy/all; "
+                                          "%forge_status --name NAME shows one in full)")
+
+
 EPISODE_COLUMNS = ("episode_id", "version", "reward", "advantage", "prompt", "response", "target", "quarantine")
 
 

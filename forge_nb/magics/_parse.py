@@ -133,3 +133,32 @@ def config_cell(text: str) -> Any:
         raise UsageError(f"the cell is not valid YAML: {e}") from None
     except ValueError as e:
         raise UsageError(f"config: {e}") from None
+
+
+SERVICES = ("policy", "trainer", "ref_model")
+
+
+def actor_classes(items: list[str], user_ns: dict[str, Any]) -> dict[str, type]:
+    """``["policy=MyGenerator"]`` -> {"policy": MyGenerator}: a variable or ``package.module:Class``."""
+    from forge_nb.service import ForgeActor
+
+    out: dict[str, type] = {}
+    for item in items:
+        service, sep, spec = (part.strip() for part in item.partition("="))
+        if not sep or service not in SERVICES or not spec:
+            raise UsageError(f"--actor {item!r}: write SERVICE=CLASS with SERVICE one of {', '.join(SERVICES)}, "
+                             "e.g. --actor policy=MyGenerator or --actor policy=my_pkg.actors:MyGenerator")
+        if spec in user_ns:
+            cls = user_ns[spec]
+        elif ":" in spec:
+            module, _, attr = spec.partition(":")
+            try:
+                cls = getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError) as e:
+                raise UsageError(f"--actor {item!r}: cannot load {attr!r} from module {module!r} ({e})") from None
+        else:
+            raise UsageError(f"--actor {item!r}: {spec!r} is neither a variable nor 'package.module:Class'")
+        if not (isinstance(cls, type) and issubclass(cls, ForgeActor)):
+            raise UsageError(f"--actor {item!r}: {spec!r} is a {type(cls).__name__}, not a ForgeActor subclass")
+        out[service] = cls
+    return out

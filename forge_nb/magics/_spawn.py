@@ -37,28 +37,35 @@ class SpawnMagics(Magics):
     @argument("--hosts", type=int, help="hosts of a bare mesh (only 1: the kernel's host)")
     @argument("--set", dest="sets", nargs="+", action="append", default=[], metavar="KEY=VALUE",
               help="config overrides with dotted keys, e.g. --set trainer.lr=1e-5 loop.rollout_loops=2")
-    @argument("-o", "--output", metavar="VAR", help="variable for the Run (default: run) or the mesh")
+    @argument("--actor", dest="actors", nargs="+", action="append", default=[], metavar="SERVICE=CLASS",
+              help="replace a service's actor class (policy, trainer, ref_model) by a ForgeActor with the same "
+                   "endpoints: a variable or 'package.module:Class', e.g. --actor policy=MyGenerator")
+    @argument("-o", "--output", metavar="VAR", help="variable for the Run (default: run) or the mesh; never one "
+                                                    "that holds another live run")
     @line_magic
     def forge_spawn(self, line: str) -> Coroutine[Any, Any, None]:
         """Spawn a run's services from a recipe/YAML/RunConfig, or a bare process mesh with --procs N.
 
-        The run is bound to ``run`` (or ``-o VAR``) and its services to ``policy``, ``trainer`` and
-        ``ref_model``; it becomes the current run of the other magics. The cell waits until every
-        service is up (a progress bar shows which).
+        The run is bound to ``run`` (or ``-o VAR``; a variable holding another live run is refused
+        before anything spawns) and its services to ``policy``, ``trainer`` and ``ref_model`` where
+        those names are free or hold a shut-down run's services; otherwise they stay ``VAR.policy``
+        etc. The cell waits until every service is up (a progress bar shows which).
         """
         args = parse_argstring(self.forge_spawn, line)
         sets = [item for group in args.sets for item in group]
+        actor_specs = [item for group in args.actors for item in group]
         var = _parse.identifier(args.output) if args.output else None
         if args.recipe is None:
             if args.procs is None:
                 raise UsageError("%forge_spawn needs a recipe (e.g. %forge_spawn quickstart) or, for a bare "
                                  "process mesh, --procs N -o NAME")
-            if args.replicas is not None or sets:
-                raise UsageError("--replicas and --set configure a run; give a recipe first "
+            if args.replicas is not None or sets or actor_specs:
+                raise UsageError("--replicas, --set and --actor configure a run; give a recipe first "
                                  "(%forge_spawn quickstart --replicas 2)")
             name = args.name or var or "mesh"
             if var is None and not name.isidentifier():
                 raise UsageError(f"the mesh name {name!r} is not a variable name; add -o VAR to bind the mesh")
+            self.runs.check_variable(var or name)
             return self._spawn_mesh(name, args.procs, args.gpus, args.hosts, var or name)
         if args.hosts is not None:
             raise UsageError("--hosts applies to a bare mesh (%forge_spawn --procs N --hosts 1 -o NAME); a run's "
@@ -69,21 +76,21 @@ class SpawnMagics(Magics):
         if args.name:
             cfg = dataclasses.replace(cfg, name=args.name)
         cfg = _parse.apply(cfg, _parse.spawn_overrides(args.replicas, args.procs, args.gpus, sets))
+        actors = _parse.actor_classes(actor_specs, self.shell.user_ns)
         self.runs.check_free(cfg.name)
-        return self._spawn_run(cfg, var or "run")
+        self.runs.check_variable(var or "run")
+        return self._spawn_run(cfg, var or "run", actors)
 
-    async def _spawn_run(self, cfg: Any, var: str) -> None:
-        import forge_nb
-
-        run = await forge_nb.spawn(cfg, progress=True)
+    async def _spawn_run(self, cfg: Any, var: str, actors: dict[str, type]) -> None:
+        run = await _spawning().spawn(cfg, progress=True, actors=actors or None)
         self._bind(run, var)
 
     async def _spawn_mesh(self, name: str, procs: int, gpus: bool, hosts: int | None, var: str) -> None:
-        import forge_nb
+        from forge_nb import runtime
 
         try:
-            mesh = await forge_nb.spawn_mesh(name, procs, gpus, hosts=hosts, owner="user")
-        except (ValueError, forge_nb.ResourceError) as e:
+            mesh = await runtime.spawn_mesh(name, procs, gpus, hosts=hosts, owner="user")
+        except (ValueError, runtime.ResourceError) as e:
             raise UsageError(str(e)) from None
         self.shell.user_ns[var] = mesh
         print(f"mesh {mesh.name!r}: {mesh.procs} proc(s), pids {mesh.pids}; bound to `{var}`. "
@@ -91,33 +98,57 @@ class SpawnMagics(Magics):
 
     @magic_arguments()
     @argument("path", help="a run directory (runs/<name>-<time>)")
-    @argument("-o", "--output", metavar="VAR", help="variable for the Run (default: run)")
+    @argument("-o", "--output", metavar="VAR", help="variable for the Run (default: run); never one that holds "
+                                                    "another live run")
     @line_magic
     def forge_attach(self, line: str) -> Coroutine[Any, Any, None]:
-        """Bring back a run from its directory (in a new kernel): services respawn, the last checkpoint loads."""
+        """Bring back a run from its directory (in a new kernel): services respawn, the last checkpoint loads.
+
+        Binds the run and its services as %forge_spawn does (same rules for names already taken)."""
         args = parse_argstring(self.forge_attach, line)
         var = _parse.identifier(args.output) if args.output else "run"
+        import json
         from pathlib import Path
 
-        if not (Path(args.path) / "config.json").is_file():
+        config = Path(args.path) / "config.json"
+        if not config.is_file():
             raise UsageError(f"{args.path!r} is not a run directory (no config.json); runs are under runs/ "
                              "by default, or where run_dir pointed")
+        try:
+            name = json.loads(config.read_text()).get("name")
+        except (OSError, ValueError, AttributeError):
+            name = None  # resume reports a broken config itself
+        if isinstance(name, str):
+            self.runs.check_free(name)
+        self.runs.check_variable(var)
         return self._attach(args.path, var)
 
     async def _attach(self, path: str, var: str) -> None:
-        import forge_nb
-
-        run = await forge_nb.resume(path, progress=True)
+        run = await _spawning().resume(path, progress=True)
         self._bind(run, var)
 
     def _bind(self, run: Any, var: str) -> None:
+        """``var`` -> the run (checked free before spawning); each service -> its name where that name is
+        free or held a shut-down run's service. Says truthfully what was bound and what was not."""
+        free = {n: s for n, s in run.services.items() if self.runs.claimable(n, run)}
+        taken = [n for n in run.services if n not in free]
+        notes = [f"`{n}` still holds {_held(self.runs, self.shell.user_ns[n])}" for n in taken]
         self.runs.add(run)
         self.shell.user_ns[var] = run
-        self.shell.user_ns.update(run.services)
-        bound = ", ".join(f"`{n}`" for n in [var, *run.services])
+        self.shell.user_ns.update(free)
+        bound = ", ".join(f"`{n}`" for n in [var, *free])
         replicas = ", ".join(f"{n} x{len(getattr(s, 'replicas', [s]))}" for n, s in run.services.items())
-        print(f"run {run.name!r} is up ({replicas}); bound to {bound}. "
-              "Next: %forge_run (background loops) or %forge_step N; %forge_status shows it")
+        kept = ""
+        if taken:
+            kept = (f" Not rebound: {'; '.join(notes)}; this run's stay reachable as "
+                    f"{', '.join(f'`{var}.{n}`' for n in taken)}.")
+        live = len(self.runs.live())
+        if live > 1:
+            after = (f" {live} runs are live: the run magics need --name {run.name} for this one. Next: "
+                     f"%forge_run --name {run.name} or %forge_step N --name {run.name}; %forge_status shows every run")
+        else:
+            after = " Next: %forge_run (background loops) or %forge_step N; %forge_status shows it"
+        print(f"run {run.name!r} is up ({replicas}); bound to {bound}.{kept}{after}")
 
     @magic_arguments()
     @argument("-o", "--output", metavar="VAR", help="variable for the RunConfig (default: the cell's result)")
@@ -137,29 +168,39 @@ class SpawnMagics(Magics):
         """Every process mesh this kernel holds: name, procs, pids, state, GPUs, owner, failures."""
         if line.strip():
             raise UsageError("%forge_meshes takes no arguments")
-        import forge_nb
+        from forge_nb import runtime
 
-        infos = [m.info() for m in forge_nb.meshes()]
+        infos = [m.info() for m in runtime.meshes()]
         if not infos:
             print("no meshes: %forge_spawn quickstart starts a run, %forge_spawn --procs N -o NAME a bare mesh")
             return
         display(_display.meshes_table(infos))
 
     @magic_arguments()
-    @argument("--name", help="shut down only this run (default: every run and every mesh of the kernel)")
+    @argument("--name", help="shut down only this run (a run's name or a variable holding a Run)")
+    @argument("--all", dest="everything", action="store_true", help="every run and every mesh of the kernel")
     @line_magic
     def forge_shutdown(self, line: str) -> Coroutine[Any, Any, None]:
-        """Stop loops, services and meshes, then check that every recorded process has exited (15 s)."""
+        """Stop loops, services and meshes, then check that every recorded process has exited (15 s).
+
+        Without ``--name`` it stops the kernel's run and every mesh; with several live runs it refuses
+        (it never stops a run nobody named): ``--name NAME`` stops one, ``--all`` stops everything."""
         args = parse_argstring(self.forge_shutdown, line)
-        only = self.runs.get(args.name) if args.name else None
-        return self._shutdown(only)
+        if args.name and args.everything:
+            raise UsageError("give --name NAME (one run) or --all (every run and mesh), not both")
+        if args.name:
+            return self._shutdown(self.runs.get(args.name))
+        live = self.runs.live()
+        if len(live) > 1 and not args.everything:
+            raise UsageError(self.runs.choose(live, also=", or --all to stop every run and mesh"))
+        return self._shutdown(None)
 
     async def _shutdown(self, only: Any) -> None:
-        import forge_nb
+        from forge_nb import runtime
 
-        runs = [only] if only is not None else self.runs.live(include_namespace=True)
-        pids = _run_pids(only) if only is not None else [p for m in forge_nb.meshes() for p in m.pids]
-        meshes = len(forge_nb.meshes())
+        runs = [only] if only is not None else self.runs.live()
+        pids = _run_pids(only) if only is not None else [p for m in runtime.meshes() for p in m.pids]
+        meshes = len(runtime.meshes())
         try:
             for run in runs:
                 self.runs.cancel_stepping(run.name)
@@ -167,7 +208,7 @@ class SpawnMagics(Magics):
                 self.runs.forget(run)
         finally:
             if only is None:
-                await forge_nb.stop_all()
+                await runtime.stop_all()
         left = await _wait_gone(pids, EXIT_WAIT_S)
         what = (f"run {only.name!r}" if only is not None else
                 f"{len(runs)} run(s) and {meshes} mesh(es)")
@@ -179,6 +220,11 @@ class SpawnMagics(Magics):
         if others:
             print(f"{len(others)} other process(es) started by this kernel still run, not spawned through "
                   f"forge_nb.runtime: {', '.join(f'{p} ({c})' for p, c in others.items())}")
+
+
+def _held(runs: Runs, value: Any) -> str:
+    found = runs.owner(value)
+    return found[0] if found is not None else f"your {type(value).__name__}"
 
 
 def _require_gpus() -> None:
@@ -227,3 +273,13 @@ def _children(root: int) -> dict[int, str]:
                 continue
         todo += [p for p, pp in parent.items() if pp == pid]
     return found
+
+
+def _spawning() -> Any:
+    """``forge_nb.spawning``, imported after the runtime has set monarch's environment (see forge_nb.runtime)."""
+    from forge_nb import runtime
+
+    runtime.ensure_started()
+    from forge_nb import spawning
+
+    return spawning

@@ -11,5 +11,5 @@ def ip():
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "forge_nb")
     yield shell
-    shell.run_cell("%forge_shutdown")
+    shell.run_cell("%forge_shutdown --all")
     shell.run_line_magic("unload_ext", "forge_nb")

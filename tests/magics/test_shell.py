@@ -90,7 +90,7 @@ def test_help_prints_the_table(ip, capsys):
     ("%forge_spawn missing.yaml", "'missing.yaml': no such YAML file"),
     ("%forge_spawn os:getcwd", "returned a str; a recipe must return a RunConfig"),
     ("%forge_spawn no_such_module:f", "cannot load 'f' from module 'no_such_module'"),
-    ("%forge_spawn --procs 2 --replicas 2 -o m", "--replicas and --set configure a run; give a recipe first"),
+    ("%forge_spawn --procs 2 --replicas 2 -o m", "--replicas, --set and --actor configure a run; give a recipe first"),
     ("%forge_spawn --procs 0 -o m", "procs=0: a mesh needs at least one process"),
     ("%forge_spawn --procs 1 --hosts 2 -o m", "forge_nb spawns meshes on the kernel's host only"),
     ("%forge_spawn --procs 1 --name my-mesh", "the mesh name 'my-mesh' is not a variable name; add -o VAR"),
