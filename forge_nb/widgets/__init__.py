@@ -4,6 +4,7 @@
     dashboard(run)                # controls, replica health, curves, episodes; refreshes by itself
     server = serve(run)           # the panel app on 127.0.0.1: server.url, server.stop()
     panel_app(run)                # the panel app as an object to display inline
+    compare(run_a, run_b)         # several runs on the same curves, live
 
 Widgets read ``run.metrics`` and ``service.status()`` and call the run's public control methods;
 they never import monarch or the service layer. panel loads only when a panel app is made.
@@ -14,7 +15,8 @@ import module internals with ``from forge_nb.widgets.dashboard import ...``.
 
 from __future__ import annotations
 
+from forge_nb.widgets.compare import Compare, compare
 from forge_nb.widgets.dashboard import Dashboard, dashboard
 from forge_nb.widgets.panel_app import PanelServer, panel_app, serve
 
-__all__ = ["Dashboard", "PanelServer", "dashboard", "panel_app", "serve"]
+__all__ = ["Compare", "Dashboard", "PanelServer", "compare", "dashboard", "panel_app", "serve"]

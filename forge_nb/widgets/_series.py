@@ -102,13 +102,26 @@ def mark_of(event: Row) -> tuple[str, str] | None:
 
 
 class CurveData:
-    """Per-trace step/value lists fed by metrics rows and events; ``take()`` what changed."""
+    """Per-trace step/value lists fed by metrics rows and events; ``take()`` what changed.
+
+    ``panels`` and ``_add_traces`` are the layout: the dashboard's by default; ``compare.RunsData``
+    lays out several runs on the same model."""
+
+    panels: tuple[Panel, ...] = PANELS
 
     def __init__(self, max_points: int = 5_000, max_marks: int = 40):
         self.max_points = max_points
         self.max_marks = max_marks
         self.traces: list[Trace] = []
         self._index: dict[str, int] = {}
+        self.marks: list[tuple[float, str, str]] = []  #: (step, mark kind, label)
+        self.dirty: set[int] = set()
+        self.marks_dirty = False
+        self.new_traces: list[int] = []
+        self.row_times: list[float] = []  #: record times of rows not yet drawn
+        self._add_traces()
+
+    def _add_traces(self) -> None:
         for p, panel in enumerate(PANELS):
             if p == 0:
                 self._add(BAND[0], p, "upper")
@@ -118,11 +131,11 @@ class CurveData:
             if p == 0:
                 for mark in MARKS:
                     self._add(f"mark:{mark}", p, "mark")
-        self.marks: list[tuple[float, str, str]] = []  #: (step, "set" | "failure", label)
-        self.dirty: set[int] = set()
-        self.marks_dirty = False
-        self.new_traces: list[int] = []
-        self.row_times: list[float] = []  #: record times of rows not yet drawn
+
+    def mark_styles(self) -> dict[str, dict[str, Any]]:
+        """How the page draws each mark kind: {kind: {name, color, symbol, y}}."""
+        return {kind: {"name": name, "color": color, "symbol": symbol, "y": y}
+                for kind, (name, color, symbol, y) in MARKS.items()}
 
     def _add(self, key: str, panel: int, kind: str) -> int:
         self._index[key] = len(self.traces)

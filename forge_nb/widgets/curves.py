@@ -37,7 +37,7 @@ import anywidget
 import numpy as np
 import traitlets
 
-from forge_nb.widgets._series import MARKS, PANELS, CurveData, Row, Trace
+from forge_nb.widgets._series import CurveData, Row, Trace
 from forge_nb.widgets._throttle import Throttle
 
 CURVES_JS = pathlib.Path(__file__).with_name("curves.js")  #: the page half, in both hosts
@@ -110,21 +110,26 @@ class Curves:
 
     def __init__(self, interval: float = 0.25, loop: asyncio.AbstractEventLoop | None = None,
                  on_error: Callable[[BaseException], None] | None = None, max_points: int = 5_000,
-                 view: Any = None):
+                 view: Any = None, data: CurveData | None = None):
         """``view``: the page half to feed; a :class:`CurvesView` by default. The panel app passes its
-        ``PanelCurves`` (:func:`panel_curves_view`), which has the same traits, ``send`` and ``on_msg``."""
-        self.data = CurveData(max_points=max_points)
+        ``PanelCurves`` (:func:`panel_curves_view`), which has the same traits, ``send`` and ``on_msg``.
+        ``data``: the model to draw, the dashboard's layout by default (``compare`` passes its own)."""
+        self.data = data if data is not None else CurveData(max_points=max_points)
         self.widget = view if view is not None else CurvesView()
-        self.widget.panels = [{"title": p.title, "row": p.row, "col": p.col, "empty": p.empty} for p in PANELS]
-        self.widget.traces = self._styles()
-        self.widget.mark_styles = {kind: {"name": name, "color": color, "symbol": symbol, "y": y}
-                                   for kind, (name, color, symbol, y) in MARKS.items()}
+        self.relayout()
         self.widget.on_msg(self._on_msg)
         self.throttle = Throttle(self.draw, interval=interval, loop=loop, on_error=on_error)
         self._on_error = on_error
         self._sent: dict[int, tuple[int, int]] = {}  # trace -> (its halvings, points) when last sent
         self.messages = 0  #: point messages sent (tests and the benchmark read it)
         self.lags_ms: deque[float] = deque(maxlen=10_000)
+
+    def relayout(self) -> None:
+        """Send the panels, trace styles and mark styles of the model (when made, and when it grew)."""
+        self.widget.panels = [{"title": p.title, "row": p.row, "col": p.col, "empty": p.empty}
+                              for p in self.data.panels]
+        self.widget.traces = self._styles()
+        self.widget.mark_styles = self.data.mark_styles()
 
     def observe(self, kind: str, row: Row) -> None:
         if kind == "step":
@@ -181,20 +186,25 @@ class Curves:
             self._on_error(e)
 
     def _styles(self) -> list[dict[str, Any]]:
-        styles, used = [], dict.fromkeys(range(len(PANELS)), 0)
+        styles, used = [], dict.fromkeys(range(len(self.data.panels)), 0)
         for t in self.data.traces:
-            style = _style(t, used[t.panel])
+            style = self.style(t, used[t.panel])
             used[t.panel] += t.kind == "line"
             styles.append(style)
         return styles
 
+    def style(self, t: Trace, k: int) -> dict[str, Any]:
+        """How curves.js draws trace ``t``, the ``k``-th line of its panel."""
+        return _style(t, k)
+
     def trace(self, key: str) -> Drawn:
         """What the views have been sent of a metric (``"reward/mean"``) or of a marked event kind
-        (``"mark:set"``, ``"mark:failure"``: steps, the symbol's height, labels)."""
+        (``"mark:set"``, ``"mark:failure"``, or compare's ``"mark:set:<run>"``: steps, the symbol's height, labels)."""
         if key.startswith("mark:"):
             kind = key.split(":", 1)[1]
-            mine = [(step, label) for step, k, label in self.widget.marks if k == kind]
-            return Drawn(np.array([s for s, _ in mine], dtype=float), np.full(len(mine), MARKS[kind][3]),
+            mine = [(mark[0], mark[2]) for mark in self.widget.marks if mark[1] == kind]
+            y = self.widget.mark_styles[kind]["y"]
+            return Drawn(np.array([s for s, _ in mine], dtype=float), np.full(len(mine), y),
                          tuple(label for _, label in mine))
         i = self.data._index.get(key)
         if i is None:
