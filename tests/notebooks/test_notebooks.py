@@ -23,7 +23,7 @@ def _runner():
 
 def test_every_notebook_source_converts():
     runner = _runner()
-    assert len(NOTEBOOKS) == 6
+    assert len(NOTEBOOKS) == 7
     for path in NOTEBOOKS:
         nb = runner.to_notebook(path.read_text())
         kinds = [c.cell_type for c in nb.cells]
