@@ -28,6 +28,28 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+class StoppedWatch:
+    """Which processes have been stopped (SIGSTOP or a debugger: state T/t) for ``after_s`` or longer.
+
+    A stopped process is alive to ``pid_alive`` yet answers nothing, so whoever waits on it (a weight
+    fanout, a route) waits forever; the runtime's watchdog treats one stopped this long as hung."""
+
+    def __init__(self, after_s: float):
+        self.after_s = after_s
+        self._since: dict[int, float] = {}
+
+    def hung(self, pid: int) -> bool:
+        try:
+            stopped = stat_fields(pid)[0] in ("T", "t")
+        except (OSError, IndexError):
+            stopped = False
+        if not stopped:
+            self._since.pop(pid, None)
+            return False
+        first = self._since.setdefault(pid, time.monotonic())
+        return time.monotonic() - first >= self.after_s
+
+
 def remove_left_by_dead(root: Path) -> list[Path]:
     """Delete the entries of ``root`` named ``<pid>`` or ``<pid>-...`` whose process is gone (files and
     folders alike): what a killed process could not clean up itself. Returns what was deleted."""

@@ -53,7 +53,8 @@ class Run:
         self._hot = HotChanges(hot_routes, hot_values, check=self._check_change, trainer=trainer,
                                buffer=self.replay_buffer, task=task,
                                record=lambda changes: self.metrics.event("set", step=self.current_step,
-                                                                         changes=changes))
+                                                                         changes=changes),
+                               refused=self._change_refused)
         sync.attach(trainer, policy)
         self._sync = sync
         self._ctl = Controller(self, config=config, trainer=trainer, policy=policy, task=task,
@@ -177,8 +178,7 @@ class Run:
         """Run exactly ``n`` training steps, then pause; returns their metric rows."""
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"step(n={n!r}): n must be an integer >= 1")
-        first = len(self.metrics.rows)
-        await self._ctl.run_steps(n)
+        first = await self._ctl.run_steps(n)
         return self.metrics.rows[first:]
 
     async def stop(self, timeout: float = 120.0) -> None:
@@ -202,6 +202,10 @@ class Run:
         """Whether ``name=value`` can apply to this run (``forge_nb.config.check_change`` says why not)."""
         check_change(self.config, name, value, task=self.task, current=self._hot.values,
                      loss_fields=[n for n, where in self._hot.routes.items() if where == "trainer"])
+
+    def _change_refused(self, changes: dict[str, Any], reason: str) -> None:
+        logger.warning("run %s: run.set(%s) was refused by the trainer and not applied: %s", self.name, changes, reason)
+        self.metrics.event("set_refused", step=self.current_step, changes=changes, reason=reason[:500])
 
     def clear_buffer(self, reason: str) -> int:
         """Drop every buffered episode, counted in the ledger and recorded as an event."""

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from forge_nb._monarch_compat import await_maybe
-from forge_nb._procs import kill_groups, kill_pids, pid_alive, start_reaper, stop_reaper
+from forge_nb._procs import StoppedWatch, kill_groups, kill_pids, pid_alive, start_reaper, stop_reaper
 from forge_nb.leases import Shared
 
 logger = logging.getLogger(__name__)
@@ -66,6 +66,8 @@ MeshState = str  # "running" | "failed" | "stopped"
 
 #: How often the watchdog looks at every recorded pid (a /proc read each).
 WATCHDOG_PERIOD_S = 0.25
+#: A proc stopped (SIGSTOP) this long counts as hung: it is killed, and its service respawns it.
+STOPPED_HANG_S = 2.0
 
 
 class ResourceError(RuntimeError):
@@ -439,6 +441,9 @@ def _start_watchdog(loop: asyncio.AbstractEventLoop) -> None:
         _watchdog = loop.create_task(_watch_pids(), name="forge_nb.runtime.watchdog")
 
 
+_stopped = StoppedWatch(STOPPED_HANG_S)
+
+
 async def _watch_pids() -> None:
     """Record a failure for any running mesh whose recorded proc has exited; ends with the meshes."""
     while True:
@@ -446,14 +451,12 @@ async def _watch_pids() -> None:
         if not running:
             return
         for mesh in running:
-            dead = [rank for rank, pid in enumerate(mesh.pids) if not pid_alive(pid)]
-            if dead:
-                # a dead proc's children live on, re-parented; its process group still names them
+            dead = [rank for rank, pid in enumerate(mesh.pids) if not pid_alive(pid) or _stopped.hung(pid)]
+            if dead:  # a stopped (hung) proc is killed with its group; a dead one's children live on there
                 kill_groups([mesh.pgids[r] for r in dead if r < len(mesh.pgids)])
-                mesh._record(Failure(
-                    mesh=mesh.name, actor_mesh="", ranks=dead,
-                    message=f"process(es) {[mesh.pids[r] for r in dead]} of mesh {mesh.name!r} exited",
-                ))
+                mesh._record(Failure(mesh=mesh.name, actor_mesh="", ranks=dead, message=(
+                    f"process(es) {[mesh.pids[r] for r in dead]} of mesh {mesh.name!r} exited or stayed "
+                    f"stopped (SIGSTOP) for {STOPPED_HANG_S:g} s")))
         await asyncio.sleep(WATCHDOG_PERIOD_S)
 
 

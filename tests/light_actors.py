@@ -79,6 +79,8 @@ class LightTrainer(ForgeActor):
     def __init__(self, *, model: str = "", pad_id: int = 0, weights_namespace: str = "policy", trainer: Any = None,
                  training: dict[str, Any] | None = None, checkpoint: dict[str, Any] | None = None,
                  max_tokens: int = 4, step_delay_s: float = 0.0, fail_at_step: int | None = None, **_ignored: Any):
+        extra = getattr(trainer, "extra", {}) or {}  # a test's knobs ride in TrainerConfig.extra
+        step_delay_s = float(extra.get("step_delay_s", step_delay_s))
         self.namespace, self.delay_s, self.fail_at_step = weights_namespace, step_delay_s, fail_at_step
         self.folder = (checkpoint or {}).get("folder")
         # the names the real trainer holds (lr, weight_decay, max_norm) and the sampling temperature it follows
@@ -129,6 +131,8 @@ class LightTrainer(ForgeActor):
         unknown = set(changes) - set(self.hp)
         if unknown:
             raise ValueError(f"set_hparams got unknown name(s) {sorted(unknown)}; known: {sorted(self.hp)}")
+        if changes.get("lr", 0) > 10:  # a value the config allows and this trainer refuses
+            raise ValueError(f"LightTrainer: lr={changes['lr']} is more than this trainer takes (10)")
         before = dict(self.hp)
         self.hp.update({k: float(v) for k, v in changes.items()})
         return {k: (before[k], self.hp[k]) for k in changes}

@@ -186,6 +186,8 @@ class RunConfig:
     advantage: str = "grpo"
     use_reference: bool = False
     """Score responses with a frozen ReferenceModel for the KL penalty (needed when beta > 0)."""
+    reward_timeout_s: float = 60.0
+    """An async reward function that has not returned after this long quarantines its episode."""
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
@@ -201,6 +203,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         _positive_int(self, "group_size", "max_req_tokens", "max_res_tokens", "batch_size")
         _positive_int(self, "max_policy_age", minimum=0)
+        if isinstance(self.reward_timeout_s, bool) or not isinstance(self.reward_timeout_s, int | float) \
+                or not self.reward_timeout_s > 0:
+            raise ValueError(f"RunConfig.reward_timeout_s={self.reward_timeout_s!r}: must be a number of seconds > 0")
         max_tokens = self.sampling().max_tokens
         if max_tokens > self.max_res_tokens:
             raise ValueError(f"generator.sampling_params max_tokens={max_tokens} > max_res_tokens="

@@ -48,9 +48,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from forge_nb.controller.episodes import episode_metrics, evaluate
+from forge_nb.controller.episodes import episode_metrics, episode_row, evaluate
 from forge_nb.controller.hot import HotChanges
 from forge_nb.controller.ledger import Ledger
+from forge_nb.controller.quarantine import QuarantineWatch
 from forge_nb.controller.weight_sync import WeightSync
 from forge_nb.metrics import MetricsStore
 from forge_nb.rl import Episode, ReplayBuffer, collate
@@ -76,6 +77,8 @@ class Controller:
         self.step = 0
         self.sft_data: Any = None
         self.recent: deque[dict[str, Any]] = deque(maxlen=2000)
+        self.quarantine = QuarantineWatch(window=max(32, 4 * config.batch_size))
+        self._cleanup: asyncio.Task[None] | None = None  # stops the loops of a run that failed
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._running = asyncio.Event()
         self.collect_allowed, self.batch_ready = asyncio.Event(), asyncio.Event()
@@ -92,9 +95,14 @@ class Controller:
     def start(self) -> None:
         """Start (or resume) the loops in the background."""
         self.require_not_shut_down()
-        if self.state == "failed":  # the user fixed the cause (e.g. replaced run.episode_fn): go on
+        if self._cleanup is not None and not self._cleanup.done():
+            # the failed loops are still stopping (a step in flight finishes first): start right after
+            self._cleanup.add_done_callback(lambda _: self.start())
+            return
+        if self.error is not None:  # the user fixed the cause (e.g. replaced run.episode_fn): go on
             self.metrics.event("restart", after_error=self.error)
             self.error = None
+            self.quarantine.reset()
         loop = asyncio.get_running_loop()
         if self.mode == "sft":
             wanted: dict[str, Callable[[], Awaitable[None]]] = {"sft": self._sft_loop}
@@ -114,14 +122,17 @@ class Controller:
         if self.state == "running":
             self.set_state("paused")
 
-    async def run_steps(self, n: int) -> None:
-        """Run exactly ``n`` training steps, then pause (a step already in flight is not one of them)."""
+    async def run_steps(self, n: int) -> int:
+        """Run exactly ``n`` training steps, then pause (a step already in flight is not one of them);
+        returns the index in ``metrics.rows`` of the first of them."""
         self.pause()
         await self.no_step_in_flight()
+        first = len(self.metrics.rows)
         self._steps_left = n
         self._steps_waiter = asyncio.get_running_loop().create_future()
         self.start()
         await self._steps_waiter
+        return first
 
     async def stop(self, timeout: float = 120.0) -> None:
         """Stop the loops at a step boundary (services stay up; ``start()`` continues)."""
@@ -131,6 +142,7 @@ class Controller:
         except TimeoutError:
             logger.warning("run %s: the training step did not finish in %ss; cancelling it", self.name, timeout)
         await self._cancel_loops()  # cancels synchronously, before its first await: no step can start
+        self._report_quarantine()  # what was quarantined since the last report, now that nothing runs
         if self.state != "failed":
             self.set_state("stopped")
 
@@ -182,15 +194,11 @@ class Controller:
         for episode in group:
             completion = episode.completion
             self._gen_tokens += len(completion.token_ids) if completion is not None else 0
-            self.recent.append({
-                "episode_id": episode.episode_id, "prompt": completion.prompt if completion else None,
-                "response": completion.text if completion else None, "target": episode.target,
-                "reward": episode.reward, "advantage": episode.advantage, "version": episode.policy_version,
-                "quarantine": episode.quarantine})
+            self.recent.append(episode_row(episode))
             self.ledger.accept()
+            self.quarantine.note(episode.quarantine)
             if episode.quarantine:
                 self.ledger.end("quarantined")
-                self.metrics.event("quarantine", episode_id=episode.episode_id, reason=episode.quarantine)
             elif taken_back is not None and (episode.policy_version or 0) > taken_back:
                 self.ledger.end("rolled_back")
             else:
@@ -198,6 +206,26 @@ class Controller:
         if len(self.buffer) >= self.buffer_limit:
             self.collect_allowed.clear()
         self.batch_ready.set()
+        if self.quarantine.due():
+            self._report_quarantine()
+        if (message := self.quarantine.overwhelmed()) is not None and self._running.is_set():
+            self._report_quarantine()
+            self._stop_with(message, event="quarantine_pause")
+
+    def _report_quarantine(self) -> None:
+        """One "quarantine" event per interval: episodes per reason and the last message of each."""
+        if (report := self.quarantine.flush()) is not None:
+            self.metrics.event("quarantine", **report)
+
+    def _stop_with(self, message: str, event: str) -> None:
+        """Pause the run because of ``message`` (kept in ``error``; a waiting ``run.step(n)`` raises it)."""
+        self.error = message
+        logger.error("run %s paused: %s", self.name, message)
+        self.metrics.event(event, message=message)
+        self.pause()
+        if self._steps_waiter is not None and not self._steps_waiter.done():
+            self._steps_left = None
+            self._steps_waiter.set_exception(RuntimeError(message))
 
     @property
     def buffer_limit(self) -> int:
@@ -240,7 +268,8 @@ class Controller:
                 # wake up by the starvation deadline at the latest, so a trainer that waits forever says so
                 patience = 1.0 if starved_reported else max(0.05, loop_cfg.starved_after_s - waited)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.batch_ready.wait(), patience)
+                    async with asyncio.timeout(patience):
+                        await self.batch_ready.wait()
                 self.batch_ready.clear()
                 continue
             sync_mode = loop_cfg.mode == "sync"
@@ -320,6 +349,8 @@ class Controller:
                     "version": self.sync.version, "buffer/size": len(self.buffer)})
         out["tokens_per_s/train"] = (out.get("tokens") or 0) / max(t1 - t0, 1e-9)
         self.metrics.record(self.step, out)
+        if self.quarantine.due():
+            self._report_quarantine()
         every = self.config.loop
         if every.eval_every and self.step % every.eval_every == 0:
             values = await evaluate(self.handle, every.eval_prompts)
@@ -421,13 +452,17 @@ class Controller:
         deadline = None if timeout is None else time.monotonic() + timeout
         while training is not None and not training.done() and not self.training_idle.is_set():
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            await asyncio.wait_for(self.training_idle.wait(), left)
+            async with asyncio.timeout(left):
+                await self.training_idle.wait()
 
     def _loop_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():
             return
         error = task.exception()
         name = task.get_name()
+        if self.state == "failed":  # the run already stopped with the first failure; this one is logged
+            logger.info("run %s: loop %s also raised after the run failed: %r", self.name, name, error)
+            return
         if error is None:
             error = RuntimeError(f"loop {name} returned; loops run until stopped")
         self.error = f"{name}: {type(error).__name__}: {error}"
@@ -437,7 +472,8 @@ class Controller:
         self.set_state("failed")
         if self._steps_waiter is not None and not self._steps_waiter.done():
             self._steps_waiter.set_exception(RuntimeError(self.error))
-        asyncio.get_running_loop().create_task(self._stop_after_failure(), name=f"forge_nb.{self.name}.cleanup")
+        self._cleanup = asyncio.get_running_loop().create_task(self._stop_after_failure(),
+                                                               name=f"forge_nb.{self.name}.cleanup")
 
     async def _stop_after_failure(self) -> None:
         """The other loops stop as ``stop()`` stops them: a step in flight finishes (and is counted) first."""
@@ -447,7 +483,15 @@ class Controller:
             await self._cancel_loops()
 
     async def _cancel_loops(self) -> None:
+        """Cancel the loops and wait until they are done; a loop whose code swallowed the cancellation
+        (a user's episode function, or asyncio.wait_for on Python 3.11 when its timeout fires at the
+        same moment) is cancelled again rather than waited for forever."""
         tasks = [t for t in self._tasks.values() if not t.done() and t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        while tasks:
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks, timeout=5.0)
+            tasks = [t for t in tasks if not t.done()]
+            if tasks:
+                logger.warning("run %s: %s did not stop when cancelled; cancelling again", self.name,
+                               [t.get_name() for t in tasks])

@@ -29,7 +29,8 @@ async def generate_episode(run: Any, sample: dict[str, Any]) -> list[Episode]:
     ]
     reward_fns = list(run.reward_fns)  # one group, one set of reward functions, whatever a cell changes
     for episode in group:
-        (await score(reward_fns, prompt, episode.completion.text, target)).apply_to(episode)
+        result = await score(reward_fns, prompt, episode.completion.text, target, timeout_s=cfg.reward_timeout_s)
+        result.apply_to(episode)
     if run.ref_model is not None:
         input_ids = torch.stack([torch.cat([e.request_tensor, e.response_tensor]) for e in group])
         ref = await run.ref_model.forward.route(input_ids, cfg.max_req_tokens)
@@ -64,3 +65,12 @@ def episode_metrics(episodes: list[Episode], version: int) -> dict[str, float]:
     ages = [version - (e.policy_version or 0) for e in episodes]
     out.update({k: v for k, v in summarize(ages, "policy_age").items() if k.endswith(("mean", "max"))})
     return out
+
+
+def episode_row(episode: Episode) -> dict[str, Any]:
+    """What ``run.episodes()`` and the explorer show of an accepted episode."""
+    completion = episode.completion
+    return {"episode_id": episode.episode_id, "prompt": completion.prompt if completion else None,
+            "response": completion.text if completion else None, "target": episode.target,
+            "reward": episode.reward, "advantage": episode.advantage, "version": episode.policy_version,
+            "quarantine": episode.quarantine}

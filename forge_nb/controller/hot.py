@@ -15,17 +15,20 @@ from collections.abc import Callable
 from typing import Any
 
 from forge_nb.config import trainer_changes
+from forge_nb.service import ReplicaDied
 
 
 class HotChanges:
     """Pending and current values of the hot-changeable hyperparameters of one run."""
 
     def __init__(self, routes: dict[str, str], values: dict[str, Any], *, check: Callable[[str, Any], None],
-                 trainer: Any, buffer: Any, task: Any, record: Callable[[dict[str, Any]], None]):
+                 trainer: Any, buffer: Any, task: Any, record: Callable[[dict[str, Any]], None],
+                 refused: Callable[[dict[str, Any], str], None]):
         self.routes, self.values = dict(routes), dict(values)
         self.pending: dict[str, Any] = {}
         self.sampling: dict[str, Any] = {}  # what rollouts pass to generate(), on top of the config
         self._check, self._trainer, self._buffer, self._task, self._record = check, trainer, buffer, task, record
+        self._refused = refused
         self._lock = asyncio.Lock()
 
     def queue(self, changes: dict[str, Any]) -> dict[str, Any]:
@@ -46,7 +49,14 @@ class HotChanges:
             changes, self.pending = self.pending, {}
             trainer_part = trainer_changes(changes, self.routes)  # temperature too: its logprobs follow it
             if trainer_part:
-                await self._trainer.set_hparams.call(**trainer_part)
+                try:
+                    await self._trainer.set_hparams.call(**trainer_part)
+                except ReplicaDied:
+                    raise  # the run's recovery handles a dead trainer; the change stays unapplied
+                except Exception as error:  # refused: nothing of the change applies, the run goes on
+                    lines = str(error).strip().splitlines()  # a remote error ends with the actor's own line
+                    self._refused(changes, lines[-1] if lines else type(error).__name__)
+                    return {}
             for name, value in changes.items():
                 if self.routes[name] == "sampling":
                     self.sampling[name] = value

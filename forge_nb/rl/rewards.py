@@ -11,6 +11,7 @@ function and what it did. A quarantined episode is kept for inspection but gets 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import math
@@ -220,11 +221,13 @@ def _check(value: Any) -> tuple[float | None, str]:
     return number, ""
 
 
-async def score(reward_fns: Sequence[RewardFn], prompt: str, response: str, target: Any) -> RewardResult:
+async def score(reward_fns: Sequence[RewardFn], prompt: str, response: str, target: Any, *,
+                timeout_s: float | None = None) -> RewardResult:
     """Call every reward function on one response; never raises because of them.
 
     Sync functions run on the calling thread (keep them fast, or make them async); async ones are
-    awaited in order. See the module docstring for the quarantine contract.
+    awaited in order, each for at most ``timeout_s`` seconds (None: no limit): one that has not
+    returned by then quarantines the episode. See the module docstring for the quarantine contract.
     """
     reward_fns = list(reward_fns)  # a cell may replace the caller's list while an async reward awaits
     if not reward_fns:
@@ -242,7 +245,11 @@ async def score(reward_fns: Sequence[RewardFn], prompt: str, response: str, targ
         try:
             value = fn(prompt, response, target)
             if inspect.isawaitable(value):
-                value = await value
+                async with asyncio.timeout(timeout_s):  # not wait_for: on 3.11 it can swallow a cancel
+                    value = await value
+        except TimeoutError:
+            problems.append(f"reward function {name!r} did not return within {timeout_s:g} s (reward_timeout_s)")
+            continue
         except Exception as err:
             problems.append(f"reward function {name!r} raised {type(err).__name__}: {err}")
             continue
