@@ -47,7 +47,12 @@ class RunDir:
 
     @property
     def config(self) -> dict[str, Any]:
-        return json.loads((self.path / "config.json").read_text())
+        path = self.path / "config.json"
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{str(path)!r} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); it is "
+                             "the run's configuration as spawned: restore it from a copy, or spawn a new run") from None
 
     @property
     def checkpoints(self) -> Path:
@@ -63,5 +68,15 @@ class RunDir:
         os.replace(tmp, self.path / "state.pt")
 
     def load_state(self) -> dict[str, Any] | None:
+        """The last checkpoint's state, or None. Loaded with ``weights_only=True``: tensors, plain data and
+        forge_nb's episode types only, so a file someone put in the run directory cannot run code."""
         path = self.path / "state.pt"
-        return torch.load(path, weights_only=False) if path.exists() else None
+        return load_plain(path) if path.exists() else None
+
+
+def load_plain(path: str | Path) -> Any:
+    """``torch.load`` of a file forge_nb wrote (a run state, a buffer snapshot) without unpickling code."""
+    from forge_nb.rl import Completion, Episode
+
+    with torch.serialization.safe_globals([Episode, Completion]):
+        return torch.load(path, weights_only=True)

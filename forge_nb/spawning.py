@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,15 @@ async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[s
     cfg = config if isinstance(config, RunConfig) else from_yaml(config)
     if overrides:
         cfg = apply_overrides(cfg, overrides)
+    _check_gpus(cfg)
+    existed = cfg.run_dir is not None and Path(cfg.run_dir).exists()
     directory = RunDir.create(cfg.to_dict(), cfg.name, cfg.run_dir)
-    run = await _bring_up(cfg, directory, episode_fn, progress, actors or {})
+    try:
+        run = await _bring_up(cfg, directory, episode_fn, progress, actors or {})
+    except BaseException:
+        if not existed:  # a run that never started leaves no directory behind (one given that existed stays)
+            shutil.rmtree(directory.path, ignore_errors=True)
+        raise
     for kind, options in cfg.exporters.items():  # e.g. a YAML's metric_logging section
         run.export(kind, **options)
     return run
@@ -81,6 +89,18 @@ async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progr
     else:
         run.metrics.event("resume", from_step=run.current_step, version=run.version)
     return run
+
+
+def _check_gpus(cfg: RunConfig) -> None:
+    """Every GPU the run's services ask for, checked together before anything (the store included) spawns."""
+    wanted = {"generator": cfg.generator.procs * cfg.generator.num_replicas if cfg.generator.with_gpus else 0,
+              "trainer": cfg.trainer.procs if cfg.trainer.with_gpus else 0}
+    ref = cfg.reference
+    if cfg.use_reference and (cfg.trainer.with_gpus if ref.with_gpus is None else ref.with_gpus):
+        wanted["reference"] = ref.procs * ref.num_replicas
+    if sum(wanted.values()):
+        asking = ", ".join(f"{name} {n}" for name, n in wanted.items() if n)
+        runtime.check_gpus(sum(wanted.values()), f"run {cfg.name!r} ({asking})")
 
 
 async def _bring_up(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | None, progress: bool,

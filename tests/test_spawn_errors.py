@@ -17,9 +17,50 @@ async def test_a_model_that_does_not_exist_is_named_before_anything_spawns(runti
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has the GPU the test asks for")
-async def test_gpus_that_do_not_exist_fail_the_spawn_and_what_started_is_stopped(runtime, tmp_path):
-    cfg = forge_nb.quickstart(generator=GeneratorConfig(num_replicas=1, with_gpus=True), run_dir=str(tmp_path / "run"))
-    with pytest.raises(RuntimeError, match=r"service 'policy' failed to start: .*no CUDA"):
+async def test_gpus_that_do_not_exist_are_refused_before_anything_spawns(runtime, tmp_path):
+    from forge_nb import weights
+
+    cfg = forge_nb.quickstart(generator=GeneratorConfig(num_replicas=2, with_gpus=True), run_dir=str(tmp_path / "run"))
+    with pytest.raises(forge_nb.ResourceError, match=r"run 'quickstart' \(generator 2\) asks for 2 GPU.*no CUDA"):
         await forge_nb.spawn(cfg, progress=False)
-    # the trainer had started, and so had torchstore: both are gone again
+    assert runtime.meshes() == [] and not weights.store_running()  # not even torchstore was started
+    assert not (tmp_path / "run").exists()
+
+
+async def test_a_run_that_fails_to_come_up_leaves_no_run_directory(runtime, tmp_path):
+    from tests.light_actors import LightGenerator
+
+    cfg = forge_nb.quickstart(run_dir=str(tmp_path / "run"), max_res_tokens=4)
+    with pytest.raises(RuntimeError, match="service 'trainer' failed to start: .*unexpected keyword argument"):
+        # a generator in the trainer's place: its constructor refuses the trainer's arguments
+        await forge_nb.spawn(cfg, progress=False, actors={"policy": LightGenerator, "trainer": LightGenerator})
     assert runtime.meshes() == []
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_corrupt_config_json_says_what_is_wrong(tmp_path):
+    from forge_nb.rundir import RunDir
+
+    (tmp_path / "config.json").write_text('{"name": "quickstart", ')
+    with pytest.raises(ValueError, match=r"config.json' is not valid JSON .* line 1"):
+        RunDir.open(tmp_path).config
+
+
+class _Payload:
+    def __reduce__(self):
+        import pathlib
+
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
+
+
+def test_a_state_file_in_the_run_directory_cannot_run_code(tmp_path):
+    from forge_nb.rundir import RunDir
+
+    (tmp_path / "config.json").write_text("{}")
+    marker = tmp_path / "pwned"
+    payload = _Payload()
+    payload.marker = str(marker)
+    torch.save({"step": 1, "x": payload}, tmp_path / "state.pt")
+    with pytest.raises(Exception, match="Weights only load failed"):
+        RunDir.open(tmp_path).load_state()
+    assert not marker.exists()

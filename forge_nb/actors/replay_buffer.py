@@ -49,9 +49,9 @@ class ReplayBuffer(ForgeActor):
     async def setup(self) -> None:
         self.buffer = _Buffer(**self._kwargs)  # invalid arguments raise here, where the caller sees them
         if self._snapshot is not None and self._snapshot.exists():
-            import torch
+            from forge_nb.rundir import load_plain
 
-            state = torch.load(self._snapshot, weights_only=False)
+            state = load_plain(self._snapshot)
             self.buffer.load_state_dict(state["buffer"])
             self._restored = {"path": str(self._snapshot), "episodes": len(self.buffer),
                               "counters": self.buffer.counters(),
