@@ -43,7 +43,7 @@ def test_a_corrupt_config_json_says_what_is_wrong(tmp_path):
 
     (tmp_path / "config.json").write_text('{"name": "quickstart", ')
     with pytest.raises(ValueError, match=r"config.json' is not valid JSON .* line 1"):
-        RunDir.open(tmp_path).config
+        _ = RunDir.open(tmp_path).config
 
 
 class _Payload:
