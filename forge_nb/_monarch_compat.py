@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import functools
+import getpass
 import inspect
+import os
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -38,3 +42,21 @@ def _as_coroutine(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 async def await_maybe(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
+
+
+def private_log_dir() -> Path:
+    """Make monarch's log folder readable by this user only, and return it.
+
+    monarch 0.7 writes every process's log to ``<tmp>/<user>/monarch_log.log`` and creates the folder
+    world-readable; the log names the abstract unix sockets of every actor, which any local user can
+    connect to. A folder only its owner can enter keeps the log (and so the names) private. What
+    remains: a local user who guesses or scans abstract socket names can still connect to them;
+    monarch 0.7 offers no transport that file permissions protect (ChannelTransport: Unix, Tcp,
+    MetaTls, Local; Unix sockets are abstract)."""
+    folder = Path(tempfile.gettempdir()) / getpass.getuser()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if folder.stat().st_uid == os.getuid():
+        folder.chmod(0o700)
+        for log in folder.glob("monarch_log*"):
+            log.chmod(0o600)
+    return folder

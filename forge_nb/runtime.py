@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from forge_nb._monarch_compat import await_maybe
+from forge_nb._monarch_compat import await_maybe, private_log_dir
 from forge_nb._procs import StoppedWatch, kill_groups, kill_pids, pid_alive, start_reaper, stop_reaper
 from forge_nb.leases import Shared
 
@@ -125,6 +125,7 @@ def ensure_started() -> None:
                 )
         for key, value in MONARCH_ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
+        private_log_dir()  # monarch's log names every actor's socket: owner-only, before monarch writes it
         import monarch.actor
 
         monarch.actor.unhandled_fault_hook = _fault_hook

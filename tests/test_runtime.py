@@ -189,3 +189,16 @@ async def test_releasing_a_runtime_lease_stops_the_meshes_its_holder_left_behind
     await runtime.release("holder-b")
     assert "holder-b" not in runtime.lease_holders() and mine.state == "running"  # not a holder's mesh
     await mine.stop()
+
+
+def test_monarchs_log_folder_is_private_to_its_user(runtime):
+    import stat
+
+    from forge_nb._monarch_compat import private_log_dir
+
+    folder = private_log_dir()  # the runtime fixture's ensure_started already called it
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    folder.chmod(0o755)  # as monarch creates it
+    assert private_log_dir() == folder and stat.S_IMODE(folder.stat().st_mode) == 0o700
+    for log in folder.glob("monarch_log*"):
+        assert stat.S_IMODE(log.stat().st_mode) & 0o077 == 0, log
