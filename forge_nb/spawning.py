@@ -73,14 +73,17 @@ async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progr
     run = await _bring_up(cfg, directory, episode_fn, progress, {})
     state = directory.load_state()
     if state is None:
-        run.metrics.event("resume", from_step=0, message="no checkpoint yet: starting from the initial weights")
+        run._ctl.step = run.metrics.step  # step numbers go on; the weights start again
+        run.metrics.event("resume", from_step=run.current_step,
+                          message="no checkpoint yet: starting from the initial weights")
         return run
-    last_recorded = run.metrics.step
+    checkpoint_step, last_recorded = int(state["step"]), run.metrics.step
     await run._ctl.restore(state)
-    if last_recorded > run.current_step:
-        run.metrics.event("rewind", from_step=last_recorded, to_step=run.current_step,
-                          message=f"steps {run.current_step + 1}..{last_recorded} came after the last checkpoint "
-                                  "and are trained again")
+    if last_recorded > checkpoint_step:
+        run.metrics.event("rewind", checkpoint_step=checkpoint_step, version=run.version,
+                          message=f"steps {checkpoint_step + 1}..{last_recorded} came after the last checkpoint: "
+                                  f"their weights are gone; training goes on from version {run.version} "
+                                  f"as step {last_recorded + 1}")
     if state.get("mode") == "sft":  # the SFT examples live in the notebook, not in the checkpoint
         message = ("checkpointed during SFT: the run resumes in RL mode; `await run.sft(examples)` goes on "
                    "with supervised steps")

@@ -153,12 +153,15 @@ async def test_a_trainer_killed_mid_step_rewinds_to_its_checkpoint(run):
     os.kill(run.trainer.replica.mesh.pids[0], signal.SIGKILL)
     assert await _until(lambda: any(e["kind"] == "rewind" for e in run.metrics.events))
     rewind = [e for e in run.metrics.events if e["kind"] == "rewind"][-1]
-    assert rewind["to_step"] == saved_step and rewind["version"] == saved_version
-    assert await _until(lambda: run.current_step >= saved_step + 2)
+    assert rewind["checkpoint_step"] == saved_step and rewind["version"] == saved_version
+    before_rewind = rewind["step"]
+    assert await _until(lambda: run.current_step >= before_rewind + 2)  # numbering goes on, never repeats
     await run.stop()
     assert run.ledger()["balanced"], run.ledger()
     assert (await run.trainer.info.call())[0]["step"] == run.version
     assert await weights.stored_versions(namespace=run.weights_namespace) == [run.version]
+    steps = [r["step"] for r in run.metrics.rows]
+    assert steps == sorted(set(steps)), "a step number was recorded twice"
 
 
 async def test_two_runs_side_by_side_keep_their_own_weights_and_one_shuts_down_alone(run, tmp_path):
@@ -197,3 +200,21 @@ async def test_a_second_live_run_with_the_same_name_is_refused_before_spawning(r
     with pytest.raises(ValueError, match="in use by a live run"):
         await spawn_light(tmp_path, "light")
     assert len(forge_nb.meshes()) == meshes
+
+
+async def test_step_n_across_a_rewind_records_n_steps_and_never_repeats_a_number(run):
+    await run.checkpoint()
+
+    async def kill_trainer_mid_step() -> None:
+        await _until(lambda: not run.training_idle.is_set())
+        os.kill(run.trainer.replica.mesh.pids[0], signal.SIGKILL)
+
+    first = run.current_step
+    killer = asyncio.create_task(kill_trainer_mid_step())
+    rows = await run.step(3)
+    await killer
+    assert any(e["kind"] == "rewind" for e in run.metrics.events[-20:])
+    assert [r["step"] for r in rows] == [first + 1, first + 2, first + 3]  # the lost step is not one of the 3
+    steps = [r["step"] for r in run.metrics.rows]
+    assert steps == sorted(set(steps))
+    assert run.ledger()["balanced"]

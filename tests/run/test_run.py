@@ -290,8 +290,8 @@ async def test_trainer_killed_mid_step_rewinds_to_its_last_checkpoint(run):
     os.kill(run.trainer.replica.mesh.pids[0], signal.SIGKILL)
     assert await _until(lambda: any(e["kind"] == "rewind" for e in run.metrics.events))
     rewind = [e for e in run.metrics.events if e["kind"] == "rewind"][-1]
-    assert rewind["to_step"] == saved_step and rewind["version"] == saved_version
-    assert await _until(lambda: run.current_step >= saved_step + 2)  # and training goes on from there
+    assert rewind["checkpoint_step"] == saved_step and rewind["version"] == saved_version
+    assert await _until(lambda: run.current_step >= rewind["step"] + 2)  # training goes on; numbers never repeat
     await run.stop()
     assert run.trainer.replica.restarts == 1
     assert run.ledger()["balanced"], run.ledger()
@@ -315,8 +315,8 @@ async def test_trainer_killed_between_steps_rewinds_too(run):
     assert await _until(lambda: replica.restarts == restarts + 1 and replica.state == "healthy")
     (row,) = await run.step(1)
     rewind = [e for e in run.metrics.events if e["kind"] == "rewind"][-1]
-    assert (rewind["to_step"], rewind["version"]) == (saved_step, saved_version)
-    assert row["step"] == saved_step + 1 and run.version == saved_version + 1
+    assert (rewind["checkpoint_step"], rewind["version"]) == (saved_step, saved_version)
+    assert row["step"] == saved_step + 2 and run.version == saved_version + 1  # the step number goes on
     assert (await run.trainer.info.call())[0]["step"] == run.version  # no optimizer step lost or doubled
     assert run.ledger()["balanced"], run.ledger()
 
@@ -326,21 +326,22 @@ async def test_checkpoint_then_resume_in_a_fresh_run_keeps_history(run):
     await run.step(1)
     await run.sft([{"request": "c", "response": "cccc"}], batch_size=4)  # checkpointed in SFT mode
     await run.checkpoint()
-    step, version = run.current_step, run.version
+    version = run.version
     await run.step(1)  # one step after the checkpoint: resume shows it as a rewind
     path = run.dir.path
     rows_before = len(run.metrics.rows)
     await run.shutdown()
 
+    last_step = run.current_step
     again = await forge_nb.resume(path, progress=False)
     try:
-        assert (again.current_step, again.version) == (step, version)
+        assert (again.current_step, again.version) == (last_step, version)  # numbering goes on; weights went back
         assert len(again.metrics.rows) == rows_before  # history intact
         kinds = [e["kind"] for e in again.metrics.events]
         assert "rewind" in kinds and kinds[-1] == "resume"
         assert again.mode == "rl" and "checkpointed during SFT" in again.metrics.events[-1]["message"]
         assert await again.policy.get_version.fanout() == [version, version]
         rows = await again.step(1)
-        assert rows[-1]["step"] == step + 1 and again.version == version + 1
+        assert rows[-1]["step"] == last_step + 1 and again.version == version + 1
     finally:
         await again.shutdown()
