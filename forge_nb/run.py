@@ -23,6 +23,7 @@ import logging
 from typing import Any
 
 from forge_nb import rundir
+from forge_nb._leftovers import remove_leftovers
 from forge_nb.config import RunConfig, check_change
 from forge_nb.controller import Controller, EpisodeFn, HotChanges, Ledger, WeightSync, generate_episode
 from forge_nb.metrics import MetricsStore
@@ -263,5 +264,8 @@ class Run:
         finally:
             await self._sync.close()
             self._ctl.set_state("shut down")
+            removed = remove_leftovers(min_age_s=5.0)  # what engines killed during the run could not clean
+            if any(removed.values()):
+                logger.info("run %s: removed what killed processes left: %s", self.name, removed)
             for exporter in self.exporters:
                 exporter.close()

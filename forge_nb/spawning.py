@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_nb import runtime, weights
+from forge_nb._leftovers import remove_leftovers
 from forge_nb.config import (
     RunConfig,
     apply_overrides,
@@ -112,6 +113,7 @@ async def _bring_up(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | N
     model = _model_path(cfg, task, directory)
     pad_id = _pad_id(model)
     runtime.ensure_started()
+    remove_leftovers()  # of runs killed before (a kernel restart): engine segments, sockets, weight files
     sync = WeightSync(weights.namespace_for(cfg.name))
     await sync.open()  # this run's key namespace and torchstore lease, before anything is spawned
     try:

@@ -32,7 +32,6 @@ import logging
 import os
 import pickle
 import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch.actor import concurrent_endpoint, endpoint
 
+from forge_nb._leftovers import SOCKETS_ROOT
 from forge_nb._procs import remove_left_by_dead
 from forge_nb.actors._vllm_worker import WORKER_EXTENSION, completions, make_engine_args, make_sampling_params
 from forge_nb.models import resolve_model
@@ -56,8 +56,6 @@ __all__ = ["Generator", "GeneratorArgs", "Policy", "make_engine_args", "make_sam
 CPU_KVCACHE_GIB = 1
 #: Seconds one weight update may take (fetch + load); torchstore moves ~0.2 GB/s without RDMA.
 UPDATE_TIMEOUT_S = 900.0
-#: Where each generator process's vLLM sockets go, in a folder named by its pid.
-SOCKETS_ROOT = Path(tempfile.gettempdir()) / "forge_nb-vllm"
 
 
 def _own_socket_dir() -> Path | None:

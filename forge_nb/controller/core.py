@@ -183,13 +183,11 @@ class Controller:
             self.accept(group, rewinds_before=rewinds)
 
     def accept(self, group: list[Episode], rewinds_before: int | None = None) -> None:
-        """A finished group: quarantined episodes are recorded and dropped, the rest buffered.
+        """A finished group: quarantined episodes are counted and dropped, the rest buffered.
 
-        ``rewinds_before``: how many rewinds had happened when the group's generation began. Episodes
-        made by weights a rewind since then took back (versions above the one it went back to) are
-        dropped as ``rolled_back``. The version number alone cannot tell: during a weight update the
-        generators already updated make version v+1 while the run still says v, and after a rewind
-        the numbers are used again by the new weights."""
+        ``rewinds_before``: the rewinds when the group's generation began. Episodes of weights a rewind
+        since then took back (versions above the one it went back to) are dropped as ``rolled_back``;
+        the version alone cannot tell, as a rewind's new weights use the same numbers again."""
         taken_back = min(self._rewound_to[rewinds_before:], default=None) if rewinds_before is not None else None
         for episode in group:
             completion = episode.completion
@@ -452,10 +450,8 @@ class Controller:
 
     async def no_step_in_flight(self, timeout: float | None = None) -> None:
         """Return once the training loop is parked between steps (or not running); TimeoutError after
-        ``timeout``. Re-checked after every wake-up, with no await between the last check and the return:
-        the loop may start a step between the event being set and this task running. Cancelling a step in
-        flight would lose its episodes from the ledger and could leave the trainer an optimizer step ahead
-        of the run's version."""
+        ``timeout``. Re-checked after every wake-up (the loop may start a step in between). Cancelling a
+        step in flight would lose its episodes and could leave the trainer a step ahead of the version."""
         training = self._tasks.get("sft" if self.mode == "sft" else "train")
         deadline = None if timeout is None else time.monotonic() + timeout
         while training is not None and not training.done() and not self.training_idle.is_set():
@@ -491,9 +487,8 @@ class Controller:
             await self._cancel_loops()
 
     async def _cancel_loops(self) -> None:
-        """Cancel the loops and wait until they are done; a loop whose code swallowed the cancellation
-        (a user's episode function, or asyncio.wait_for on Python 3.11 when its timeout fires at the
-        same moment) is cancelled again rather than waited for forever."""
+        """Cancel the loops and wait until they are done; one that swallowed the cancellation (a user's
+        episode function; asyncio.wait_for on 3.11) is cancelled again rather than waited for forever."""
         tasks = [t for t in self._tasks.values() if not t.done() and t is not asyncio.current_task()]
         while tasks:
             for task in tasks:

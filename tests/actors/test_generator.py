@@ -19,7 +19,8 @@ import pytest_asyncio
 import torch
 
 from forge_nb import runtime, weights
-from forge_nb.actors.generator import SOCKETS_ROOT, Generator, Policy
+from forge_nb._leftovers import SOCKETS_ROOT
+from forge_nb.actors.generator import Generator, Policy
 from forge_nb.models import TinyModelConfig, build_tiny_model
 from forge_nb.rl.types import Completion
 

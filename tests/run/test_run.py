@@ -22,6 +22,11 @@ pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600), pytest.mark.asyncio(l
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def run(tmp_path_factory):
+    import time
+
+    from forge_nb._leftovers import engine_patterns, orphaned
+
+    started = time.time()
     cfg = forge_nb.quickstart(run_dir=str(tmp_path_factory.mktemp("run")))
     run = await forge_nb.spawn(cfg, progress=False)
     yield run
@@ -29,6 +34,9 @@ async def run(tmp_path_factory):
     from forge_nb import runtime
 
     assert runtime.meshes() == [], "shutdown left meshes behind"
+    # the tests killed generators, engines and the trainer: nothing of theirs may be left in /dev/shm or /tmp
+    left = [p for p in orphaned(engine_patterns(), min_age_s=0) if p.stat().st_mtime >= started]
+    assert left == [], f"killed engines left {len(left)} file(s), e.g. {left[:3]}"
 
 
 _until = waiter(timeout=240.0, interval=0.1)
