@@ -8,7 +8,9 @@ it is kept in ``observer_errors`` and logged.
 Rows are plain dicts ``{"step": int, "time": float, name: float, ...}``; events are
 ``{"kind": str, "step": int, "time": float, ...}`` (hot changes, replica failures and respawns,
 evictions, skipped steps, quarantined episodes). Both append to JSON-lines files in the run
-directory when one is attached, so ``forge_nb.resume`` starts with the history intact.
+directory when one is attached, so ``forge_nb.resume`` starts with the history intact. Events are
+bounded: at most ``MAX_EVENTS`` in memory and ``MAX_EVENTS_BYTES`` in ``events.jsonl`` (the older part
+moves to ``events.jsonl.1``); rows are one per step and stay whole.
 """
 
 from __future__ import annotations
@@ -16,12 +18,16 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+MAX_EVENTS = 20_000  #: events kept in memory (the newest; the files keep more)
+MAX_EVENTS_BYTES = 16 * 2**20  #: size at which events.jsonl moves to events.jsonl.1
 
 Row = dict[str, Any]
 Observer = Callable[[str, Row], None]  # ("step" | "event", row)
@@ -59,6 +65,8 @@ class MetricsStore:
         """Record something that happened (``kind`` e.g. "set", "replica", "quarantine", "skip")."""
         row: Row = {"kind": kind, "step": step if step is not None else self.step, "time": time.time(), **data}
         self.events.append(row)
+        if len(self.events) > MAX_EVENTS:
+            del self.events[: len(self.events) - MAX_EVENTS // 2]  # the newest half stays in memory
         self._append("events.jsonl", row)
         self._notify("event", row)
         return row
@@ -131,8 +139,12 @@ class MetricsStore:
     def _append(self, name: str, row: Row) -> None:
         if self._dir is None:
             return
-        with open(self._dir / name, "a") as f:
+        path = self._dir / name
+        with open(path, "a") as f:
             f.write(json.dumps(row, default=_jsonable) + "\n")
+            full = name == "events.jsonl" and f.tell() > MAX_EVENTS_BYTES
+        if full:  # bounded: the older half of the events moves to events.jsonl.1 (replacing an older one)
+            os.replace(path, path.with_name(name + ".1"))
 
 
 def _jsonable(value: Any) -> Any:

@@ -61,3 +61,17 @@ def test_summarize():
     assert summarize([], "r") == {}
     s = summarize([0.0, 1.0], "r")
     assert s == {"r/mean": 0.5, "r/std": 0.5, "r/min": 0.0, "r/max": 1.0}
+
+
+def test_events_are_bounded_in_memory_and_on_disk(tmp_path, monkeypatch):
+    from forge_nb import metrics
+
+    monkeypatch.setattr(metrics, "MAX_EVENTS", 100)
+    monkeypatch.setattr(metrics, "MAX_EVENTS_BYTES", 20_000)
+    store = metrics.MetricsStore(tmp_path)
+    for i in range(1000):
+        store.event("replica", n=i, reason="x" * 50)
+    assert 50 <= len(store.events) <= 100 and store.events[-1]["n"] == 999  # the newest are kept
+    current, older = tmp_path / "events.jsonl", tmp_path / "events.jsonl.1"
+    assert current.stat().st_size <= 20_000 + 200 and older.stat().st_size <= 20_000 + 200
+    assert '"n": 999' in current.read_text()

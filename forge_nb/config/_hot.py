@@ -55,8 +55,11 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         t, p, m = self.temperature, self.top_p, self.max_tokens
         if isinstance(t, bool) or not isinstance(t, int | float) or not t > 0:
-            raise ValueError(f"sampling temperature={t!r}: must be a number > 0 (1.0 samples the model's own "
-                             "distribution; for greedy answers pass temperature=0 to generate() itself)")
+            raise ValueError(f"sampling temperature={t!r}: must be a number > 0. Temperature 0 is greedy: every "
+                             "sample of a GRPO group would be the same answer, with advantage 0, so training "
+                             "would learn nothing (and the trainer divides its logits by the temperature). Use a "
+                             "low temperature such as 0.3 to sample near-greedily; for greedy answers outside "
+                             "training pass temperature=0 to generate() itself, as evaluation does")
         if isinstance(p, bool) or not isinstance(p, int | float) or not 0 < p <= 1:
             raise ValueError(f"sampling top_p={p!r}: must be a number in (0, 1] (1.0 keeps every token)")
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
