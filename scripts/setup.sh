@@ -11,6 +11,8 @@
 #     ("operator torchvision::nms does not exist") and break transformers' Qwen3 import: removed.
 #   * Debian's chromium for the browser tests (Playwright's own browser download cannot work here),
 #     installed when running as root with apt-get available; tests that need it skip otherwise.
+#   * Debian's bubblewrap (bwrap), the sandbox SandboxedPythonCoder runs model-written code in; without
+#     it the coder refuses to start (isolation='none' opts out) and its sandbox tests skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-$(command -v python3.11 || command -v python3)}
@@ -38,4 +40,10 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   echo "setup: installing Debian's chromium for the browser tests"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
     || echo "setup: could not install chromium; browser tests will skip"
+fi
+
+if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "setup: installing Debian's bubblewrap for SandboxedPythonCoder"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
+    || echo "setup: could not install bubblewrap; SandboxedPythonCoder will refuse to start without it"
 fi
