@@ -22,6 +22,7 @@ import asyncio
 import logging
 from typing import Any
 
+from forge_nb import _proclogs as proclogs
 from forge_nb import rundir
 from forge_nb._leftovers import remove_leftovers
 from forge_nb.config import RunConfig, check_change
@@ -159,6 +160,19 @@ class Run:
                 and (min_reward is None or (r["reward"] is not None and r["reward"] >= min_reward))
                 and (max_reward is None or (r["reward"] is not None and r["reward"] <= max_reward))]
         return rows[-n:]
+
+    def logs(self, service: str | None = None, index: int | None = None, n: int = 40,
+             level: str | None = None) -> str:
+        """The last ``n`` lines its processes wrote (vLLM, monarch, torch: they go to ``<run_dir>/logs``,
+        not to the cells): of one service ("policy", "trainer", "ref_model") and replica ``index``, or of
+        all; ``level="warning"`` or ``"error"`` keeps only those (and an error's traceback)."""
+        meshes = {"policy": "policy", "trainer": "trainer", "ref_model": "ref"}
+        if service is not None and service not in self.services:
+            raise ValueError(f"service={service!r}: this run has {sorted(self.services)}")
+        base = f"{self.name}-{meshes[service]}" + (f"-r{index}" if index is not None else "") if service else ""
+        paths = [p for p in self.dir.logs.glob("*.log")
+                 if not base or p.stem == base or p.stem.startswith(base + "-")]
+        return "\n".join(proclogs.read(paths, n, level))
 
     def __repr__(self) -> str:
         return f"<Run {self.name!r} {self.state}: step {self.current_step}, version {self.version}>"

@@ -59,6 +59,11 @@ class RunDir:
         return self.path / "checkpoints"
 
     @property
+    def logs(self) -> Path:
+        """The output of the run's processes, one file per mesh."""
+        return self.path / "logs"
+
+    @property
     def model(self) -> Path:
         return self.path / "model"
 

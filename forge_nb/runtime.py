@@ -46,9 +46,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 from forge_nb._monarch_compat import await_maybe, private_log_dir
+from forge_nb._proclogs import bootstrap, default_log_dir
 from forge_nb._procs import StoppedWatch, kill_groups, kill_pids, pid_alive, start_reaper, stop_reaper
 from forge_nb.leases import Shared
 
@@ -216,20 +218,12 @@ def _allocate_gpus(procs: int, name: str) -> list[int]:
 # Meshes
 
 
-def _set_proc_env(env: dict[str, str]) -> None:
-    """Runs first in every spawned proc (monarch's ``bootstrap``)."""
-    os.environ.update(env)
-
-
 class Mesh:
     """A process mesh this kernel spawned, with its pids, state, GPUs and failures."""
 
     def __init__(self, name: str, procs: int, with_gpus: bool, gpu_ids: list[int], owner: str | None):
-        self.name = name
-        self.procs = procs
-        self.with_gpus = with_gpus
-        self.gpu_ids = gpu_ids
-        self.owner = owner
+        self.name, self.procs, self.with_gpus, self.gpu_ids, self.owner = name, procs, with_gpus, gpu_ids, owner
+        self.log_path: Path | None = None  # where its procs' stdout and stderr go
         self.proc_mesh: Any = None
         self.pids: list[int] = []
         self.pgids: list[int] = []
@@ -330,11 +324,13 @@ async def spawn_mesh(
     hosts: int | None = None,
     env: dict[str, str] | None = None,
     owner: str | None = None,
+    log_dir: str | Path | None = None,
 ) -> Mesh:
     """Spawn ``procs`` processes on this host as a monarch ProcMesh and record it.
 
     ``with_gpus`` gives the mesh ``procs`` free GPUs (each proc sees them all through
     ``CUDA_VISIBLE_DEVICES``; rank r uses ``cuda:r``). Validation happens before anything is spawned.
+    The procs' output goes to ``<log_dir>/<name>.log`` (default: ``_proclogs.default_log_dir()``).
     """
     if not isinstance(procs, int) or isinstance(procs, bool) or procs < 1:
         raise ValueError(f"procs={procs!r}: a mesh needs at least one process (procs >= 1)")
@@ -354,13 +350,15 @@ async def spawn_mesh(
     else:
         proc_env.setdefault("CUDA_VISIBLE_DEVICES", "")
     mesh = Mesh(name, procs, with_gpus, gpu_ids, owner)
+    Path(log_dir or default_log_dir()).mkdir(parents=True, exist_ok=True)
+    mesh.log_path = Path(log_dir or default_log_dir()) / f"{name}.log"  # the procs' output, not the cell
     mesh._loop = asyncio.get_running_loop()
     _meshes[name] = mesh
     try:
         mesh.proc_mesh = this_host().spawn_procs(
             per_host={"procs": procs},
             name=name,
-            bootstrap=functools.partial(_set_proc_env, proc_env),
+            bootstrap=functools.partial(bootstrap, proc_env, str(mesh.log_path)),
         )
         from forge_nb._procinfo import ProcInfo
 

@@ -133,16 +133,17 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
     RLTrainer = actors.get("trainer", RLTrainer)  # noqa: N806
     ReferenceModel = actors.get("ref_model", ReferenceModel)  # noqa: N806
 
+    logs = str(directory.logs)  # the processes' output: %forge_logs / run.logs() read it, the cells stay quiet
     sampling = {"n": cfg.group_size, "max_tokens": cfg.max_res_tokens, **cfg.generator.sampling_params}
     engine_args = {"max_model_len": cfg.max_req_tokens + cfg.max_res_tokens + 8, "seed": cfg.seed,
                    **cfg.generator.engine_args}
     starts: dict[str, Any] = {
         "policy": Generator.options(num_replicas=cfg.generator.num_replicas, procs=cfg.generator.procs,
-                                    with_gpus=cfg.generator.with_gpus, mesh_name=f"{cfg.name}-policy")
+                                    with_gpus=cfg.generator.with_gpus, mesh_name=f"{cfg.name}-policy", log_dir=logs)
         .as_service(model=model, engine_args=engine_args, sampling_params=sampling,
                     weights_namespace=sync.namespace),
         "trainer": RLTrainer.options(procs=cfg.trainer.procs, with_gpus=cfg.trainer.with_gpus,
-                                     mesh_name=f"{cfg.name}-trainer")
+                                     mesh_name=f"{cfg.name}-trainer", log_dir=logs)
         .as_actor(model=model, pad_id=pad_id, **trainer_actor_kwargs(
             cfg, checkpoint_folder=str(directory.checkpoints), weights_namespace=sync.namespace)),
     }
@@ -152,6 +153,7 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
         ref_training = {"temperature": cfg.sampling().temperature, **ref.extra.get("training", {})}
         starts["ref_model"] = ReferenceModel.options(
             num_replicas=ref.num_replicas, procs=ref.procs, with_gpus=with_gpus, mesh_name=f"{cfg.name}-ref",
+            log_dir=logs,
         ).as_service(model=model, **{**ref.extra, "training": ref_training})
     services = await _start_all(starts, progress)
     try:

@@ -300,3 +300,16 @@ class CustomLoss:
             "ratio_mean": ratio.mean().item(),
         }
         return loss, metrics
+
+
+class Printer(Actor):
+    """Writes to its process's stdout and stderr, as vLLM and torch do."""
+
+    @endpoint
+    async def say(self, text: str) -> int:
+        import sys
+
+        print(f"stdout {text}")
+        print(f"WARNING stderr {text}", file=sys.stderr)
+        os.system(f"echo child-process {text}")  # a child process (like vLLM's engine) inherits the file
+        return os.getpid()

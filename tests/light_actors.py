@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import glob
 import os
+import sys
 from typing import Any
 
 import torch
@@ -41,6 +42,7 @@ class LightGenerator(ForgeActor):
         self.sampling = {"n": 4, "max_tokens": 4, "temperature": 1.0, **(sampling_params or {})}
         self.namespace, self.delay_s = weights_namespace, generate_delay_s
         self.logits = torch.zeros(int(self.sampling["max_tokens"]), len(ALPHABET))
+        print(f"LightGenerator: ready in process {os.getpid()}", file=sys.stderr)  # as an engine's log would
         self.version = 0
 
     @endpoint

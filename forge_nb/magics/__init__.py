@@ -18,6 +18,8 @@ Magic                                                  What it does
 %forge_status                                          services, replicas, loops, step, version, last values;
                                                        with several live runs, one line per run
 %forge_episodes [-n K] [--version V] [--min-reward R]  recent episodes as a table
+%forge_logs [SERVICE[i]] [-n N] [--level L]           what the processes wrote (vLLM, monarch, torch): to
+                                                       files in the run directory, not to the cells
 %forge_dashboard                                       the live dashboard (forge_nb.widgets)
 %forge_meshes                                          every process mesh the kernel holds
 %forge_shutdown [--name N | --all]                     stop loops, services and meshes; check no process is left

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Coroutine
 from typing import Any
 
@@ -162,6 +163,28 @@ class ControlMagics(Magics):
                                                               if run.current_step == 0 else ""))
             return
         display(_display.episodes_table(rows))
+
+    @magic_arguments()
+    @argument("service", nargs="?", help="policy, trainer or ref_model, optionally with a replica: policy[1]")
+    @argument("-n", type=int, default=40, help="how many lines (default 40)")
+    @argument("--level", choices=("warning", "error"), help="only warnings and errors, or errors (with tracebacks)")
+    @argument("--name", help=NAME_HELP)
+    @line_magic
+    def forge_logs(self, line: str) -> None:
+        """The last lines the run's processes wrote (vLLM, monarch, torch), which go to files, not to cells."""
+        args = parse_argstring(self.forge_logs, line)
+        if args.n < 1:
+            raise UsageError(f"-n {args.n}: give a number of lines >= 1")
+        run = self.runs.get(args.name)
+        service, index = args.service, None
+        if service is not None and (m := re.fullmatch(r"(\w+)\[(\d+)\]", service)):
+            service, index = m.group(1), int(m.group(2))
+        try:
+            text = run.logs(service, index, n=args.n, level=args.level)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        print(text or f"nothing logged yet{' at level ' + args.level if args.level else ''} "
+                      f"(the files are in {run.dir.logs})")
 
     @magic_arguments()
     @argument("--name", help=NAME_HELP)

@@ -49,6 +49,9 @@ class Options:
     """Seconds ``route`` waits for a healthy replica (e.g. a respawn) before it raises."""
     restart_backoff: float = 0.5
     """First delay before a respawn; doubles with each restart of the same replica."""
+    log_dir: str | None = None
+    """Folder for the replicas' process output (``<mesh>.log``); a run's services log into ``<run_dir>/logs``,
+    others into a private folder of the kernel's (``forge_nb._proclogs.default_log_dir``)."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables for the replicas' processes."""
 

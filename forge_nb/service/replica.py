@@ -106,7 +106,7 @@ class Replica:
         base = self._options.mesh_name or self._cls.__name__.lower()
         self.mesh = await runtime.spawn_mesh(
             f"{base}-r{self.index}", self._options.procs, self._options.with_gpus,
-            hosts=self._options.hosts, env=self._options.env, owner=self.owner,
+            hosts=self._options.hosts, env=self._options.env, owner=self.owner, log_dir=self._options.log_dir,
         )
         self.mesh.on_failure(self._process_died)
         self.actor = self.mesh.spawn(self._cls.__name__.lower(), self._cls.spawn_class(),

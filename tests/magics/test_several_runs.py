@@ -53,7 +53,7 @@ def runs(ip, tmp_path_factory):
 
 @pytest.mark.parametrize("cell", ["%forge_run", "%forge_run --steps 2", "%forge_pause", "%forge_resume",
                                   "%forge_step 1", "%forge_stop", "%forge_set lr=0.1", "%forge_episodes -n 2",
-                                  "%forge_dashboard", "%forge_shutdown"])
+                                  "%forge_dashboard", "%forge_logs", "%forge_shutdown"])
 def test_without_name_a_run_magic_names_the_live_runs_and_does_nothing(ip, runs, cell):
     run_a, run_b = runs
     before = [(r.state, r.current_step, dict(r.pending)) for r in runs]
@@ -160,3 +160,16 @@ def test_shutdown_by_name_leaves_the_other_run_training(ip, runs, capsys):
     assert run_b.current_step == step + 2 and run_b.version == step + 2
     assert run_b.ledger()["balanced"]
     assert "not both" in usage_error(ip, "%forge_shutdown --name b --all")
+
+
+def test_logs_show_what_a_runs_processes_wrote_by_service_and_replica(ip, runs, capsys):
+    run_a, _ = runs
+    pid = run_a.policy.replicas[1].mesh.pids[0]
+    ok(ip, "%forge_logs policy[1] --name a")
+    out = capsys.readouterr().out
+    assert f"LightGenerator: ready in process {pid}" in out and "[a-policy-r1" in out and "[a-policy-r0" not in out
+    ok(ip, "%forge_logs trainer -n 5 --name a")
+    assert "LightGenerator" not in capsys.readouterr().out
+    ok(ip, "%forge_logs --level error --name a")  # nothing failed: it says so, with where the files are
+    assert "nothing logged yet at level error" in capsys.readouterr().out
+    assert "service='reward': this run has ['policy', 'trainer']" in usage_error(ip, "%forge_logs reward --name a")

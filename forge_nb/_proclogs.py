@@ -1,0 +1,84 @@
+"""Where spawned processes' output goes: a log file per mesh, not the notebook cell; and reading it back.
+
+A process the kernel spawns inherits the kernel's stdout and stderr, which ipykernel forwards to
+whichever cell ran last: vLLM, monarch, torch and triton then print hundreds of lines into cells
+that have nothing to do with them. :func:`bootstrap` runs first in every spawned process (monarch's
+``bootstrap`` hook) and points its stdout and stderr at ``<log_dir>/<mesh>.log`` (vLLM's engine
+processes, its children, inherit that). A run's meshes log into ``<run_dir>/logs``; meshes spawned
+outside a run into :func:`default_log_dir`. What the user must act on still reaches the cell: an
+actor's exception travels back to the caller with its traceback, and forge_nb's own warnings are
+logged in the kernel. :func:`read` is what ``run.logs()`` and ``%forge_logs`` show.
+
+Considered: monarch's ``ProcMesh.logging_option(stream_to_client=False)`` (it stops monarch's own
+forwarding of Python logging, not the inherited file descriptors that carry vLLM's and the
+engines' output), and redirecting in each actor's ``__init__`` (too late for the process's first
+lines, and every actor class would need it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+#: What a level keeps of a log (a line matching it, plus the traceback lines that follow an error).
+_TRACEBACK = r"Traceback \(most recent call last\)"
+LEVELS = {
+    "error": re.compile(rf"\b(ERROR|CRITICAL|FATAL)\b|{_TRACEBACK}|^\w*(Error|Exception)\b"),
+    "warning": re.compile(rf"\b(WARNING|WARN|ERROR|CRITICAL|FATAL)\b|{_TRACEBACK}|^\w*(Error|Exception|Warning)\b"),
+}
+
+
+def default_log_dir() -> Path:
+    """This kernel's folder for the logs of meshes spawned outside a run (owner-only)."""
+    folder = Path(tempfile.gettempdir()) / "forge_nb-logs" / str(os.getpid())
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder
+
+
+def bootstrap(env: dict[str, str], log_file: str | None) -> None:
+    """Runs first in every spawned process: its environment, then its output into ``log_file``."""
+    os.environ.update(env)
+    if log_file is None:
+        return
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    for stream, target in ((sys.stdout, 1), (sys.stderr, 2)):
+        stream.flush()
+        os.dup2(fd, target)
+    os.close(fd)
+    for stream in (sys.stdout, sys.stderr):  # a log read while the run goes on should be current
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
+
+
+def read(paths: list[Path], n: int = 40, level: str | None = None) -> list[str]:
+    """The last ``n`` lines of the logs ``paths`` (each prefixed with its mesh's name), or with ``level``
+    ("warning" or "error") the last ``n`` that match it, with the traceback lines that follow an error."""
+    if level is not None and level not in LEVELS:
+        raise ValueError(f"level={level!r}: use one of {sorted(LEVELS)} (or none for every line)")
+    out: list[str] = []
+    for path in sorted(paths):
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        if level is not None:
+            lines = _matching(lines, LEVELS[level])
+        out += [f"[{path.stem}] {line}" for line in lines]
+    return out[-n:] if n > 0 else out
+
+
+def _matching(lines: list[str], pattern: re.Pattern[str]) -> list[str]:
+    kept, in_traceback = [], False
+    for line in lines:
+        if pattern.search(line):
+            kept.append(line)
+            in_traceback = "Traceback" in line
+        elif in_traceback and (line.startswith((" ", "\t")) or not line.strip()):
+            kept.append(line)
+        else:
+            in_traceback = False
+    return kept
