@@ -8,13 +8,13 @@ shut down and the error names the service and says what went wrong: nothing spaw
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import shutil
 from pathlib import Path
 from typing import Any
 
 from forge_nb import runtime, weights
+from forge_nb._importpath import import_path
 from forge_nb._leftovers import remove_leftovers
 from forge_nb.config import (
     RunConfig,
@@ -211,8 +211,7 @@ def make_task(cfg: RunConfig) -> Any:
     if cfg.task == "gsm8k":
         return Gsm8kTask(**{"seed": cfg.seed, **cfg.task_args})
     if ":" in cfg.task:
-        module, _, attr = cfg.task.partition(":")
-        return getattr(importlib.import_module(module), attr)(**cfg.task_args)
+        return import_path(cfg.task, label="task")(**cfg.task_args)
     raise ValueError(f"task={cfg.task!r}: use 'toy', 'gsm8k', or 'package.module:function' returning a task")
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from forge_nb._importpath import import_path
 from forge_nb.rl import PolicyLoss, TrainBatch, compute_logprobs, entropy_from_logits
 from forge_nb.rl.loss.ops import CROSS_ENTROPY_IGNORE_IDX
 from forge_nb.rl.types import TextTrainBatch
@@ -45,7 +46,7 @@ def loss_function(loss: str | LossFn, loss_config: Mapping[str, Any] | None) -> 
     from forge_nb.rl import make_loss
 
     if isinstance(loss, str) and ":" in loss:
-        loss = _imported(loss)
+        loss = import_path(loss, label="loss", where="in the trainer's process")
         if isinstance(loss, type):
             return loss(**dict(loss_config or {}))
     if isinstance(loss, str):
@@ -55,20 +56,6 @@ def loss_function(loss: str | LossFn, loss_config: Mapping[str, Any] | None) -> 
     if loss_config:
         raise ValueError("loss_config configures a loss given by name; configure your callable yourself")
     return loss
-
-
-def _imported(path: str) -> Any:
-    import importlib
-
-    module, _, name = path.partition(":")
-    try:
-        value: Any = importlib.import_module(module)
-        for part in name.split("."):
-            value = getattr(value, part)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"loss={path!r}: cannot import it in the trainer's process ({e}); name a loss in "
-                         "an importable module (package.module:Name), or pass the loss object itself") from e
-    return value
 
 
 def rl_loss(

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import fields, is_dataclass
 from typing import Any
 
+from forge_nb._importpath import import_path
 from forge_nb.config._hot import HotField, TaskKnobs, declared
 from forge_nb.config._run import RunConfig
 
@@ -39,7 +40,7 @@ def _loss_object(trainer: Any) -> Any:
     """The loss ``trainer`` (a TrainerConfig) configures, when it is a dataclass instance; else None."""
     loss: Any = trainer.loss
     if isinstance(loss, str) and ":" in loss:
-        loss = _imported(loss)
+        loss = import_path(loss, label="trainer.loss")
         loss = loss(**trainer.loss_config) if isinstance(loss, type) else loss
     elif isinstance(loss, str):
         from forge_nb.rl import make_loss
@@ -135,17 +136,3 @@ def _rebuild(cfg: RunConfig, name: str, value: Any, current: Mapping[str, Any]) 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _imported(path: str) -> Any:
-    import importlib
-
-    module, _, attr = path.partition(":")
-    try:
-        found: Any = importlib.import_module(module)
-        for part in attr.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"trainer.loss={path!r}: cannot import it here ({e}); name a loss in an importable "
-                         "module (package.module:Name), or pass the loss object itself") from e
-    return found
