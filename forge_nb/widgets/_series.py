@@ -5,8 +5,9 @@ and ``Curves.plotly()``): rows and events from the metrics store go in, the mode
 per-trace columns and remembers which traces changed, and a view takes only those. Trace order in
 the model is the trace order in a figure; traces for reward functions seen later go at the end.
 
-Layout: reward on top (mean, a min/max band, one line per reward function, and markers for hot
-changes and failures on a hidden 0..1 axis), then two columns of small panels. Every marked event
+Layout: reward on top (mean, a min/max band, and markers for hot changes and failures on a hidden 0..1
+axis), then two columns of small panels, the first one a line per reward function (in the reward
+panel a single function's line lay on the mean's, which looked dashed). Every marked event
 also draws a dotted vertical line across each panel at its step.
 """
 
@@ -32,15 +33,17 @@ class Panel:
 
 PANELS: tuple[Panel, ...] = (
     Panel("reward", ("reward/mean",), 1, 1),
-    Panel("KL", ("kl",), 2, 1, "no values: the loss reports KL with a reference model (beta > 0)"),
-    Panel("entropy", ("entropy",), 2, 2),
-    Panel("loss", ("loss",), 3, 1),
-    Panel("grad norm", ("grad_norm",), 3, 2),
-    Panel("response length", ("response_len/mean",), 4, 1),
-    Panel("policy age", ("policy_age/mean",), 4, 2),
-    Panel("tokens/s", ("tokens_per_s/generate", "tokens_per_s/train"), 5, 1),
-    Panel("step time (s)", ("time/step_s", "time/step"), 5, 2),
+    Panel("reward per function", (), 2, 1, "no values: the reward functions report no separate scores"),
+    Panel("KL", ("kl",), 2, 2, "no values: the loss reports KL with a reference model (beta > 0)"),
+    Panel("entropy", ("entropy",), 3, 1),
+    Panel("loss", ("loss",), 3, 2),
+    Panel("grad norm", ("grad_norm",), 4, 1),
+    Panel("response length", ("response_len/mean",), 4, 2),
+    Panel("policy age", ("policy_age/mean",), 5, 1),
+    Panel("tokens/s", ("tokens_per_s/generate", "tokens_per_s/train"), 5, 2),
+    Panel("step time (s)", ("time/step_s", "time/step"), 6, 1),
 )
+REWARD_FUNCTIONS = 1  #: the panel of the per-function reward lines ("reward/<function>")
 BAND = ("reward/max", "reward/min")  # upper first: the lower trace fills "tonexty" up to it
 REWARD_SUMMARIES = frozenset({"reward/mean", "reward/min", "reward/max", "reward/std"})
 MARKS = {"set": ("hot change", "#7b1fa2", "triangle-down", 0.92), "failure": ("failure", "#d62728", "x", 0.80)}
@@ -151,7 +154,7 @@ class CurveData:
             if i is None:
                 if not key.startswith("reward/") or key in REWARD_SUMMARIES:
                     continue
-                i = self._add(key, 0, "line")  # a reward function seen for the first time
+                i = self._add(key, REWARD_FUNCTIONS, "line")  # a reward function seen for the first time
                 self.new_traces.append(i)
             self._append(i, step, value)
         if "time" in row:
@@ -220,7 +223,7 @@ class CurveData:
     def add_trace(self, fig: Any, i: int) -> None:
         t = self.traces[i]
         panel = PANELS[t.panel]
-        style: dict[str, Any] = {"name": t.key, "mode": "lines", "showlegend": t.panel in (0, 7)}
+        style: dict[str, Any] = {"name": t.key, "mode": "lines", "showlegend": len(panel.metrics) != 1}
         if t.kind == "upper":
             style.update(line=dict(width=0), name="reward max", showlegend=False, hoverinfo="skip")
         elif t.kind == "lower":
@@ -232,8 +235,6 @@ class CurveData:
                          marker=dict(color=color, symbol=symbol, size=10))
         elif t.key == "reward/mean":
             style.update(line=dict(color="#1f77b4", width=3), name="reward mean")
-        elif t.panel == 0:  # a reward function: dotted, so that it never hides the mean it may equal
-            style.update(line=dict(width=1.5, dash="dot"))
         fig.add_scatter(**style, **self.arrays(i), row=panel.row, col=panel.col,
                         secondary_y=t.kind == "mark")
 

@@ -110,7 +110,7 @@ class RunsCurves(Curves):
     def style(self, t: Trace, k: int) -> dict[str, Any]:
         run = self.data.run_of[self.data._index[t.key]]
         return {"key": t.key, "panel": t.panel, "kind": t.kind, "name": run, "color": self.data.colors[run],
-                "width": 2 if t.kind == "line" else 1, "dash": False}
+                "width": 2 if t.kind == "line" else 1, "dash": False, "smooth": t.kind == "line"}
 
 
 class Compare:

@@ -1,10 +1,16 @@
-// The dashboard's live training curves, drawn on one canvas: the page half of forge_nb/widgets/curves.py.
+// The dashboard's live training curves, one uPlot chart per panel: the page half of forge_nb/widgets/curves.py.
 //
-// Why a canvas and not plotly: on a 2-core machine chromium spent ~120 ms redrawing the nine-panel plotly
-// figure at every update, and plotly's FigureWidget answered each update with deltas that the kernel
-// and the Jupyter server had to process: 40% of the training steps were lost with the dashboard on
-// screen (bench/RESULTS.md). This view gets only the new points, never replies to an update, redraws
-// at most once per redraw_interval (1 s), and only while it is on screen.
+// uPlot (vendor/uPlot.iife.min.js, MIT, v1.6.32) draws: axes and ticks, the legend with the hovered values,
+// clicking a legend entry to hide its trace, drag to zoom and double-click to reset, the cursor shared by
+// every panel, the min..max band, and the per-pixel decimation of long traces. curves.py prepends uPlot to
+// this module, so `uPlot` is a module-level name here. What stays hand-written is what a chart library
+// does not know: the points protocol with the kernel, the redraw throttle, drawing only while in view, the
+// EMA smoothing control, one zoom shared by all panels, and the hot-change/failure marks.
+//
+// Why not plotly: on a 2-core machine chromium spent ~120 ms redrawing the nine-panel plotly figure at
+// every update, and plotly's FigureWidget answered each update with deltas; 40% of the training steps
+// were lost with the dashboard on screen (bench/RESULTS.md). This view gets only the new points, never
+// replies to an update, redraws at most once per redraw_interval (1 s), and only while it is on screen.
 //
 // Two hosts run this module: anywidget in JupyterLab (CurvesView), and panel's JSComponent in the panel
 // app (PanelCurves, forge_nb/widgets/panel_app.py). `adapt` gives the second the first's model API;
@@ -15,14 +21,17 @@
 //   trace after trace, its `count` x values and then its `count` y values. start 0 replaces the trace's
 //   points; any other start appends after the first `start` points. A view that holds a different
 //   number of points (it opened late, or missed a message) asks for everything again.
-// Page -> kernel: {type: "sync"}, when a view opens and after such a gap; nothing else.
+// Page -> kernel: {type: "sync"}, when a view opens and after such a gap; and the `smoothing` trait when the
+// user moves its slider.
 // Synced traits (they change rarely): panels [{title, row, col, empty}], traces [{key, panel, kind, name,
-// color, width, dash}], marks [[step, kind, label]], mark_styles {kind: {name, color, symbol, y}},
-// height, redraw_interval (seconds). Tests and benchmarks read el.forgeCurves (points per trace,
-// and stats: messages, draws, syncs, draw_ms, and the titles of the panels last drawn empty).
+// color, width, dash, smooth}], marks [[step, kind, label]], mark_styles {kind: {name, color, symbol, y}},
+// height, redraw_interval (seconds), smoothing (EMA weight, 0..0.99). Tests and benchmarks read
+// el.forgeCurves: points(key), drawn(key) (the values drawn, smoothed), hidden(key), xrange(), and stats
+// (messages, draws, syncs, draw_ms, and the titles of the panels last drawn empty).
 
 const FONT = "11px system-ui, -apple-system, 'Segoe UI', sans-serif";
-const LEFT = 58, RIGHT = 14, TOP = 6, TITLE = 18, TICKS = 16, COL_GAP = 64;
+const TOOLBAR = 26, TITLE = 16, LEGEND = 22, GAP = 16;
+let views = 0;
 
 function series() {
   return { x: new Float64Array(64), y: new Float64Array(64), n: 0 };
@@ -45,11 +54,13 @@ function append(s, xs, ys) {
 }
 
 function adapt(model) {
-  // panel's JSComponent model: attributes instead of get(), send_msg() instead of send(); its on/off
+  // panel's JSComponent model: attributes instead of get()/set(), send_msg() instead of send(); its on/off
   // take anywidget's "change:<name>" and "msg:custom" names as they are.
   if (typeof model.send_msg !== "function") return model;
   return {
     get: name => model[name],
+    set: (name, value) => { model[name] = value; },
+    save_changes: () => {},
     send: content => model.send_msg(content),
     on: (event, cb) => model.on(event, cb),
     off: (event, cb) => model.off(event, cb),
@@ -67,67 +78,68 @@ function float64(view) {
   return new Float64Array(bytes.buffer);
 }
 
-function nearest(s, step) {
-  // Index of the point whose x is closest to `step` (x ascends), or -1 for an empty series.
-  if (s.n === 0) return -1;
-  let lo = 0, hi = s.n - 1;
-  while (lo < hi) {
-    const mid = (lo + hi) >> 1;
-    if (s.x[mid] < step) lo = mid + 1; else hi = mid;
+function ema(ys, weight) {
+  // TensorBoard's smoothing: an exponential moving average, debiased so that the first points are not
+  // pulled towards 0; gaps (null) stay gaps.
+  const out = new Array(ys.length);
+  let last = 0, n = 0;
+  for (let j = 0; j < ys.length; j++) {
+    const v = ys[j];
+    if (v == null) { out[j] = v; continue; }
+    last = last * weight + (1 - weight) * v;
+    n++;
+    out[j] = last / (1 - Math.pow(weight, n));
   }
-  return lo > 0 && Math.abs(s.x[lo - 1] - step) <= Math.abs(s.x[lo] - step) ? lo - 1 : lo;
-}
-
-function ticks(lo, hi, want) {
-  const raw = (hi - lo) / want;
-  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
-  const step = [1, 2, 5, 10].map(m => m * mag).find(s => s >= raw) || 10 * mag;
-  const out = [];
-  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(Math.abs(v) < step * 1e-9 ? 0 : v);
   return out;
 }
 
-function fmt(v) {
-  const a = Math.abs(v);
-  if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(1);
-  return String(Number(v.toPrecision(4)));
+function values(s) {
+  const ys = new Array(s.n);
+  for (let j = 0; j < s.n; j++) ys[j] = Number.isFinite(s.y[j]) ? s.y[j] : null;
+  return ys;
 }
 
-function boxes(panels, width, height) {
-  // Plot rectangles: rows share the height (the first row 1.6x), a row with one panel spans both columns.
-  const rows = Math.max(...panels.map(p => p.row));
-  const weight = r => (r === 1 ? 1.6 : 1);
-  let total = 0;
-  for (let r = 1; r <= rows; r++) total += weight(r);
-  const free = height - TOP - rows * (TITLE + TICKS);
-  const top = [];
-  let y = TOP;
-  for (let r = 1; r <= rows; r++) {
-    top[r] = [y + TITLE, (free * weight(r)) / total];
-    y += TITLE + top[r][1] + TICKS;
+function aligned(list) {
+  // [x, y per series] on one x axis, as uPlot wants: the traces of a panel come from the same rows, so
+  // their steps are usually the same; otherwise uPlot.join merges them (a missing point is skipped).
+  const full = list.filter(s => s && s.n);
+  if (!full.length) return [[], ...list.map(() => [])];
+  const first = full[0], same = full.every(s => s.n === first.n && s.x[0] === first.x[0]
+    && s.x[s.n - 1] === first.x[first.n - 1]);
+  if (same) {
+    const x = Array.from(first.x.subarray(0, first.n));
+    return [x, ...list.map(s => (s && s.n ? values(s) : new Array(x.length).fill(null)))];
   }
-  const full = width - LEFT - RIGHT, half = (full - COL_GAP) / 2;
-  return panels.map(p => {
-    const alone = panels.filter(q => q.row === p.row).length === 1;
-    const [py, ph] = top[p.row];
-    return { x: alone ? LEFT : LEFT + (p.col - 1) * (half + COL_GAP), y: py, w: alone ? full : half, h: ph };
-  });
+  const joined = uPlot.join(full.map(s => [Array.from(s.x.subarray(0, s.n)), values(s)]));
+  let k = 1;
+  return [joined[0], ...list.map(s => (s && s.n ? joined[k++] : new Array(joined[0].length).fill(null)))];
+}
+
+function faint(color) {
+  if (color.startsWith("#") && color.length === 7) return color + "40";
+  return color;
 }
 
 function render({ model: host, el }) {
   const model = adapt(host);
+  const key = "forge-curves-" + ++views;  // the cursor is shared by this view's panels only
   el.classList.add("forge-curves");
-  const canvas = document.createElement("canvas");
-  canvas.style.display = "block";
-  canvas.style.width = "100%";
-  // Its own compositing layer: a redraw then repaints the canvas alone, not the notebook tiles under it
-  // (chromium without a GPU spent ~5 ms/s less per redraw a second in JupyterLab; bench/RESULTS.md).
-  canvas.style.willChange = "transform";
-  el.appendChild(canvas);
-  const ctx = canvas.getContext("2d");
+  const toolbar = document.createElement("div");
+  toolbar.className = "forge-curves-toolbar";
+  toolbar.innerHTML = "<label>smoothing <input class='forge-smoothing' type='range' min='0' max='0.99' "
+    + "step='0.01'> <span class='forge-smoothing-value'></span></label>"
+    + "<span class='forge-curves-hint'>drag to zoom, double-click to reset; click a legend entry to hide it</span>";
+  const grid = document.createElement("div");
+  grid.className = "forge-curves-grid";
+  el.append(toolbar, grid);
+  const slider = toolbar.querySelector("input"), shown = toolbar.querySelector(".forge-smoothing-value");
+
   const data = [];  // trace index -> series
   const stats = { messages: 0, draws: 0, syncs: 0, draw_ms: 0, empty: [] };
-  let syncing = false, visible = true, stale = true, frame = 0, timer = 0, last = -Infinity, hover = null;
+  const hidden = new Set();  // keys of the traces hidden from the legend
+  let charts = [];  // per panel: {panel, cols: [{i, role}], plot, box, empty, label}
+  let zoom = null;  // [min, max] of the step axis, shared by every panel; null: all steps
+  let syncing = false, visible = true, stale = true, frame = 0, timer = 0, last = -Infinity, built = "";
 
   const askSync = () => {
     if (syncing) return;
@@ -137,8 +149,8 @@ function render({ model: host, el }) {
   };
 
   const schedule = urgent => {
-    // New points are drawn at most once per redraw_interval; a hover, a resize or coming back into
-    // view is drawn in the next frame.
+    // New points are drawn at most once per redraw_interval; a control, a resize or coming back into view
+    // is drawn in the next frame.
     stale = true;
     if (!visible || frame) return;
     const wait = urgent === true ? 0 : last + 1000 * model.get("redraw_interval") - performance.now();
@@ -155,10 +167,10 @@ function render({ model: host, el }) {
     if (msg.type !== "points") return;
     stats.messages++;
     if (msg.sync) syncing = false;
-    const values = buffers && buffers.length ? float64(buffers[0]) : decode(msg.b64 || "");
+    const vals = buffers && buffers.length ? float64(buffers[0]) : decode(msg.b64 || "");
     let at = 0, gap = false;
     for (const [i, start, count] of msg.traces) {
-      const xs = values.subarray(at, at + count), ys = values.subarray(at + count, at + 2 * count);
+      const xs = vals.subarray(at, at + count), ys = vals.subarray(at + count, at + 2 * count);
       at += 2 * count;
       const s = (data[i] ||= series());
       if (start === 0) s.n = 0;
@@ -169,214 +181,189 @@ function render({ model: host, el }) {
     schedule();
   };
 
+  function sizes() {
+    // Each panel's plot size: rows share the height (the first row 1.6x); a row with one panel spans both columns.
+    const panels = model.get("panels"), width = Math.max(300, el.clientWidth || 800);
+    const rows = Math.max(1, ...panels.map(p => p.row)), weight = r => (r === 1 ? 1.6 : 1);
+    let total = 0;
+    for (let r = 1; r <= rows; r++) total += weight(r);
+    const free = model.get("height") - TOOLBAR - rows * (TITLE + LEGEND + 6);
+    return panels.map(p => {
+      const alone = panels.filter(q => q.row === p.row).length === 1;
+      return { width: Math.floor(alone ? width : (width - GAP) / 2),
+               height: Math.max(60, Math.floor((free * weight(p.row)) / total)) };
+    });
+  }
+
+  function build() {
+    // One uPlot per panel; made again only when the panels or the trace styles change.
+    for (const c of charts) c.plot.destroy();
+    grid.replaceChildren();
+    const panels = model.get("panels"), traces = model.get("traces"), dims = sizes();
+    grid.style.gridTemplateColumns = `repeat(2, ${dims.length ? "1fr" : "auto"})`;
+    charts = panels.map((panel, k) => {
+      const mine = traces.map((t, i) => ({ t, i })).filter(({ t }) => t.panel === k && t.kind !== "mark");
+      const cols = [], uSeries = [{ label: "step" }], bands = [];
+      const band = ["upper", "lower"].map(kind => mine.find(({ t }) => t.kind === kind));
+      if (band[0] && band[1]) {
+        for (const { t, i } of band) {
+          cols.push({ i, role: "band" });
+          uSeries.push({ label: t.name, stroke: "transparent", width: 0, points: { show: false },
+                         class: t.kind === "upper" ? "forge-nolegend" : undefined });
+        }
+        bands.push({ series: [1, 2], fill: band[1].t.color });
+      }
+      const lines = mine.filter(({ t }) => t.kind === "line");
+      for (const { t, i } of lines) {  // the raw traces under the smoothed ones
+        cols.push({ i, role: "raw", t });
+        uSeries.push({ label: t.name + " (raw)", stroke: faint(t.color), width: 1, points: { show: false },
+                       class: "forge-nolegend" });
+      }
+      for (const { t, i } of lines) {
+        cols.push({ i, role: "main", t });
+        uSeries.push({ label: t.name, stroke: t.color, width: t.width, dash: t.dash ? [6, 3] : undefined,
+                       points: { show: false }, show: !hidden.has(t.key) });
+      }
+      const box = document.createElement("div");
+      box.className = "forge-curves-panel";
+      box.dataset.title = panel.title;
+      if (dims[k].width > (el.clientWidth || 800) * 0.6) box.style.gridColumn = "1 / span 2";
+      box.innerHTML = "<div class='forge-curves-title'></div><div class='forge-mark-label'></div>"
+        + "<div class='forge-curves-empty'></div>";
+      box.firstChild.textContent = panel.title;
+      grid.appendChild(box);
+      const chart = { panel, cols, box, empty: box.querySelector(".forge-curves-empty"),
+                      label: box.querySelector(".forge-mark-label") };
+      chart.empty.textContent = panel.empty || "";
+      chart.plot = new uPlot({
+        ...dims[k],
+        scales: { x: { time: false } },
+        series: uSeries,
+        bands,
+        axes: [{ font: FONT, size: 24, space: 70, gap: 2 }, { font: FONT, size: 56, space: 14, gap: 2 }],
+        cursor: { sync: { key, setSeries: false }, drag: { x: true, y: false, setScale: false },
+                  points: { size: 5 } },
+        legend: { live: true },
+        hooks: {
+          draw: [u => marks(u, k)],
+          setSelect: [u => select(u)],
+          setSeries: [(u, s, opts) => toggled(chart, s, opts)],
+          setCursor: [u => markLabel(chart, u)],
+        },
+      }, [[], ...cols.map(() => [])], box);
+      chart.plot.over.addEventListener("dblclick", () => { zoom = null; schedule(true); });
+      for (let s = 1; s <= cols.length; s++) if (cols[s - 1].role === "raw") chart.plot.series[s].show = !hidden.has(cols[s - 1].t.key);
+      return chart;
+    });
+  }
+
+  function toggled(chart, s, opts) {
+    // A legend click hides a trace, and its raw trace with it.
+    const col = chart.cols[s - 1];
+    if (opts.show == null || !col || col.role !== "main") return;
+    if (opts.show) hidden.delete(col.t.key); else hidden.add(col.t.key);
+    const raw = chart.cols.findIndex(c => c.role === "raw" && c.i === col.i);
+    if (raw >= 0) chart.plot.setSeries(raw + 1, { show: opts.show }, false);
+  }
+
+  function select(u) {
+    // A drag selected steps: every panel shows them.
+    if (u.select.width < 4) return;
+    zoom = [u.posToVal(u.select.left, "x"), u.posToVal(u.select.left + u.select.width, "x")];
+    u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+    schedule(true);
+  }
+
+  function marks(u, k) {
+    // Hot changes and failures: a dotted line at their step in each panel, and a symbol on the reward panel.
+    const all = model.get("marks"), styles = model.get("mark_styles"), ctx = u.ctx, bb = u.bbox;
+    if (!all.length) return;
+    const dpr = window.devicePixelRatio || 1;
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(bb.left, bb.top, bb.width, bb.height);
+    ctx.clip();
+    ctx.lineWidth = dpr;
+    ctx.setLineDash([2 * dpr, 3 * dpr]);
+    for (const [step, kind] of all) {
+      const x = Math.round(u.valToPos(step, "x", true)) + 0.5;
+      ctx.strokeStyle = styles[kind].color;
+      ctx.beginPath(); ctx.moveTo(x, bb.top); ctx.lineTo(x, bb.top + bb.height); ctx.stroke();
+    }
+    ctx.setLineDash([]);
+    if (k === 0) {
+      for (const [step, kind] of all) {
+        const st = styles[kind], x = u.valToPos(step, "x", true), y = bb.top + (1 - st.y) * bb.height, d = 4 * dpr;
+        ctx.strokeStyle = ctx.fillStyle = st.color;
+        ctx.lineWidth = 2 * dpr;
+        ctx.beginPath();
+        if (st.symbol === "x") {
+          ctx.moveTo(x - d, y - d); ctx.lineTo(x + d, y + d); ctx.moveTo(x + d, y - d); ctx.lineTo(x - d, y + d);
+          ctx.stroke();
+        } else {
+          ctx.moveTo(x - d, y - d); ctx.lineTo(x + d, y - d); ctx.lineTo(x, y + d); ctx.closePath(); ctx.fill();
+        }
+      }
+    }
+    ctx.restore();
+  }
+
+  function markLabel(chart, u) {
+    // The labels of the marks under the cursor (within 5 px), above the panel; the legend shows the values
+    // at the cursor, and the latest ones while the cursor is elsewhere.
+    const left = u.cursor.left, all = model.get("marks");
+    if ((left == null || left < 0) && u.data[0].length) u.setLegend({ idx: u.data[0].length - 1 }, false);
+    const near = left == null || left < 0 ? [] : all.filter(([step]) => Math.abs(u.valToPos(step, "x") - left) < 5);
+    const text = near.map(m => `step ${m[0]}: ${m[2]}`).join("; ");
+    if (chart.label.textContent !== text) chart.label.textContent = text;
+  }
+
   function draw() {
     frame = 0;
     if (!visible) return;
     stale = false;
     stats.draws++;
     last = performance.now();
-    const width = el.clientWidth || 800, height = model.get("height");
-    const dpr = window.devicePixelRatio || 1;
-    if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(height * dpr)) {
-      canvas.width = Math.round(width * dpr);
-      canvas.height = Math.round(height * dpr);
-      canvas.style.height = height + "px";
-    }
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, width, height);
-    ctx.font = FONT;
-    const panels = model.get("panels"), traces = model.get("traces");
-    const marks = model.get("marks"), styles = model.get("mark_styles");
-    const rects = boxes(panels, width, height);
+    const shape = JSON.stringify([model.get("panels"), model.get("traces"), model.get("height")]);
+    if (shape !== built) { build(); built = shape; }
+    const weight = model.get("smoothing") || 0, dims = sizes();
     let xlo = Infinity, xhi = -Infinity;
     for (const s of data) if (s && s.n) { xlo = Math.min(xlo, s.x[0]); xhi = Math.max(xhi, s.x[s.n - 1]); }
     if (!(xhi > xlo)) { xlo = Number.isFinite(xlo) ? xlo - 1 : 0; xhi = Number.isFinite(xhi) ? xhi + 1 : 1; }
+    const [lo, hi] = zoom || [xlo, xhi];
     stats.empty = [];
-    panels.forEach((p, k) => drawPanel(p, k, rects[k], traces, marks, styles, xlo, xhi));
+    charts.forEach((c, k) => {
+      const table = aligned(c.cols.map(col => data[col.i]));
+      const cols = c.cols.map((col, j) => {
+        const ys = table[j + 1], smooth = weight > 0 && col.t && col.t.smooth;
+        if (col.role === "raw") return smooth ? ys : ys.map(() => null);
+        return col.role === "main" && smooth ? ema(ys, weight) : ys;
+      });
+      const none = !c.cols.some(col => data[col.i] && data[col.i].n);
+      c.empty.style.display = none && c.panel.empty ? "" : "none";
+      if (none && c.panel.empty) stats.empty.push(c.panel.title);
+      if (c.plot.width !== dims[k].width || c.plot.height !== dims[k].height) c.plot.setSize(dims[k]);
+      c.plot.batch(() => {
+        c.plot.setData([table[0], ...cols], false);
+        c.plot.setScale("x", { min: lo, max: hi });
+      });
+      markLabel(c, c.plot);
+    });
     stats.draw_ms += performance.now() - last;
   }
 
-  function drawPanel(panel, k, r, traces, marks, styles, xlo, xhi) {
-    const mine = traces.map((t, i) => [t, data[i]]).filter(([t, s]) => t.panel === k && s && s.n);
-    let ylo = Infinity, yhi = -Infinity;
-    for (const [, s] of mine) for (let j = 0; j < s.n; j++) {
-      const v = s.y[j];
-      if (v < ylo) ylo = v;
-      if (v > yhi) yhi = v;
-    }
-    if (!(yhi >= ylo)) { ylo = 0; yhi = 1; }
-    const pad = yhi > ylo ? 0.06 * (yhi - ylo) : Math.abs(yhi) * 0.1 || 1;
-    ylo -= pad; yhi += pad;
-    const sx = v => r.x + ((v - xlo) / (xhi - xlo)) * r.w;
-    const sy = v => r.y + r.h - ((v - ylo) / (yhi - ylo)) * r.h;
-
-    ctx.fillStyle = "#f4f6fa";
-    ctx.fillRect(r.x, r.y, r.w, r.h);
-    ctx.strokeStyle = "#dde3ec";
-    ctx.lineWidth = 1;
-    ctx.fillStyle = "#555";
-    ctx.textAlign = "right";
-    ctx.textBaseline = "middle";
-    for (const v of ticks(ylo, yhi, Math.max(2, Math.round(r.h / 40)))) {
-      const y = Math.round(sy(v)) + 0.5;
-      ctx.beginPath(); ctx.moveTo(r.x, y); ctx.lineTo(r.x + r.w, y); ctx.stroke();
-      ctx.fillText(fmt(v), r.x - 5, y);
-    }
-    ctx.textAlign = "center";
-    ctx.textBaseline = "top";
-    for (const v of ticks(xlo, xhi, Math.max(2, Math.round(r.w / 90)))) {
-      const x = Math.round(sx(v)) + 0.5;
-      ctx.beginPath(); ctx.moveTo(x, r.y); ctx.lineTo(x, r.y + r.h); ctx.stroke();
-      ctx.fillText(fmt(v), x, r.y + r.h + 3);
-    }
-    ctx.textAlign = "left";
-    ctx.textBaseline = "bottom";
-    ctx.fillStyle = "#222";
-    ctx.font = "bold " + FONT;
-    ctx.fillText(panel.title, r.x, r.y - 3);
-    ctx.font = FONT;
-    legend(r, mine.map(([t]) => t).filter(t => t.kind === "line"));
-
-    ctx.save();
-    ctx.beginPath();
-    ctx.rect(r.x, r.y, r.w, r.h);
-    ctx.clip();
-    ctx.setLineDash([2, 3]);
-    for (const [step, kind] of marks) {
-      const x = Math.round(sx(step)) + 0.5;
-      ctx.strokeStyle = styles[kind].color;
-      ctx.beginPath(); ctx.moveTo(x, r.y); ctx.lineTo(x, r.y + r.h); ctx.stroke();
-    }
-    ctx.setLineDash([]);
-    if (!mine.length && panel.empty) {
-      stats.empty.push(panel.title);
-      ctx.fillStyle = "#8a94a6";
-      ctx.textAlign = "center";
-      ctx.textBaseline = "middle";
-      ctx.fillText(panel.empty, r.x + r.w / 2, r.y + r.h / 2);
-      ctx.textAlign = "left";
-    }
-    const upper = mine.find(([t]) => t.kind === "upper"), lower = mine.find(([t]) => t.kind === "lower");
-    if (upper && lower) band(upper[1], lower[1], lower[0].color, sx, sy);
-    for (const [t, s] of mine) if (t.kind === "line") line(t, s, sx, sy);
-    if (k === 0) for (const [step, kind] of marks) symbol(styles[kind], sx(step), r.y + (1 - styles[kind].y) * r.h);
-    if (hover && hover.x >= r.x && hover.x <= r.x + r.w && hover.y >= r.y && hover.y <= r.y + r.h) {
-      readout(r, mine, k === 0 ? marks : [], sx, xlo + ((hover.x - r.x) / r.w) * (xhi - xlo));
-    }
-    ctx.restore();
-  }
-
-  function legend(r, lines) {
-    if (lines.length < 2) return;
-    ctx.textAlign = "right";
-    let x = r.x + r.w;
-    for (const t of [...lines].reverse()) {
-      ctx.fillStyle = "#333";
-      ctx.fillText(t.name, x, r.y - 3);
-      x -= ctx.measureText(t.name).width + 4;
-      ctx.fillStyle = t.color;
-      ctx.fillRect(x - 12, r.y - 10, 12, 3);
-      x -= 22;
-    }
-    ctx.textAlign = "left";
-  }
-
-  function line(t, s, sx, sy) {
-    // The points that fall in one pixel column become at most two vertices, its lowest and highest in
-    // the order they came: a long run costs two vertices per column, not one per point. Rasterizing
-    // the segments is most of a redraw's cost, hence also the whole-pixel line widths.
-    ctx.strokeStyle = t.color;
-    ctx.lineWidth = t.width;
-    ctx.setLineDash(t.dash ? [2, 3] : []);
-    ctx.beginPath();
-    let col = NaN, lo = 0, hi = 0, lowFirst = true, pen = false;
-    const emit = () => {
-      if (Number.isNaN(col)) return;
-      const [a, b] = lowFirst ? [lo, hi] : [hi, lo];
-      if (pen) ctx.lineTo(col, a); else ctx.moveTo(col, a);
-      if (b !== a) ctx.lineTo(col, b);
-      pen = true;
-    };
-    for (let j = 0; j < s.n; j++) {
-      const v = s.y[j];
-      if (!Number.isFinite(v)) { emit(); pen = false; col = NaN; continue; }
-      const c = Math.round(sx(s.x[j])), py = sy(v);
-      if (c === col) {
-        if (py < lo) { lo = py; lowFirst = false; }
-        if (py > hi) { hi = py; lowFirst = true; }
-        continue;
-      }
-      emit();
-      col = c; lo = hi = py; lowFirst = true;
-    }
-    emit();
-    ctx.stroke();
-    ctx.setLineDash([]);
-  }
-
-  function band(upper, lower, color, sx, sy) {
-    // The min..max band, one top and one bottom vertex per pixel column.
-    const n = Math.min(upper.n, lower.n);
-    if (n < 2) return;
-    const cols = [], tops = [], bottoms = [];
-    for (let j = 0; j < n; j++) {
-      const c = Math.round(sx(upper.x[j])), top = sy(upper.y[j]), bottom = sy(lower.y[j]);
-      if (!Number.isFinite(top) || !Number.isFinite(bottom)) continue;
-      const k = cols.length - 1;
-      if (k >= 0 && cols[k] === c) {
-        tops[k] = Math.min(tops[k], top);
-        bottoms[k] = Math.max(bottoms[k], bottom);
-      } else {
-        cols.push(c); tops.push(top); bottoms.push(bottom);
-      }
-    }
-    ctx.fillStyle = color;
-    ctx.beginPath();
-    for (let k = 0; k < cols.length; k++) ctx.lineTo(cols[k], tops[k]);
-    for (let k = cols.length - 1; k >= 0; k--) ctx.lineTo(cols[k], bottoms[k]);
-    ctx.closePath();
-    ctx.fill();
-  }
-
-  function symbol(style, x, y) {
-    ctx.strokeStyle = ctx.fillStyle = style.color;
-    ctx.lineWidth = 2;
-    ctx.beginPath();
-    if (style.symbol === "x") {
-      ctx.moveTo(x - 4, y - 4); ctx.lineTo(x + 4, y + 4); ctx.moveTo(x + 4, y - 4); ctx.lineTo(x - 4, y + 4);
-      ctx.stroke();
-    } else {
-      ctx.moveTo(x - 5, y - 4); ctx.lineTo(x + 5, y - 4); ctx.lineTo(x, y + 4); ctx.closePath();
-      ctx.fill();
-    }
-  }
-
-  function readout(r, mine, marks, sx, step) {
-    // The hovered step: a rule, and a box with each line's value there and the marks at that step.
-    const base = mine.find(([t]) => t.kind === "line");
-    if (!base) return;
-    const at = base[1].x[nearest(base[1], step)];
-    const x = Math.round(sx(at)) + 0.5;
-    ctx.strokeStyle = "#888";
-    ctx.lineWidth = 1;
-    ctx.beginPath(); ctx.moveTo(x, r.y); ctx.lineTo(x, r.y + r.h); ctx.stroke();
-    const rows = ["step " + fmt(at)];
-    for (const [t, s] of mine) {
-      if (t.kind !== "line") continue;
-      const j = nearest(s, at);
-      if (s.x[j] === at) rows.push(t.name + ": " + fmt(s.y[j]));
-    }
-    for (const [mstep, , label] of marks) if (Math.abs(sx(mstep) - x) < 5) rows.push(label);
-    const w = Math.max(...rows.map(t => ctx.measureText(t).width)) + 12, h = rows.length * 15 + 8;
-    const bx = x + 8 + w > r.x + r.w ? x - 8 - w : x + 8, by = r.y + 4;
-    ctx.fillStyle = "rgba(255,255,255,0.92)";
-    ctx.strokeStyle = "#bbb";
-    ctx.fillRect(bx, by, w, h);
-    ctx.strokeRect(bx + 0.5, by + 0.5, w, h);
-    ctx.fillStyle = "#222";
-    ctx.textBaseline = "top";
-    rows.forEach((t, j) => ctx.fillText(t, bx + 6, by + 5 + j * 15));
-  }
+  const syncSlider = () => {
+    const v = model.get("smoothing") || 0;
+    slider.value = String(v);
+    shown.textContent = v.toFixed(2);
+  };
+  slider.addEventListener("input", () => {
+    model.set("smoothing", Number(slider.value));
+    model.save_changes();
+    syncSlider();
+    schedule(true);
+  });
+  syncSlider();
 
   const seen = new IntersectionObserver(entries => {
     visible = entries[entries.length - 1].isIntersecting;
@@ -385,24 +372,33 @@ function render({ model: host, el }) {
   seen.observe(el);
   const resized = new ResizeObserver(() => schedule(true));
   resized.observe(el);
-  const moved = e => {
-    const b = canvas.getBoundingClientRect();
-    hover = { x: e.clientX - b.left, y: e.clientY - b.top };
-    schedule(true);
-  };
-  const left = () => { hover = null; schedule(true); };
-  canvas.addEventListener("mousemove", moved);
-  canvas.addEventListener("mouseleave", left);
-  const restyle = () => schedule(true);
-  const STRUCTURE = ["change:traces", "change:marks", "change:panels", "change:height", "change:redraw_interval"];
+  const restyle = () => { syncSlider(); schedule(true); };
+  const STRUCTURE = ["change:traces", "change:marks", "change:panels", "change:height", "change:redraw_interval",
+                     "change:smoothing"];
   model.on("msg:custom", onMessage);
   for (const name of STRUCTURE) model.on(name, restyle);
+  const column = k => {
+    for (const c of charts) {
+      const s = c.cols.findIndex(col => col.role === "main" && model.get("traces")[col.i].key === k);
+      if (s >= 0) return [c.plot, s + 1];
+    }
+    return [null, -1];
+  };
   el.forgeCurves = {
     stats,
-    points: key => {
-      const i = model.get("traces").findIndex(t => t.key === key);
+    points: k => {
+      const i = model.get("traces").findIndex(t => t.key === k);
       return i >= 0 && data[i] ? data[i].n : 0;
     },
+    drawn: k => {
+      const [plot, s] = column(k);
+      return plot ? { x: Array.from(plot.data[0]), y: Array.from(plot.data[s]) } : null;
+    },
+    hidden: k => {
+      const [plot, s] = column(k);
+      return plot ? !plot.series[s].show : null;
+    },
+    xrange: () => (charts.length ? charts.map(c => [c.plot.scales.x.min, c.plot.scales.x.max]) : []),
   };
   askSync();
   schedule(true);
@@ -411,6 +407,7 @@ function render({ model: host, el }) {
     for (const name of STRUCTURE) model.off(name, restyle);
     seen.disconnect();
     resized.disconnect();
+    for (const c of charts) c.plot.destroy();
     if (frame) cancelAnimationFrame(frame);
     clearTimeout(timer);
   };

@@ -1,4 +1,4 @@
-"""Curves: the run's training curves as a canvas widget that is sent only new points, throttled.
+"""Curves: the run's training curves as a uPlot widget that is sent only new points, throttled.
 
 ::
 
@@ -10,13 +10,18 @@ appends to :class:`CurveData` and pokes a :class:`Throttle`; at most ~4 times a 
 sends the new points of the changed traces as one custom message. The page (``curves.js``) appends
 them, redraws at most every ``redraw_interval`` seconds (1) and only while the view is on screen,
 and never answers an update. A view that opens late, or misses a message, asks for everything once
-(``{"type": "sync"}``). The layout, trace styles and event marks are synced traits, which change
-rarely.
+(``{"type": "sync"}``). The layout, trace styles, event marks and the smoothing weight are synced
+traits, which change rarely.
 
-The live view is a canvas rather than a plotly FigureWidget because of what plotly cost with the page
-open on a 2-core machine: ~120 ms of chromium per redraw of nine panels, and deltas sent back to the
-kernel after every update; training ran 40% slower (bench/RESULTS.md). ``plotly()`` still gives a
-FigureWidget of the curves so far, to zoom, hover and export.
+The page draws with uPlot (vendored in ``vendor/``, MIT; these machines are offline): a small canvas
+chart library made for streaming, which gives the axes, the legend (click an entry to hide its
+trace), the hover readout, drag-to-zoom with double-click reset and the per-pixel decimation that
+``curves.js`` used to hand-write. ``curves.js`` keeps the points protocol, the throttle, drawing only
+in view, the EMA smoothing control (TensorBoard's, debiased; raw traces drawn faint beneath) and the
+marks. Considered: plotly's FigureWidget (~120 ms of chromium per redraw of nine panels and deltas
+sent back to the kernel after every update: training ran 40% slower, bench/RESULTS.md), Chart.js
+and echarts (about 4x and 20x uPlot's 51 KB, made for richer charts rather than streaming ones).
+``plotly()`` still gives a FigureWidget of the curves so far, to export.
 
 ``lags_ms`` keeps, per drawn row, the time from its recording to the message that carries it (the
 dashboard's latency, which bench/dashboard.py reports).
@@ -37,27 +42,40 @@ import anywidget
 import numpy as np
 import traitlets
 
-from forge_nb.widgets._series import CurveData, Row, Trace
+from forge_nb.widgets._series import REWARD_FUNCTIONS, CurveData, Row, Trace
 from forge_nb.widgets._throttle import Throttle
 
 CURVES_JS = pathlib.Path(__file__).with_name("curves.js")  #: the page half, in both hosts
+VENDOR = pathlib.Path(__file__).with_name("vendor")  #: uPlot 1.6.32 (npm ``uplot``), its LICENSE, our CSS
 #: seconds between the page's redraws for new points, in both hosts (bench/dashboard_browser.py)
 REDRAW_INTERVAL = 1.0
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+SMOOTHING = 0.6  #: the EMA weight a view opens with (TensorBoard's default); its slider goes 0..0.99
+
+
+@functools.cache
+def page_module() -> tuple[str, str]:
+    """(ESM, CSS) of the page half: uPlot's IIFE build before ``curves.js`` in one module (it defines the
+    module-level ``uPlot``; anywidget and panel take one module), and uPlot's stylesheet with ours."""
+    esm = (VENDOR / "uPlot.iife.min.js").read_text() + "\n" + CURVES_JS.read_text()
+    css = (VENDOR / "uPlot.min.css").read_text() + "\n" + (VENDOR / "curves.css").read_text()
+    return esm, css
 
 
 class CurvesView(anywidget.AnyWidget):
     """The page half: ``curves.js`` draws the points it is sent; the traits describe what to draw."""
 
-    _esm = CURVES_JS
+    _esm, _css = page_module()
     panels = traitlets.List().tag(sync=True)  #: [{title, row, col, empty}]
-    traces = traitlets.List().tag(sync=True)  #: [{key, panel, kind, name, color, width, dash}]
+    traces = traitlets.List().tag(sync=True)  #: [{key, panel, kind, name, color, width, dash, smooth}]
     marks = traitlets.List().tag(sync=True)  #: [[step, "set" | "failure", label]]
     mark_styles = traitlets.Dict().tag(sync=True)  #: kind -> {name, color, symbol, y}
-    height = traitlets.Int(760).tag(sync=True)  #: pixels
+    height = traitlets.Int(860).tag(sync=True)  #: pixels
     #: seconds between redraws for new points: the page keeps every point it is sent, and draws them
     #: at most this often (hovering and resizing draw at once)
     redraw_interval = traitlets.Float(REDRAW_INTERVAL).tag(sync=True)
+    #: the EMA weight over the line traces (0: raw); the page's slider sets it, and so can the kernel
+    smoothing = traitlets.Float(SMOOTHING, min=0.0, max=0.99).tag(sync=True)
 
 
 @functools.cache
@@ -70,13 +88,17 @@ def panel_curves_view() -> type:
     import param
     from panel.custom import JSComponent
 
+    esm, css = page_module()
+
     class PanelCurves(JSComponent):
-        _esm = CURVES_JS
+        _esm = esm
+        _stylesheets = [css]  # panel renders into a shadow root: the page's stylesheets do not reach it
         panels = param.List(default=[])
         traces = param.List(default=[])
         marks = param.List(default=[])
         mark_styles = param.Dict(default={})
         redraw_interval = param.Number(default=REDRAW_INTERVAL)
+        smoothing = param.Number(default=SMOOTHING, bounds=(0.0, 0.99))
 
         def __init__(self, **params: Any) -> None:
             super().__init__(**params)
@@ -229,13 +251,14 @@ class Curves:
 
 
 def _style(t: Trace, k: int) -> dict[str, Any]:
-    """How curves.js draws trace ``t``, the ``k``-th line of its panel."""
+    """How curves.js draws trace ``t``, the ``k``-th line of its panel. Reward functions have a panel of
+    their own (a single one equals the mean: in one panel the two lines hid each other)."""
     style = {"key": t.key, "panel": t.panel, "kind": t.kind, "name": t.key, "color": PALETTE[k % len(PALETTE)],
-             "width": 1, "dash": False}
+             "width": 1, "dash": False, "smooth": t.kind == "line"}
     if t.kind in ("upper", "lower"):
         style.update(name="reward min..max", color="rgba(31,119,180,0.2)")
     elif t.key == "reward/mean":
         style.update(name="reward mean", width=2)
-    elif t.panel == 0 and t.kind == "line":  # a reward function: dotted, so that it never hides the mean
-        style.update(dash=True)
+    elif t.panel == REWARD_FUNCTIONS:
+        style.update(name=t.key.removeprefix("reward/"), color=PALETTE[(k + 1) % len(PALETTE)])
     return style

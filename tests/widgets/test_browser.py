@@ -2,13 +2,16 @@
 
 One JupyterLab (127.0.0.1, free port, no token, a temp root dir) opens a notebook that spawns the
 quickstart run, starts it, displays ``dashboard(run)`` and serves ``serve(run)``; Playwright drives
-Debian's chromium. Both tests share that session (spawning the run takes minutes on 2 cores).
+Debian's chromium. The first two tests share that session (spawning the run takes minutes on 2 cores).
+The curves' controls (uPlot: smoothing, legend click, zoom) are checked on known values in a real kernel's
+MetricsStore, in a JupyterLab of their own (no run, seconds), and under panel's host served alone.
 Screenshots go to test-artifacts/widgets/. Skipped cleanly without /usr/bin/chromium or playwright.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -231,8 +234,8 @@ def test_jupyterlab_dashboard_renders_lists_replicas_grows_and_pauses(lab: Lab) 
     time.sleep(4)
     assert _points(page, CURVES) == settled, "the curve grew while paused"
     assert settled == int(lab.kernel_eval(KERNEL_POINTS)), "the page lost or added points"
-    canvas = page.locator(f"{CURVES} canvas").bounding_box()
-    page.mouse.move(canvas["x"] + canvas["width"] / 2, canvas["y"] + 60)  # a readout of the hovered step
+    over = page.locator(f"{CURVES} .forge-curves-panel[data-title='reward'] .u-over").bounding_box()
+    page.mouse.move(over["x"] + over["width"] / 2, over["y"] + 30)  # the legend reads the hovered step
     lab.shot("lab-dashboard-paused", selector=".forge-dashboard")
     assert later > first > 0
 
@@ -265,7 +268,7 @@ def test_panel_app_shows_the_grid_and_a_growing_curve(lab: Lab) -> None:
             app.wait_for_selector(f"tr[data-replica='{replica}']", timeout=120_000)  # pierces shadow roots
         app.get_by_role("button", name="resume").click()  # the lab test paused the run
         app.wait_for_selector(".forge-run-status[data-state='running']", timeout=60_000)
-        curves = app.locator(".forge-curves").first  # the notebook's canvas, in panel's shadow DOM
+        curves = app.locator(".forge-curves").first  # the notebook's curves, in panel's shadow DOM
         curves.wait_for(timeout=60_000)
 
         def count() -> int:
@@ -285,3 +288,169 @@ def test_panel_app_shows_the_grid_and_a_growing_curve(lab: Lab) -> None:
         assert stats["syncs"] == 1 and stats["messages"] > 1 and stats["draws"] >= 1, stats
     finally:
         app.close()
+
+
+CONTROL_CELLS = [
+    "import math\nfrom forge_nb.metrics import MetricsStore\nfrom forge_nb.widgets.curves import Curves\n"
+    "store, curves = MetricsStore(), Curves()\nstore.subscribe(curves.observe)\n"
+    "for s in range(1, 61):\n"
+    "    r = 0.5 + 0.4 * math.sin(s) \n"
+    "    store.record(s, {'reward/mean': r, 'reward/min': r - 0.2, 'reward/max': r + 0.2,\n"
+    "                     'reward/PatternReward': r, 'loss': 1.0 / s, 'entropy': 2.0 - 0.01 * s})\n"
+    "store.event('set', step=30, changes={'lr': 3e-6})\n"
+    "curves.flush()\ncurves.widget",
+]
+VIEW = ".forge-curves"
+
+
+def _ema(ys: list[float], weight: float) -> list[float]:
+    """TensorBoard's debiased EMA, as the smoothing control draws it."""
+    out, last = [], 0.0
+    for n, v in enumerate(ys, 1):
+        last = last * weight + (1 - weight) * v
+        out.append(last / (1 - weight**n))
+    return out
+
+
+def _curves(page: Any, call: str) -> Any:
+    return page.evaluate(f"() => document.querySelector('{VIEW}').forgeCurves.{call}")
+
+
+@pytest.mark.timeout(600)
+def test_curves_controls_smoothing_legend_click_and_zoom() -> None:
+    """Known values in a real kernel's MetricsStore, drawn by uPlot in JupyterLab: the smoothing slider changes
+    the drawn values to the EMA of the recorded ones (and the kernel's trait), a legend click hides a trace,
+    dragging zooms every panel to the same steps and a double-click shows all steps again."""
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    tmp = Path(tempfile.mkdtemp(prefix="forge-nb-lab-"))
+    lab = Lab(tmp, CONTROL_CELLS, shutdown="curves.close()")
+    errors: list[str] = []
+    lab.page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        lab.open_and_run_all()
+        page = lab.page
+        page.wait_for_function(f"() => {{ const v = document.querySelector('{VIEW}');"
+                               " return v && v.forgeCurves && v.forgeCurves.points('reward/mean') === 60; }",
+                               timeout=180_000)
+        lab.dismiss_dialogs()
+        page.locator(VIEW).scroll_into_view_if_needed()
+        raw = [0.5 + 0.4 * math.sin(s) for s in range(1, 61)]
+        page.wait_for_function(f"() => document.querySelector('{VIEW}').forgeCurves.drawn('reward/mean').y.length"
+                               " === 60", timeout=30_000)
+        drawn = _curves(page, "drawn('reward/mean')")
+        assert drawn["x"] == list(range(1, 61))
+        assert drawn["y"] == pytest.approx(_ema(raw, 0.6))  # smoothed by default, as TensorBoard does
+        assert _curves(page, "drawn('loss')")["y"] == pytest.approx(_ema([1.0 / s for s in range(1, 61)], 0.6))
+        titles = page.locator(f"{VIEW} .forge-curves-panel").evaluate_all("els => els.map(e => e.dataset.title)")
+        assert titles[:3] == ["reward", "reward per function", "KL"]
+        lab.shot("curves-smoothed", selector=VIEW)
+
+        slider = page.locator(f"{VIEW} input.forge-smoothing")
+        slider.fill("0")
+        page.wait_for_function(f"() => document.querySelector('{VIEW}').forgeCurves.drawn('reward/mean').y[1]"
+                               f" === {raw[1]!r}", timeout=10_000)
+        assert _curves(page, "drawn('reward/mean')")["y"] == pytest.approx(raw)
+        slider.fill("0.9")
+        page.wait_for_function(f"() => Math.abs(document.querySelector('{VIEW}').forgeCurves.drawn('reward/mean')"
+                               f".y[59] - {_ema(raw, 0.9)[-1]!r}) < 1e-9", timeout=10_000)
+        deadline = time.monotonic() + 10
+        while lab.kernel_eval("print(curves.widget.smoothing)").strip() != "0.9" and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert lab.kernel_eval("print(curves.widget.smoothing)").strip() == "0.9"  # the slider is a synced trait
+
+        reward = f"{VIEW} .forge-curves-panel[data-title='reward']"
+        legend = page.locator(f"{reward} .u-legend .u-series:not(.forge-nolegend)", has_text="reward mean")
+        assert _curves(page, "hidden('reward/mean')") is False
+        legend.locator("th").click()
+        assert _curves(page, "hidden('reward/mean')") is True
+        lab.shot("curves-reward-mean-hidden", selector=VIEW)
+        legend.locator("th").click()
+        assert _curves(page, "hidden('reward/mean')") is False
+
+        full = _curves(page, "xrange()")
+        assert all(r == pytest.approx([1, 60]) for r in full), full
+        over = page.locator(f"{VIEW} .forge-curves-panel[data-title='reward'] .u-over").bounding_box()
+        y = over["y"] + over["height"] / 2
+        page.mouse.move(over["x"] + over["width"] * 0.25, y)
+        page.mouse.down()
+        page.mouse.move(over["x"] + over["width"] * 0.5, y, steps=8)
+        page.mouse.up()
+        page.wait_for_function(f"() => document.querySelector('{VIEW}').forgeCurves.xrange()[0][1] < 50",
+                               timeout=10_000)
+        zoomed = _curves(page, "xrange()")
+        lo, hi = zoomed[0]
+        assert 10 < lo < hi < 35, zoomed  # about the second quarter of steps 1..60
+        assert all(r == pytest.approx([lo, hi]) for r in zoomed), zoomed  # every panel shows the same steps
+        lab.shot("curves-zoomed", selector=VIEW)
+        page.mouse.dblclick(over["x"] + over["width"] / 2, y)
+        page.wait_for_function(f"() => document.querySelector('{VIEW}').forgeCurves.xrange()[0][1] === 60",
+                               timeout=10_000)
+        assert all(r == pytest.approx([1, 60]) for r in _curves(page, "xrange()"))
+        assert not errors, errors
+    finally:
+        lab.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.timeout(300)
+def test_panel_host_draws_uplot_in_its_shadow_root_and_the_slider_reaches_the_kernel() -> None:
+    """curves.js under panel's JSComponent (the panel app's host): served by panel on 127.0.0.1, the curves
+    get their history through one sync, uPlot's styles reach the shadow root, and the slider sets the param."""
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    import panel as pn
+    from playwright.sync_api import sync_playwright
+
+    from forge_nb.metrics import MetricsStore
+    from forge_nb.widgets.curves import Curves, panel_curves_view
+
+    store, views = MetricsStore(), []
+    for s in range(1, 31):
+        store.record(s, {"reward/mean": 0.02 * s, "loss": 1.0 / s})
+
+    def app() -> Any:  # a session's curves, fed from the store's history as the panel app does
+        curves = Curves(view=panel_curves_view()(height=700, sizing_mode="stretch_width"))
+        for row in store.rows:
+            curves.observe("step", row)
+        views.append(curves)
+        return curves.widget
+
+    port = _free_port()
+    server = pn.serve(app, port=port, address="127.0.0.1", show=False, threaded=True)
+    pw = sync_playwright().start()
+    browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+    try:
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                page.goto(f"http://127.0.0.1:{port}/")
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        view = page.locator(".forge-curves").first  # pierces the shadow root
+        view.wait_for(timeout=60_000)
+        drawn = "el => el.forgeCurves && el.forgeCurves.drawn('loss') ? el.forgeCurves.drawn('loss').y.length : -1"
+        deadline = time.monotonic() + 30
+        while view.evaluate(drawn) != 30 and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert view.evaluate(drawn) == 30
+        assert view.evaluate("el => el.forgeCurves.stats.syncs") == 1
+        # uPlot's stylesheet applies inside the shadow root: its legend is laid out inline
+        assert view.locator(".u-legend").first.evaluate("e => getComputedStyle(e).textAlign") == "left"
+        view.locator("input.forge-smoothing").fill("0")
+        deadline = time.monotonic() + 10
+        while views[-1].widget.smoothing != 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert views[-1].widget.smoothing == 0
+        assert view.evaluate("el => el.forgeCurves.drawn('loss').y") == pytest.approx([1.0 / s for s in range(1, 31)])
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        view.screenshot(path=str(ARTIFACTS / "panel-curves.png"))
+        assert not errors, errors
+    finally:
+        browser.close()
+        pw.stop()
+        server.stop()

@@ -184,7 +184,17 @@ async def test_band_and_markers_for_hot_changes_and_failures() -> None:
         assert await _until(lambda: len(curves.trace("mark:failure").x) == 1)
         styles = {t["key"]: t for t in curves.widget.traces}
         assert styles["reward/max"]["kind"] == "upper" and styles["reward/min"]["kind"] == "lower"
-        assert styles["reward/format"]["dash"] and styles["reward/mean"]["width"] > styles["loss"]["width"]
+        assert styles["reward/mean"]["width"] > styles["loss"]["width"]
+        # reward functions get their own panel and colours: a single one equals the mean and hid it
+        titles = [p["title"] for p in curves.widget.panels]
+        functions = [styles["reward/format"], styles["reward/correct"]]
+        assert {titles[f["panel"]] for f in functions} == {"reward per function"}
+        assert titles[styles["reward/mean"]["panel"]] == "reward"
+        colours = {f["color"] for f in functions}
+        assert len(colours) == 2 and styles["reward/mean"]["color"] not in colours
+        assert [f["name"] for f in functions] == ["format", "correct"]
+        assert all(s["smooth"] for s in styles.values() if s["kind"] == "line")
+        assert not any(s["smooth"] for s in styles.values() if s["kind"] != "line")
         assert list(curves.trace("reward/max").y)[-1] == pytest.approx(1.0)
         assert list(curves.trace("reward/min").y)[-1] == pytest.approx(0.0)
         sets = curves.trace("mark:set")
@@ -199,7 +209,7 @@ async def test_band_and_markers_for_hot_changes_and_failures() -> None:
         assert list(figure.data[names.index("reward mean")].x) == [1, 2, 3, 4, 5]
         lines = {(s.x0, s.line.color) for s in figure.layout.shapes}
         assert (4, "#7b1fa2") in lines and (5, "#d62728") in lines
-        assert len(figure.layout.shapes) == 2 * 9  # a line per marked event in each panel
+        assert len(figure.layout.shapes) == 2 * 10  # a line per marked event in each panel
     finally:
         curves.close()
 
@@ -222,3 +232,24 @@ def test_long_runs_are_halved_and_arrays_already_drawn_never_change() -> None:
     assert data.last_values()["loss"] == (199.0, pytest.approx(1 / 199))
     for s, arr in drawn:  # appends and halvings later never wrote into a handed-out array
         assert arr[-1] == s and list(arr) == sorted(arr)
+
+
+def test_the_page_half_is_the_vendored_uplot_and_curves_js_in_one_module_in_both_hosts() -> None:
+    from forge_nb.widgets.curves import VENDOR, CurvesView, page_module, panel_curves_view
+
+    esm, css = page_module()
+    assert esm.startswith("/*! https://github.com/leeoniya/uPlot (v1.6.32) */") and "var uPlot=" in esm
+    assert esm.rstrip().endswith("export default { render };")  # curves.js after uPlot, one module
+    assert ".u-legend" in css and ".forge-curves-toolbar" in css
+    assert "MIT" in (VENDOR / "uPlot.LICENSE").read_text()
+    view = CurvesView()
+    try:
+        assert view._esm == esm and view._css == css and view.smoothing == pytest.approx(0.6)
+        view.smoothing = 0.9  # what the page's slider does
+        with pytest.raises(Exception, match="smoothing"):
+            view.smoothing = 1.0  # an EMA weight of 1 would never move
+    finally:
+        view.close()
+    panel_view = panel_curves_view()
+    assert panel_view._esm == esm and panel_view._stylesheets == [css]
+    assert panel_view(height=300).smoothing == pytest.approx(0.6)
