@@ -22,7 +22,8 @@ that pid namespace, ``setsid()``-ed or double-forked ones included. Output print
 Running as root (the usual container): RLIMIT_NPROC does not apply to uid 0, and root's files would
 be readable inside a user namespace mapped to uid 0. So the sandbox is started through util-linux:
 ``unshare --mount`` (a private mount namespace that only this sandbox's launcher sees) bind-mounts the
-interpreter and site-packages on a private tmpfs, then ``setpriv`` drops to a uid of its own
+interpreter and site-packages on a private tmpfs (at ``/mnt``, or another folder holding none of
+them), then ``setpriv`` drops to a uid of its own
 (``_UID_BASE`` + the launcher's pid, unique among live sandboxes) and execs bwrap unprivileged. As
 another user, bwrap runs directly as that user.
 
@@ -159,13 +160,24 @@ def _view() -> _View:
     return _View(base=base, exe=exe, sites=tuple(sites.items()))
 
 
+def _stage_dir(sources: list[str]) -> str:
+    """An existing folder, outside every one of ``sources``, for the launcher's private tmpfs."""
+    for folder in ("/mnt", "/media", "/srv", "/tmp", "/run"):
+        inside = any(os.path.commonpath([folder, os.path.realpath(src)]) == folder for src in sources)
+        if os.path.isdir(folder) and not inside:
+            return folder
+    raise RuntimeError(f"no folder for the sandbox's staging mount lies outside {sources}")
+
+
 def _command(code: str, limits: Limits, cfg_fd: int) -> list[str]:
     """The argv: bwrap (behind unshare + setpriv when root), then prlimit, then the interpreter."""
     view = _view()
     as_root = os.geteuid() == 0
-    # As root the sources are re-mounted by the launcher on its private /tmp (see the module docstring).
-    base = "/tmp/python" if as_root else view.base
-    sites = [(f"/tmp/site{i}" if as_root else host, inside) for i, (host, inside) in enumerate(view.sites)]
+    # As root the sources are re-mounted by the launcher on a private tmpfs (see the module docstring),
+    # at a folder that holds none of them: mounting over /tmp would hide a venv that lives under /tmp.
+    stage = _stage_dir([view.base, *(host for host, _ in view.sites)])
+    base = f"{stage}/python" if as_root else view.base
+    sites = [(f"{stage}/site{i}" if as_root else host, inside) for i, (host, inside) in enumerate(view.sites)]
     tmp_bytes = str(limits.tmp_mb * 2**20)
     bwrap = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
              "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
@@ -190,9 +202,9 @@ def _command(code: str, limits: Limits, cfg_fd: int) -> list[str]:
     if not as_root:
         return bwrap
     mounts = " && ".join(
-        ["mount -t tmpfs -o mode=0755,size=64k forge-nb-sandbox /tmp", "mkdir /tmp/python",
-         'mount --bind "$1" /tmp/python']
-        + [f'mkdir /tmp/site{i} && mount --bind "${i + 2}" /tmp/site{i}' for i in range(len(sites))])
+        [f"mount -t tmpfs -o mode=0755,size=64k forge-nb-sandbox {stage}", f"mkdir {stage}/python",
+         f'mount --bind "$1" {stage}/python']
+        + [f'mkdir {stage}/site{i} && mount --bind "${i + 2}" {stage}/site{i}' for i in range(len(sites))])
     launcher = (f'{mounts} && shift {1 + len(sites)} && uid=$(({_UID_BASE} + $$)) && '
                 'exec setpriv --reuid=$uid --regid=$uid --clear-groups --inh-caps=-all --no-new-privs -- "$@"')
     return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", launcher, "forge-nb-sandbox",
