@@ -61,6 +61,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_pw: list[Any] = []
+
+
+def _playwright() -> Any:
+    """The module's one Playwright: a second sync_playwright() while one runs refuses to start ("Sync API
+    inside the asyncio loop"), and the module-scoped ``lab`` fixture keeps its own alive across tests."""
+    if not _pw:
+        from playwright.sync_api import sync_playwright
+
+        _pw.append(sync_playwright().start())
+    return _pw[0]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_playwright() -> Iterator[None]:
+    yield
+    while _pw:
+        _pw.pop().stop()
+
+
 class Lab:
     """JupyterLab + chromium + a side channel to the notebook's kernel (jupyter_client)."""
 
@@ -100,9 +120,7 @@ class Lab:
                 if time.monotonic() > deadline or self.proc.poll() is not None:
                     raise RuntimeError(f"JupyterLab did not start; see {ARTIFACTS / 'jupyterlab.log'}") from None
                 time.sleep(0.5)
-        from playwright.sync_api import sync_playwright
-
-        self.pw = sync_playwright().start()
+        self.pw = _playwright()
         self.browser = self.pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         self.page = self.browser.new_page(viewport={"width": 1400, "height": 1000})
         self.kc: Any = None
@@ -170,7 +188,6 @@ class Lab:
             if self.kc is not None:
                 self.kc.stop_channels()
             self.browser.close()
-            self.pw.stop()
             self.proc.terminate()
             try:
                 self.proc.wait(30)
@@ -398,7 +415,6 @@ def test_panel_host_draws_uplot_in_its_shadow_root_and_the_slider_reaches_the_ke
     get their history through one sync, uPlot's styles reach the shadow root, and the slider sets the param."""
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     import panel as pn
-    from playwright.sync_api import sync_playwright
 
     from forge_nb.metrics import MetricsStore
     from forge_nb.widgets.curves import Curves, panel_curves_view
@@ -416,8 +432,7 @@ def test_panel_host_draws_uplot_in_its_shadow_root_and_the_slider_reaches_the_ke
 
     port = _free_port()
     server = pn.serve(app, port=port, address="127.0.0.1", show=False, threaded=True)
-    pw = sync_playwright().start()
-    browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+    browser = _playwright().chromium.launch(executable_path=CHROMIUM, args=FLAGS)
     try:
         page = browser.new_page(viewport={"width": 1200, "height": 900})
         errors: list[str] = []
@@ -452,5 +467,4 @@ def test_panel_host_draws_uplot_in_its_shadow_root_and_the_slider_reaches_the_ke
         assert not errors, errors
     finally:
         browser.close()
-        pw.stop()
         server.stop()
