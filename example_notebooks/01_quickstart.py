@@ -9,14 +9,15 @@
 # %%
 %load_ext forge_nb
 
+# %% tags=["parameters"]
+STEPS = 250  # training steps for the %forge_step cell below
+
+# %% [markdown]
+# Spawn the run: two generator replicas and a trainer, each its own process mesh. The cell waits until
+# they are up (about 40 s) and binds `run`; the run directory is `runs/quickstart-<time>/`.
+
 # %%
-import os
-
-import forge_nb
-
-STEPS = int(os.environ.get("FORGE_NB_STEPS", "250"))  # the test suite runs a small budget
-config = forge_nb.quickstart(run_dir=os.environ.get("FORGE_NB_RUN_DIR"))  # or just: %forge_spawn quickstart
-%forge_spawn config
+%forge_spawn quickstart
 
 # %% [markdown]
 # The live dashboard: replica health, training curves, controls (start / pause / step / stop and

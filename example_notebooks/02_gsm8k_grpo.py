@@ -6,23 +6,19 @@
 # penalty. Without CUDA the same cells run a tiny character-level model on a local GSM8K-format
 # file, to try the pipeline end to end (it will not learn arithmetic).
 
-# %%
-import os
+# %% tags=["parameters"]
+STEPS = 200
 
+# %%
 import torch
 
 import forge_nb
 from forge_nb.recipes import gsm8k_qwen3, gsm8k_tiny
 
-STEPS = int(os.environ.get("FORGE_NB_STEPS", "200"))
-local_data = os.path.join(os.path.dirname(os.path.abspath("__file__")), "example_notebooks", "data",
-                          "gsm8k_sample.jsonl")
-if not os.path.exists(local_data):
-    local_data = os.path.join("data", "gsm8k_sample.jsonl")
 if torch.cuda.is_available():
-    cfg = gsm8k_qwen3("Qwen/Qwen3-1.7B", run_dir=os.environ.get("FORGE_NB_RUN_DIR"))
+    cfg = gsm8k_qwen3("Qwen/Qwen3-1.7B")
 else:
-    cfg = gsm8k_tiny(local_data, run_dir=os.environ.get("FORGE_NB_RUN_DIR"))
+    cfg = gsm8k_tiny("data/gsm8k_sample.jsonl")  # beside this notebook
 print(cfg.model, "on", "GPU" if torch.cuda.is_available() else "CPU")
 run = await forge_nb.spawn(cfg)
 

@@ -5,6 +5,9 @@
 # the other replica; the dead one is respawned in the background, loads the current weights (the
 # service's catch-up hook) and takes traffic again. The training loop never notices.
 
+# %% tags=["parameters"]
+STEPS = 20
+
 # %%
 import asyncio
 import os
@@ -12,8 +15,7 @@ import signal
 
 import forge_nb
 
-STEPS = int(os.environ.get("FORGE_NB_STEPS", "20"))
-run = await forge_nb.spawn(forge_nb.quickstart(name="faults", run_dir=os.environ.get("FORGE_NB_RUN_DIR")))
+run = await forge_nb.spawn(forge_nb.quickstart(name="faults"))
 try:
     from forge_nb.widgets import dashboard
 

@@ -6,13 +6,13 @@
 # while the trainer works, and the replay buffer drops episodes older than `max_policy_age` versions.
 # Both use the same `generate_episode`. Here one run switches between them.
 
-# %%
-import os
+# %% tags=["parameters"]
+STEPS = 30
 
+# %%
 import forge_nb
 
-STEPS = int(os.environ.get("FORGE_NB_STEPS", "30"))
-run = await forge_nb.spawn(forge_nb.quickstart(name="modes", run_dir=os.environ.get("FORGE_NB_RUN_DIR")))
+run = await forge_nb.spawn(forge_nb.quickstart(name="modes"))
 
 # %%
 run.config.loop.mode = "sync"

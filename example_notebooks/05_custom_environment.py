@@ -6,15 +6,15 @@
 # scores the toy task by *executing* a check in the sandbox, and the reward contract shows what
 # happens to a reward that raises: the episode is quarantined with its reason, the run goes on.
 
-# %%
-import os
+# %% tags=["parameters"]
+STEPS = 20
 
+# %%
 import forge_nb
 from forge_nb.actors.coder import SandboxedPythonCoder
 
-STEPS = int(os.environ.get("FORGE_NB_STEPS", "20"))
 coder = await SandboxedPythonCoder.options(num_replicas=2).as_service(timeout_s=2.0, memory_mb=256)
-run = await forge_nb.spawn(forge_nb.quickstart(name="custom-env", run_dir=os.environ.get("FORGE_NB_RUN_DIR")))
+run = await forge_nb.spawn(forge_nb.quickstart(name="custom-env"))
 
 
 async def executed_match(prompt, response, target):
@@ -42,8 +42,8 @@ def flaky(prompt, response, target):
 
 run.reward_fns[:] = [executed_match, flaky]
 await run.step(2)
-quarantined = run.metrics.events_frame("quarantine")
-print(len(quarantined), "quarantined episodes;", quarantined["reason"].iloc[0] if len(quarantined) else "")
+for event in run.metrics.events_frame("quarantine").itertuples():  # one event per interval, counts per reason
+    print(f"step {event.step}: {event.episodes} quarantined episodes; reasons {event.reasons}")
 
 # %%
 await run.shutdown()

@@ -5,14 +5,15 @@
 # background while this kernel stays free, look at metrics and rollouts, change a hyperparameter
 # between steps, and shut down. Every call here is what the `%forge_*` magics call.
 
+# %% tags=["parameters"]
+STEPS = 120
+
 # %%
 import asyncio
-import os
 
 import forge_nb
 
-STEPS = int(os.environ.get("FORGE_NB_STEPS", "120"))  # the test suite runs a small budget
-cfg = forge_nb.quickstart(run_dir=os.environ.get("FORGE_NB_RUN_DIR"))
+cfg = forge_nb.quickstart()  # the run directory: runs/quickstart-<time>/
 run = await forge_nb.spawn(cfg)  # two vLLM generator replicas, a trainer, torchstore
 run
 

@@ -6,23 +6,22 @@
 # torchstore key namespace), metrics and ledger; shutting one down leaves the other training.
 # Both share the kernel's torchstore, which stops when the last run lets go of it.
 
+# %% tags=["parameters"]
+STEPS = 60
+
 # %%
 import asyncio
-import os
 
 import forge_nb
 from forge_nb.widgets import compare
 
-STEPS = int(os.environ.get("FORGE_NB_STEPS", "60"))
-RUN_DIR = os.environ.get("FORGE_NB_RUN_DIR")  # None: runs/<name>-<time>
 
-
-def config(name, lr, run_dir):
+def config(name, lr):
     # one generator replica each: two runs share the machine's two cores
-    return forge_nb.quickstart(name=name, run_dir=run_dir), {"trainer.lr": lr, "generator.num_replicas": 1}
+    return forge_nb.quickstart(name=name), {"trainer.lr": lr, "generator.num_replicas": 1}
 
 
-(cfg_a, set_a), (cfg_b, set_b) = config("lr_1e-3", 1e-3, RUN_DIR), config("lr_3e-3", 3e-3, RUN_DIR and RUN_DIR + "-b")
+(cfg_a, set_a), (cfg_b, set_b) = config("lr_1e-3", 1e-3), config("lr_3e-3", 3e-3)
 slow, fast = await asyncio.gather(forge_nb.spawn(cfg_a, overrides=set_a), forge_nb.spawn(cfg_b, overrides=set_b))
 print(slow.weights_namespace, "|", fast.weights_namespace)
 

@@ -3,62 +3,92 @@
     .venv/bin/python scripts/run_notebook.py example_notebooks/01_quickstart.py [--outputs outputs] [--steps N]
 
 The notebook sources are percent-format Python (``# %%`` starts a code cell, ``# %% [markdown]`` a
-markdown cell whose lines start with ``# ``). This script turns one into an .ipynb, runs it in a real
-kernel (nbclient), and writes to the outputs folder: the executed notebook, an HTML report with the
-training curves (self-contained: plotly is inlined), and the run directory. It prints where they are
-and the final reward. ``--steps`` is the small budget the tests use; notebooks read it as
-``FORGE_NB_STEPS``.
+markdown cell), read with jupytext, as JupyterLab reads them. This script turns one into a notebook,
+runs it in a real kernel (nbclient) and writes to the outputs folder: the executed notebook, an HTML
+report with the training curves (self-contained: plotly is inlined), and the run directories. It prints
+where they are and the final reward.
+
+The notebooks carry no test plumbing. Their budget is a cell tagged ``parameters`` (``STEPS = 250``);
+``--steps N`` adds a cell after it that sets ``STEPS = N``, as papermill does. The kernel works in a
+fresh folder, ``<outputs>/<notebook>-work/``, that links to what sits beside the notebook (its ``data/``),
+so the runs' directories (``runs/<name>-<time>/``) land there and nowhere else.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
+import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import jupytext
 import nbformat
 
 
 def to_notebook(source: str) -> nbformat.NotebookNode:
-    """Percent-format Python -> a notebook (the first block before any marker is a code cell)."""
-    nb = nbformat.v4.new_notebook()
+    """Percent-format Python -> a notebook, as jupytext reads it in JupyterLab (magics stay magics)."""
+    nb = jupytext.reads(source, fmt="py:percent")
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    for block in re.split(r"^# %%", source, flags=re.M):
-        if not block.strip():
-            continue
-        header, _, body = block.partition("\n")
-        if "[markdown]" in header:
-            text = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in body.splitlines())
-            nb.cells.append(nbformat.v4.new_markdown_cell(text.strip()))
-        else:
-            nb.cells.append(nbformat.v4.new_code_cell(body.strip()))
     return nb
 
 
-def execute(path: Path, outputs: Path, steps: int | None, timeout: int = 1800) -> dict[str, object]:
+def inject_parameters(nb: nbformat.NotebookNode, **values: Any) -> nbformat.NotebookNode:
+    """Add a cell setting ``values`` after the cell tagged ``parameters`` (papermill's convention).
+
+    Raises ValueError when the notebook has no such cell or the cell does not assign a given name,
+    so that a renamed parameter cannot be silently ignored."""
+    tagged = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
+    if len(tagged) != 1:
+        raise ValueError(f"the notebook has {len(tagged)} cells tagged 'parameters'; tag exactly one "
+                         "(`# %% tags=[\"parameters\"]`) to run it with other values")
+    cell = nb.cells[tagged[0]]
+    assigned = {line.split("=", 1)[0].strip() for line in cell.source.splitlines() if "=" in line}
+    unknown = sorted(set(values) - assigned)
+    if unknown:
+        raise ValueError(f"parameters {unknown} are not set in the notebook's parameters cell "
+                         f"({cell.source!r}); use one of {sorted(assigned)}")
+    source = "# injected by scripts/run_notebook.py\n" + "\n".join(f"{k} = {v!r}" for k, v in values.items())
+    injected = nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]})
+    nb.cells.insert(tagged[0] + 1, injected)
+    return nb
+
+
+def workdir(notebook: Path, outputs: Path) -> Path:
+    """A fresh folder for the kernel, with links to the files beside the notebook that are not notebooks."""
+    work = (outputs / f"{notebook.stem}-work").resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    for sibling in notebook.resolve().parent.iterdir():
+        if sibling.suffix != ".py" and sibling.name not in ("runs", ".ipynb_checkpoints", "__pycache__"):
+            (work / sibling.name).symlink_to(sibling)
+    return work
+
+
+def execute(path: Path, outputs: Path, steps: int | None, timeout: int = 1800) -> dict[str, Any]:
     from nbclient import NotebookClient
 
     outputs.mkdir(parents=True, exist_ok=True)
-    run_dir = (outputs / f"{path.stem}-run").resolve()
-    os.environ["FORGE_NB_RUN_DIR"] = str(run_dir)
-    if steps is not None:
-        os.environ["FORGE_NB_STEPS"] = str(steps)
+    work = workdir(path, outputs)
     nb = to_notebook(path.read_text())
+    if steps is not None:
+        inject_parameters(nb, STEPS=steps)
     start = time.time()
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": os.getcwd()}})
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(work)}})
     try:
         client.execute()
     finally:
         executed = outputs / f"{path.stem}.ipynb"
         nbformat.write(nb, executed)
-    report = write_report(run_dir, outputs / f"{path.stem}-report.html", title=path.stem)
-    final = _final_reward(run_dir)
-    return {"notebook": str(executed), "report": str(report) if report else None, "run_dir": str(run_dir),
-            "final_reward": final, "seconds": round(time.time() - start, 1)}
+    found = work / "runs"
+    runs = sorted(d for d in found.iterdir() if d.is_dir()) if found.is_dir() else []  # <name>-<time>/
+    run_dir = runs[0] if runs else None
+    report = write_report(run_dir, outputs / f"{path.stem}-report.html", title=path.stem) if run_dir else None
+    return {"notebook": str(executed), "report": str(report) if report else None,
+            "run_dir": str(run_dir) if run_dir else None, "run_dirs": [str(d) for d in runs],
+            "final_reward": _final_reward(run_dir) if run_dir else None, "seconds": round(time.time() - start, 1)}
 
 
 def _rows(run_dir: Path) -> list[dict[str, float]]:
@@ -106,7 +136,7 @@ def main() -> int:
     result = execute(args.notebook, args.outputs, args.steps)
     print(f"executed notebook: {result['notebook']}")
     print(f"report:            {result['report']}")
-    print(f"run directory:     {result['run_dir']}")
+    print(f"run directories:   {', '.join(result['run_dirs']) or 'none'}")
     print(f"final reward:      {result['final_reward']} (mean of the last 10 steps) in {result['seconds']} s")
     return 0
 

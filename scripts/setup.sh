@@ -35,6 +35,10 @@ else
   $venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   echo "$want" > "$stamp"
 fi
+# JupyterLab opens the .py notebooks with jupytext (jupyter-config/README.md); pip does not install
+# data-files in editable mode (setuptools #3399), so they are copied here.
+mkdir -p $venv/share/jupyter/lab/settings/overrides.d
+cp jupyter-config/lab/settings/overrides.d/forge-nb.json $venv/share/jupyter/lab/settings/overrides.d/
 
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "setup: installing Debian's chromium for the browser tests"

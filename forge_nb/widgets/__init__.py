@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from forge_nb.widgets.compare import Compare, compare
 from forge_nb.widgets.dashboard import Dashboard, dashboard
-from forge_nb.widgets.panel_app import PanelServer, panel_app, serve
+from forge_nb.widgets.panel_app import panel_app
+from forge_nb.widgets.panel_server import PanelServer, serve
 
 __all__ = ["Compare", "Dashboard", "PanelServer", "compare", "dashboard", "panel_app", "serve"]

@@ -9,6 +9,7 @@ elsewhere (a magic) updates its input unless the user is editing it. Errors show
 
 from __future__ import annotations
 
+import ast
 import html
 from typing import Any
 
@@ -19,6 +20,11 @@ from forge_nb.widgets._errors import ErrorLog
 
 ACTIONS = ("start", "pause", "resume", "step", "stop")
 ICONS = {"start": "play", "pause": "pause", "resume": "play-circle", "step": "step-forward", "stop": "stop"}
+#: The run state badge's colour; each state has its own ("shut down" is not "ready").
+STATE_COLORS = {"ready": "#1f77b4", "running": "#2ca02c", "paused": "#ff7f0e", "stopping": "#8c564b",
+                "stopped": "#7f7f7f", "failed": "#d62728", "shut down": "#262626"}
+#: States in which no control can act any more: every button and input is disabled.
+FINAL_STATES = ("shut down",)
 
 
 def read_hparams(run: Any) -> dict[str, Any]:
@@ -36,10 +42,10 @@ def run_summary(run: Any) -> dict[str, Any]:
 
 
 def render_status(s: dict[str, Any]) -> str:
-    colors = {"running": "#2ca02c", "paused": "#ff7f0e", "failed": "#d62728", "stopped": "#7f7f7f"}
     state = str(s["state"])
     out = (f"<span class='forge-run-status' data-state='{html.escape(state)}'><b>{html.escape(str(s['name']))}"
-           f"</b> <span style='background:{colors.get(state, '#1f77b4')};color:white;padding:1px 6px;"
+           f"</b> <span class='forge-state-badge' style='background:{STATE_COLORS.get(state, '#9467bd')};"
+           "color:white;padding:1px 6px;"
            f"border-radius:3px'>{html.escape(state)}</span> step <b>{s['step']}</b> &middot; "
            f"version <b>{s['version']}</b></span>")
     if s["error"]:
@@ -92,7 +98,8 @@ class Controls:
 
     def edited(self) -> dict[str, Any]:
         """Inputs whose value differs from the run's last known value."""
-        return {k: inp.value for k, inp in self.inputs.items() if inp.value != self._seen.get(k)}
+        read = {k: _read(inp, self._seen.get(k)) for k, inp in self.inputs.items()}
+        return {k: v for k, v in read.items() if v != self._seen.get(k)}
 
     def apply_changes(self) -> None:
         changes = self.edited()
@@ -109,27 +116,72 @@ class Controls:
         if value != self.status.value:
             self.status.value = value
         state = summary["state"]
-        self.buttons["pause"].disabled = state in ("paused", "stopping", "stopped", "failed")
-        self.buttons["resume"].disabled = state != "paused"
-        self.buttons["stop"].disabled = state in ("stopping", "stopped")
+        final = state in FINAL_STATES
+        for action, button in self.buttons.items():
+            button.disabled = final or {
+                "pause": state in ("paused", "stopping", "stopped", "failed"),
+                "resume": state != "paused",
+                "stop": state in ("stopping", "stopped"),
+            }.get(action, False)
+        self.step_n.disabled = self.apply.disabled = final
+        if final:
+            self.message.value = "<i>the run is shut down: spawn a new one to train again</i>"
+            for inp in self.inputs.values():
+                inp.disabled = True
+            return
         hparams = read_hparams(self.run)
         if set(hparams) != set(self.inputs):
             self._build_inputs(hparams)
             return
         for k, v in hparams.items():
-            if v != self._seen.get(k):
-                if self.inputs[k].value == self._seen.get(k):  # not being edited: follow the run
-                    self.inputs[k].value = v
+            seen = self._seen.get(k)
+            if v != seen:
+                if _read(self.inputs[k], seen) == seen:  # not being edited: follow the run
+                    self.inputs[k].value = _shown(self.inputs[k], v)
                 self._seen[k] = v
 
 
 def _input(name: str, value: Any) -> w.ValueWidget:
-    layout = w.Layout(width="210px")
-    style = {"description_width": "90px"}
+    # The label as wide as its name needs ("max_policy_age" was cut at a fixed 90px); 7.5px a character
+    # is the width of JupyterLab's 13px UI font, with room for the label's padding.
+    label = max(60, round(7.5 * len(name)) + 12)
+    layout = w.Layout(width=f"{label + 110}px")
+    style = {"description_width": f"{label}px"}
     if isinstance(value, bool):
         return w.Checkbox(value=value, description=name, layout=layout, style=style)
     if isinstance(value, int):
         return w.IntText(value=value, description=name, layout=layout, style=style)
     if isinstance(value, float):
         return w.FloatText(value=value, description=name, layout=layout, style=style)
-    return w.Text(value=str(value), description=name, layout=layout, style=style)
+    # None ("unset", e.g. norm_len) and other values: text, read back as a Python literal by _read
+    return w.Text(value=_shown(None, value), placeholder="None", description=name, layout=layout, style=style)
+
+
+def _shown(inp: w.ValueWidget | None, value: Any) -> Any:
+    """What an input shows for ``value``."""
+    return shown_text(value) if inp is None or isinstance(inp, w.Text) else value
+
+
+def shown_text(value: Any) -> str:
+    """A hyperparameter in a text input: None (unset) as empty."""
+    return "" if value is None else str(value)
+
+
+def _read(inp: w.ValueWidget, seen: Any) -> Any:
+    """An input's value as the run takes it (text parsed by :func:`parse_text`)."""
+    return parse_text(inp.value, seen) if isinstance(inp, w.Text) else inp.value
+
+
+def parse_text(value: str, seen: Any) -> Any:
+    """A text input's value for a hyperparameter whose last value was ``seen``: text for a string one,
+    else a Python literal ("" and "None" as None, "512" as 512); what is no literal stays text, for
+    run.set to judge and explain."""
+    if isinstance(seen, str):
+        return value
+    text = value.strip()
+    if text in ("", "None"):
+        return None
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text

@@ -8,7 +8,8 @@
 
 The dashboard owns one asyncio task, ``forge_nb.dashboard.poll.<run>``, on the kernel's event loop
 (so it keeps running while cells are idle); ``stop()`` cancels it and unsubscribes, ``close()`` also
-closes the widgets. It only *reads* the run (metrics and status) and calls its public control
+closes the widgets. The task ends by itself once it has drawn the run shut down (buttons disabled).
+It only *reads* the run (metrics and status) and calls its public control
 methods; it never imports the service or runtime layers. Every callback error is shown in the
 errors Output under the dashboard. Where widgets cannot render (nbconvert, a static viewer), the
 display falls back to ``to_html()``: a plain snapshot with the latest numbers.
@@ -24,7 +25,7 @@ import ipywidgets as w
 
 from forge_nb.widgets._calls import LoopCaller, kernel_loop
 from forge_nb.widgets._errors import ErrorLog
-from forge_nb.widgets.controls import Controls, render_status, run_summary
+from forge_nb.widgets.controls import FINAL_STATES, Controls, render_status, run_summary
 from forge_nb.widgets.curves import Curves
 from forge_nb.widgets.explorer import Explorer
 from forge_nb.widgets.health import HealthGrid, render_health, snapshot
@@ -99,6 +100,10 @@ class Dashboard:
         while True:
             await asyncio.sleep(self.poll_interval)
             self.tick()
+            if run_summary(self.run)["state"] in FINAL_STATES:  # drawn as shut down; nothing will change
+                self._task = None
+                self.stop()
+                return
 
     @property
     def _explorer_open(self) -> bool:

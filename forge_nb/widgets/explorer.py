@@ -19,6 +19,9 @@ import ipywidgets as w
 from forge_nb.widgets._errors import ErrorLog
 
 Episode = dict[str, Any]
+#: The version dropdown's value for "every version". Not None: ipywidgets' Dropdown takes a None value
+#: for "nothing selected" and shows a blank box instead of the option's label.
+ALL = "all"
 
 
 def _num(value: Any) -> str:
@@ -88,7 +91,7 @@ class Explorer:
         self.run = run
         self.pool = pool
         small = w.Layout(width="150px")
-        self.version = w.Dropdown(options=[("all", None)], value=None, description="version", layout=small,
+        self.version = w.Dropdown(options=[("all", ALL)], value=ALL, description="version", layout=small,
                                   style={"description_width": "55px"})
         self.min_reward = w.Text(placeholder="min", description="reward", layout=small,
                                  style={"description_width": "55px"}, continuous_update=False)
@@ -113,10 +116,16 @@ class Explorer:
         self.widget = w.VBox([filters, self.table, w.HTML("<b>one prompt across versions</b>"), self.prompt,
                               self.compare])
 
+    @property
+    def selected_version(self) -> int | None:
+        """The version filter for ``run.episodes`` (None: every version)."""
+        value = self.version.value
+        return None if value == ALL or value is None else int(value)
+
     def refresh(self) -> None:
         self._seen_version = getattr(self.run, "version", None)
         lo, hi = _bound(self.min_reward.value, "min reward"), _bound(self.max_reward.value, "max reward")
-        episodes = list(self.run.episodes(n=int(self.n.value), version=self.version.value,
+        episodes = list(self.run.episodes(n=int(self.n.value), version=self.selected_version,
                                           min_reward=lo, max_reward=hi))
         self.table.value = render_episodes(episodes)
         self._pool = list(self.run.episodes(n=self.pool))
@@ -124,8 +133,8 @@ class Explorer:
         try:
             versions = sorted({e.get("version") for e in self._pool if e.get("version") is not None})
             current = self.version.value
-            options = [("all", None)] + [(str(v), v) for v in versions]
-            if current is not None and current not in versions:
+            options: list[tuple[str, Any]] = [("all", ALL)] + [(str(v), v) for v in versions]
+            if current != ALL and current not in versions:
                 options.append((str(current), current))
             if options != list(self.version.options):
                 self.version.options = options

@@ -12,21 +12,27 @@ while the Run lives on the kernel's event loop, so the two meet only through thr
   a snapshot that the next tick renders: a busy kernel delays the grid, never blocks the server;
 - buttons call the run's methods on the kernel loop (:class:`LoopCaller`), awaiting coroutines there.
 
+The server around it (``serve``) is in ``forge_nb.widgets.panel_server``.
+
 panel is imported inside the functions: ``import forge_nb.widgets`` stays light.
 """
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 import traceback
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 from forge_nb.widgets._calls import LoopCaller, kernel_loop
-from forge_nb.widgets.controls import ACTIONS, read_hparams, render_status, run_summary
+from forge_nb.widgets.controls import (
+    ACTIONS,
+    FINAL_STATES,
+    parse_text,
+    read_hparams,
+    render_status,
+    run_summary,
+    shown_text,
+)
 from forge_nb.widgets.curves import Curves, panel_curves_view
 from forge_nb.widgets.explorer import _bound, render_compare, render_episodes
 from forge_nb.widgets.health import render_health, snapshot
@@ -60,7 +66,7 @@ class PanelDashboard:
         self.hparams_row = pn.Row()
         self.health = pn.pane.HTML(render_health({}, None), sizing_mode="stretch_width")
         # The notebook's canvas curves; plotly cost the browser ~40% of two cores (bench/RESULTS.md).
-        self.curves = Curves(view=panel_curves_view()(height=760, sizing_mode="stretch_width"),
+        self.curves = Curves(view=panel_curves_view()(height=860, sizing_mode="stretch_width"),
                              on_error=lambda e: self._report("curves", e))
         self.plot = self.curves.widget
         self.version = pn.widgets.Select(label="version", options={"all": None}, width=120)
@@ -163,6 +169,9 @@ class PanelDashboard:
             status = render_status(latest["summary"])
             if status != self.status.object:
                 self.status.object = status
+            final = latest["summary"]["state"] in FINAL_STATES  # nothing left to control
+            for button in (*self.buttons.values(), self.apply):
+                button.disabled = final
             health = render_health(latest["health"], latest["version"])
             if health != self.health.object:
                 self.health.object = health
@@ -170,8 +179,8 @@ class PanelDashboard:
             if hparams.keys() != self._hparams.keys():
                 self._build_inputs(hparams)
             for k, widget in self.hparam_inputs.items():  # follow the run unless the user is editing
-                if hparams[k] != self._hparams.get(k) and widget.value == self._hparams.get(k):
-                    widget.value = hparams[k]
+                if hparams[k] != self._hparams.get(k) and self._value(k) == self._hparams.get(k):
+                    widget.value = shown_text(hparams[k]) if isinstance(widget.value, str) else hparams[k]
             self._hparams = hparams
         episodes, self._episodes = self._episodes, None
         if episodes is not None:
@@ -199,14 +208,22 @@ class PanelDashboard:
                 self.hparam_inputs[k] = pn.widgets.IntInput(label=k, value=v, width=110)
             elif isinstance(v, float):
                 self.hparam_inputs[k] = pn.widgets.FloatInput(label=k, value=v, width=110)
+            else:  # None (unset) or text: read back by parse_text
+                text = pn.widgets.TextInput(label=k, value=shown_text(v), placeholder="None", width=110)
+                self.hparam_inputs[k] = text
         self.hparams_row.objects = [*self.hparam_inputs.values(), self.apply] if self.hparam_inputs else []
 
     def _clicked(self, action: str) -> None:
         args = (int(self.step_n.value),) if action == "step" else ()
         self.caller.call(f"run.{action}", getattr(self.run, action), *args)
 
+    def _value(self, name: str) -> Any:
+        """An input's value as the run takes it."""
+        widget = self.hparam_inputs[name]
+        return parse_text(widget.value, self._hparams.get(name)) if isinstance(widget.value, str) else widget.value
+
     def _apply(self) -> None:
-        changes = {k: w.value for k, w in self.hparam_inputs.items() if w.value != self._hparams.get(k)}
+        changes = {k: v for k in self.hparam_inputs if (v := self._value(k)) != self._hparams.get(k)}
         if changes:
             self.caller.call("run.set", self.run.set, **changes)
 
@@ -226,49 +243,3 @@ def panel_app(run: Any, loop: Any = None) -> Any:
     view = PanelDashboard(run, loop=loop or kernel_loop())
     view.layout.dashboard = view  # type: ignore[attr-defined]
     return view.layout
-
-
-@dataclass
-class PanelServer:
-    """A running panel server: ``url``, ``stop()``."""
-
-    url: str
-    port: int
-    thread: threading.Thread
-
-    def stop(self, timeout: float = 10.0) -> None:
-        stop = getattr(self.thread, "stop", None)
-        if stop is not None and self.thread.is_alive():
-            stop()
-        self.thread.join(timeout)
-
-    def _repr_html_(self) -> str:
-        return f"<a href='{self.url}' target='_blank'>{self.url}</a>"
-
-
-def serve(run: Any, port: int = 0, show: bool = False, timeout: float = 30.0) -> PanelServer:
-    """Serve the panel app of ``run`` on 127.0.0.1 (a free port when ``port=0``) from a thread."""
-    import panel as pn
-
-    loop = kernel_loop()
-    port = port or _free_port()
-    thread = pn.serve(lambda: panel_app(run, loop=loop), port=port, address="127.0.0.1",
-                      websocket_origin=[f"127.0.0.1:{port}", f"localhost:{port}"], show=show,
-                      threaded=True, verbose=False, title=f"forge_nb {getattr(run, 'name', '')}")
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError(f"the panel server did not start on 127.0.0.1:{port} within {timeout}s; "
-                                   "is the port taken? pass another port=") from None
-            time.sleep(0.05)
-    return PanelServer(url=f"http://127.0.0.1:{port}/", port=port, thread=thread)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

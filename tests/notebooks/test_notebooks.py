@@ -21,28 +21,56 @@ def _runner():
     return module
 
 
-def test_every_notebook_source_converts():
+def test_every_notebook_source_converts_with_one_parameters_cell_and_no_test_plumbing():
     runner = _runner()
     assert len(NOTEBOOKS) == 7
     for path in NOTEBOOKS:
-        nb = runner.to_notebook(path.read_text())
+        source = path.read_text()
+        assert "FORGE_NB_" not in source and "os.environ" not in source, path.name  # reads like the README
+        nb = runner.to_notebook(source)
         kinds = [c.cell_type for c in nb.cells]
         assert kinds[0] == "markdown" and "code" in kinds, path.name
         for cell in nb.cells:
             if cell.cell_type == "code":
                 assert not cell.source.startswith("# %%"), path.name
+        (params,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+        assert params.source.startswith("STEPS = "), path.name
+    quickstart = runner.to_notebook((ROOT / "example_notebooks" / "01_quickstart.py").read_text())
+    assert "%forge_spawn quickstart" in [c.source for c in quickstart.cells]  # as in the README
+
+
+def test_the_runner_overrides_the_parameters_cell_and_refuses_an_unknown_name():
+    runner = _runner()
+    nb = runner.to_notebook((ROOT / "example_notebooks" / "01_quickstart.py").read_text())
+    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    runner.inject_parameters(nb, STEPS=3)
+    injected = nb.cells[at + 1]
+    assert injected.metadata["tags"] == ["injected-parameters"] and injected.source.endswith("\nSTEPS = 3")
+    namespace: dict = {}
+    exec(nb.cells[at].source + "\n" + injected.source, namespace)  # the order the kernel runs them in
+    assert namespace["STEPS"] == 3
+    with pytest.raises(ValueError, match="not set in the notebook's parameters cell"):
+        runner.inject_parameters(nb, STEP=3)
+    del nb.cells[at]
+    with pytest.raises(ValueError, match="tag exactly one"):
+        runner.inject_parameters(nb, STEPS=3)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_executes(path, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     runner = _runner()
+    before = set((ROOT / "example_notebooks").iterdir())
     result = runner.execute(path, tmp_path / "outputs", steps=3, timeout=600)
     nb = json.loads(Path(result["notebook"]).read_text())
     errors = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
     assert not errors, errors[0]
+    assert any("STEPS = 3" in "".join(c["source"]) for c in nb["cells"]
+               if "injected-parameters" in c["metadata"].get("tags", []))
     assert result["report"] and Path(result["report"]).stat().st_size > 10_000
     assert result["final_reward"] is not None and 0.0 <= result["final_reward"] <= 1.0
+    assert result["run_dirs"] and all(Path(d).is_relative_to(tmp_path) for d in result["run_dirs"])
+    assert set((ROOT / "example_notebooks").iterdir()) == before  # no runs/ beside the sources
     rows = (Path(result["run_dir"]) / "metrics.jsonl").read_text().splitlines()
     assert len(rows) >= 3

@@ -19,6 +19,8 @@ import pytest_asyncio
 
 import forge_nb
 from forge_nb.widgets import Dashboard, dashboard, panel_app, serve
+from forge_nb.widgets.controls import render_status
+from forge_nb.widgets.explorer import ALL
 from tests.waiting import waiter
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600), pytest.mark.asyncio(loop_scope="module")]
@@ -86,6 +88,11 @@ async def test_buttons_and_inputs_drive_the_run(run) -> None:
         b["pause"].click()
         assert await _until(lambda: run.state == "paused" and run.training_idle.is_set())  # no step in flight
 
+        for name, inp in d.controls.inputs.items():  # JupyterLab's UI font: ~7.5px a character
+            assert int(inp.style.description_width.removesuffix("px")) >= 7.5 * len(name), name
+        assert "max_policy_age" in d.controls.inputs
+        assert d.controls.edited() == {}  # every input, None-valued ones (norm_len) too, shows the run's value
+
         d.controls.inputs["lr"].value = 2e-3
         d.controls.apply.click()
         d.controls.step_n.value = 2
@@ -110,8 +117,10 @@ async def test_explorer_filters_the_runs_episodes_and_compares_a_prompt_across_v
     d = Dashboard(run)
     try:
         ex = d.explorer
+        assert (ex.version.label, ex.version.index) == ("all", 0)  # not a blank box
         ex.n.value = 1000
         ex.refresh()
+        assert (ex.version.label, ex.version.index) == ("all", 0) and len(ex.version.options) > 2
         episodes = run.episodes(1000)
         assert episodes and ex.table.value.count("<tr>") == 1 + len(episodes)
         versions = sorted({e["version"] for e in episodes})
@@ -119,7 +128,8 @@ async def test_explorer_filters_the_runs_episodes_and_compares_a_prompt_across_v
         ex.version.value = versions[-1]
         newest = run.episodes(1000, version=versions[-1])
         assert ex.table.value.count("<tr>") == 1 + len(newest)
-        ex.version.value = None
+        ex.version.value = ALL
+        assert ex.version.label == "all" and ex.table.value.count("<tr>") == 1 + len(episodes)
         ex.min_reward.value = "0.5"
         assert ex.table.value.count("<tr>") == 1 + len(run.episodes(1000, min_reward=0.5))
         ex.min_reward.value = "abc"
@@ -285,3 +295,39 @@ async def test_the_stop_button_stops_the_run(run) -> None:
         assert "data-state='stopped'" in d.controls.status.value
     finally:
         d.close()
+
+
+def _badge(status_html: str) -> str:
+    return re.search(r"class='forge-state-badge' style='background:(#[0-9a-f]{6})", status_html).group(1)
+
+
+async def test_after_shutdown_the_controls_are_disabled_and_the_panel_app_stops_serving(run) -> None:
+    server = serve(run)
+    d = Dashboard(run, poll_interval=0.05)
+    layout = panel_app(run)
+    view = layout.dashboard
+    try:
+        assert server.serving and not any(b.disabled for b in view.buttons.values())
+        await run.shutdown()  # what %forge_shutdown calls
+        assert await _until(lambda: not server.serving, timeout=30)
+        with pytest.raises(OSError):
+            urllib.request.urlopen(server.url, timeout=2)
+        assert await _until(lambda: not d.polling, timeout=10)  # drawn once more, then the poll task ends
+        c = d.controls
+        assert "data-state='shut down'" in c.status.value
+        assert all(b.disabled for b in c.buttons.values()) and c.apply.disabled and c.step_n.disabled
+        assert all(inp.disabled for inp in c.inputs.values())
+        ready = render_status({"name": "x", "state": "ready", "step": 0, "version": 0, "error": None})
+        assert _badge(c.status.value) != _badge(ready)
+
+        view._request_snapshot()
+        await asyncio.sleep(0.1)  # the snapshot is taken on this (the kernel's) loop
+        view._tick()
+        assert "data-state='shut down'" in view.status.object
+        assert all(b.disabled for b in view.buttons.values()) and view.apply.disabled
+        with pytest.raises(ValueError, match="is shut down"):
+            serve(run)
+    finally:
+        d.close()
+        view.close()
+        await asyncio.to_thread(server.stop)

@@ -70,3 +70,14 @@ async def test_healthturns_recovering_within_a_second_then_healthy_again(runtime
     finally:
         health.close()
         await svc.shutdown()
+
+
+def test_every_state_has_a_colour_of_its_own() -> None:
+    from forge_nb.widgets.controls import STATE_COLORS, render_status
+    from forge_nb.widgets.health import COLORS
+
+    assert len(set(COLORS.values())) == len(COLORS)  # replica states
+    assert len(set(STATE_COLORS.values())) == len(STATE_COLORS)  # run states
+    for state in ("ready", "running", "paused", "stopped", "failed", "shut down"):
+        html = render_status({"name": "r", "state": state, "step": 1, "version": 0, "error": None})
+        assert f"background:{STATE_COLORS[state]}" in html and f"data-state='{state}'" in html
