@@ -5,13 +5,14 @@ Every mistake becomes a ``UsageError`` whose message says what to write instead.
 
 from __future__ import annotations
 
-import importlib
 import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 from IPython.core.error import UsageError
+
+from forge_nb._importpath import import_path
 
 _FLOAT = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)[eE][-+]?\d+")
 
@@ -55,11 +56,10 @@ def resolve_config(spec: str, user_ns: dict[str, Any]) -> Any:
             raise UsageError(f"{spec!r}: no such YAML file (relative paths start at {str(Path.cwd())!r})")
         return _checked(lambda: from_yaml(Path(spec)), spec)
     if ":" in spec:
-        module, _, attr = spec.partition(":")
         try:
-            factory = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise UsageError(f"{spec!r}: cannot load {attr!r} from module {module!r} ({e})") from None
+            factory = import_path(spec, label="recipe")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         return _as_config(_checked(factory, spec), spec)
     known = _recipes()
     if spec in known:
@@ -151,11 +151,10 @@ def actor_classes(items: list[str], user_ns: dict[str, Any]) -> dict[str, type]:
         if spec in user_ns:
             cls = user_ns[spec]
         elif ":" in spec:
-            module, _, attr = spec.partition(":")
             try:
-                cls = getattr(importlib.import_module(module), attr)
-            except (ImportError, AttributeError) as e:
-                raise UsageError(f"--actor {item!r}: cannot load {attr!r} from module {module!r} ({e})") from None
+                cls = import_path(spec, label=f"--actor {service}")
+            except ValueError as e:
+                raise UsageError(str(e)) from None
         else:
             raise UsageError(f"--actor {item!r}: {spec!r} is neither a variable nor 'package.module:Class'")
         if not (isinstance(cls, type) and issubclass(cls, ForgeActor)):
