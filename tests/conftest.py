@@ -44,6 +44,17 @@ async def runtime():
     assert not [p for p in pids if pid_alive(p)], "a test left processes running"
 
 
+@pytest.fixture
+async def no_store(runtime, tmp_path, monkeypatch):
+    """No torchstore and no store lease before or after (another test's may linger in this process)."""
+    from forge_nb import weights
+
+    monkeypatch.setenv("FORGE_NB_SHM_DIR", str(tmp_path / "shm"))
+    await weights.shutdown_store()
+    yield
+    await weights.shutdown_store()
+
+
 # -- ending the test process ---------------------------------------------------------------------------
 # monarch 0.7's exit-time teardown can turn a passing session into exit status 1, printing nothing (see
 # runtime.end_process). So the session ends here, with pytest's own status, once everything pytest

@@ -75,15 +75,6 @@ async def test_a_failed_start_leases_nothing_and_a_dead_resource_is_started_agai
 # -- the kernel's torchstore ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def no_store(runtime, tmp_path, monkeypatch):
-    """No store and no store lease before or after (another test's may linger in this process)."""
-    monkeypatch.setenv("FORGE_NB_SHM_DIR", str(tmp_path / "shm"))
-    await weights.shutdown_store()
-    yield
-    await weights.shutdown_store()
-
-
 def _store_mesh():
     (mesh,) = [m for m in rt.meshes() if m.owner == "torchstore"]
     return mesh

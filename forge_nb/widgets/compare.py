@@ -30,6 +30,7 @@ import ipywidgets as w
 from forge_nb.widgets._calls import kernel_loop
 from forge_nb.widgets._errors import ErrorLog
 from forge_nb.widgets._series import MARKS, CurveData, Panel, Row, Trace, mark_of
+from forge_nb.widgets._view import LiveView
 from forge_nb.widgets.curves import PALETTE, Curves
 
 DEFAULT_METRICS = ("reward/mean", "loss", "kl", "entropy")
@@ -113,7 +114,7 @@ class RunsCurves(Curves):
                 "width": 2 if t.kind == "line" else 1, "dash": False, "smooth": t.kind == "line"}
 
 
-class Compare:
+class Compare(LiveView):
     """Several runs' curves, live; display it (last expression of a cell), ``add`` a run, ``close()``."""
 
     def __init__(self, *runs: Any, metrics: Iterable[str] | str = DEFAULT_METRICS,
@@ -206,16 +207,6 @@ class Compare:
         items = " &nbsp; ".join(f"<span style='color:{self.data.colors[n]}'>&#9632;</span> <b>{html.escape(n)}</b>"
                                 for n in self.runs)
         return f"<div class='forge-compare-legend'>{items or '<i>no runs yet: cmp.add(run)</i>'}</div>"
-
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        bundle = self.widget._repr_mimebundle_()
-        bundle["text/html"] = self.to_html()  # what a viewer without a widget manager shows
-        display(bundle, raw=True)
-
-    def _repr_html_(self) -> str:
-        return self.to_html()
 
     def to_html(self) -> str:
         """A static table: each run's state and, per metric, its last value and the step it was recorded at."""

@@ -25,6 +25,7 @@ import ipywidgets as w
 
 from forge_nb.widgets._calls import LoopCaller, kernel_loop
 from forge_nb.widgets._errors import ErrorLog
+from forge_nb.widgets._view import LiveView
 from forge_nb.widgets.controls import FINAL_STATES, Controls, render_status, run_summary
 from forge_nb.widgets.curves import Curves
 from forge_nb.widgets.explorer import Explorer
@@ -33,7 +34,7 @@ from forge_nb.widgets.health import HealthGrid, render_health, snapshot
 _live: dict[int, Dashboard] = {}  # id(run) -> its open dashboard, for dashboard(run)
 
 
-class Dashboard:
+class Dashboard(LiveView):
     """Live dashboard of ``run``; display it (last expression of a cell) or call ``display()``."""
 
     def __init__(self, run: Any, *, poll_interval: float = 1.0, update_interval: float = 0.25,
@@ -155,16 +156,6 @@ class Dashboard:
         _close_tree(self.widget)
 
     # -- display ---------------------------------------------------------------------------------
-
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        bundle = self.widget._repr_mimebundle_()
-        bundle["text/html"] = self.to_html()  # what a viewer without a widget manager shows
-        display(bundle, raw=True)
-
-    def _repr_html_(self) -> str:
-        return self.to_html()
 
     def to_html(self) -> str:
         """A static HTML snapshot: run state, replica health, the latest value of every metric, events."""

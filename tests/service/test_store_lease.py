@@ -11,15 +11,6 @@ from tests.store_actors import WeightsUser
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture
-async def no_store(runtime, tmp_path, monkeypatch):
-    """No store and no store lease before or after (another test's may linger in this process)."""
-    monkeypatch.setenv("FORGE_NB_SHM_DIR", str(tmp_path / "shm"))
-    await weights.shutdown_store()
-    yield
-    await weights.shutdown_store()
-
-
 async def test_a_service_starts_the_store_and_its_shutdown_stops_it(no_store, runtime):
     assert not weights.store_running()
     svc = await WeightsUser.options(num_replicas=2).as_service(namespace="policy-svc")
