@@ -50,10 +50,11 @@ class MetricsStore:
     # -- recording --------------------------------------------------------------------------------
 
     def record(self, step: int, values: dict[str, Any]) -> Row:
-        """Record one step's values (non-numbers are dropped; NaN is kept as NaN)."""
+        """Record one step's values (non-numbers are dropped; NaN is kept as NaN). ``step`` and ``time``
+        are the row's own: a value under either name is dropped, never allowed to renumber the row."""
         row: Row = {"step": int(step), "time": time.time()}
         for key, value in values.items():
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if key in ("step", "time") or isinstance(value, bool) or not isinstance(value, int | float):
                 continue
             row[key] = float(value)
         self.rows.append(row)

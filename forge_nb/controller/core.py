@@ -52,6 +52,7 @@ from forge_nb.controller.episodes import episode_metrics, episode_row, evaluate
 from forge_nb.controller.hot import HotChanges
 from forge_nb.controller.ledger import Ledger
 from forge_nb.controller.quarantine import QuarantineWatch
+from forge_nb.controller.sft import SupervisedLoop
 from forge_nb.controller.weight_sync import WeightSync
 from forge_nb.metrics import MetricsStore
 from forge_nb.rl import Episode, ReplayBuffer, collate
@@ -62,7 +63,7 @@ logger = logging.getLogger(__name__)
 EpisodeFn = Callable[[Any, dict[str, Any]], Awaitable[list[Episode]]]
 
 
-class Controller:
+class Controller(SupervisedLoop):
     """Loops, events and counters of one run (see the module docstring)."""
 
     def __init__(self, handle: Any, *, config: Any, trainer: Any, policy: Any, task: Any, buffer: ReplayBuffer,
@@ -346,6 +347,8 @@ class Controller:
     async def _record_step(self, out: dict[str, Any], t0: float, t1: float, wait_s: float) -> None:
         """Count the step, record its row, then the periodic work (evaluation, checkpoint)."""
         self.step += 1
+        if "step" in out:  # the trainer's own count of optimizer steps: it goes back with a rewind, ours does not
+            out["trainer/step"] = out.pop("step")
         out.update({"time/wait_batch_s": wait_s, "time/train_s": t1 - t0, "time/step_s": time.perf_counter() - t0,
                     "version": self.sync.version, "buffer/size": len(self.buffer)})
         out["tokens_per_s/train"] = (out.get("tokens") or 0) / max(t1 - t0, 1e-9)
@@ -378,31 +381,6 @@ class Controller:
         rate = self._gen_tokens / max(now - self._gen_since, 1e-9)
         self._gen_tokens, self._gen_since = 0, now
         return rate
-
-    async def _sft_loop(self) -> None:
-        """Supervised steps on ``sft_data`` with the RL loop's controls; every step's weights are published."""
-        try:
-            while True:
-                if not await self._step_boundary():
-                    continue
-                if await self._sft_one_step():  # a step lost with the trainer's process is not counted
-                    self._step_budget_spent()
-        finally:
-            self.training_idle.set()
-
-    async def _sft_one_step(self) -> bool:
-        t0 = time.perf_counter()
-        try:
-            results = await self.trainer.sft_step.call(self.sft_data.next_batch())
-        except ReplicaDied as error:
-            await self.recover_trainer(str(error))
-            return False
-        out = {**results[0].metrics, "sft": 1.0}
-        t1 = time.perf_counter()
-        if not self._skipped(out) and not await self._publish(out):
-            return False
-        await self._record_step(out, t0, t1, 0.0)
-        return True
 
     # -- checkpoints and the trainer's deaths -----------------------------------------------------
 

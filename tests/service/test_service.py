@@ -124,7 +124,8 @@ async def test_respawn_works_when_monarch_reports_the_death_before_the_watchdog(
 
 
 async def test_hung_replica_times_out_and_the_late_answer_is_discarded(runtime):
-    svc = await Worker.options(num_replicas=2, request_timeout=2.0, **FAST).as_service()
+    # under the watchdog's STOPPED_HANG_S (2 s), so the timeout, not the watchdog, finds it hung
+    svc = await Worker.options(num_replicas=2, request_timeout=1.0, **FAST).as_service()
     try:
         frozen = svc.replicas[1].mesh.pids[0]
         os.kill(frozen, signal.SIGSTOP)
