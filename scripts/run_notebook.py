@@ -96,7 +96,7 @@ def _rows(run_dir: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def _final_reward(run_dir: Path, last: int = 10) -> float | None:
+def _final_reward(run_dir: Path, last: int = 50) -> float | None:
     values = [r["reward/mean"] for r in _rows(run_dir) if "reward/mean" in r][-last:]
     return round(sum(values) / len(values), 4) if values else None
 
@@ -137,7 +137,7 @@ def main() -> int:
     print(f"executed notebook: {result['notebook']}")
     print(f"report:            {result['report']}")
     print(f"run directories:   {', '.join(result['run_dirs']) or 'none'}")
-    print(f"final reward:      {result['final_reward']} (mean of the last 10 steps) in {result['seconds']} s")
+    print(f"final reward:      {result['final_reward']} (mean of the last 50 steps) in {result['seconds']} s")
     return 0
 
 

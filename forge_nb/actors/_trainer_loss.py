@@ -131,7 +131,9 @@ def _aligned_loss(
         result = loss_fn(**kwargs)
     else:  # a PolicyLoss refuses beta > 0 without ref logprobs itself
         logprobs = compute_logprobs(logits, safe_targets, align=False)
-        kwargs = {"logits": logits.detach()} if _accepts(loss_fn, "logits") else {}
+        # the logits feed the entropy metric, detached, unless the loss trains on their entropy
+        trained = float(getattr(loss_fn, "entropy_coef", 0.0) or 0.0) > 0
+        kwargs = {"logits": logits if trained else logits.detach()} if _accepts(loss_fn, "logits") else {}
         result = loss_fn(logprobs, ref, gen, advantages, mask, **kwargs)
     return _with_entropy_and_kl(_loss_and_metrics(loss_fn, result), logits, mask)
 

@@ -1,5 +1,13 @@
 """The panel app served on 127.0.0.1: ``serve(run)`` returns a :class:`PanelServer` (``url``, ``stop()``).
 
+Only who holds the URL gets in, as with Jupyter's ``?token=``: the server runs Bokeh's signed sessions
+(``sign_sessions`` with a secret made for this server, ``generate_session_ids=False``), and the URL
+carries a session id signed with that secret. A request without it, or with any other, is answered
+403, and so is a websocket whose token is not signed with the secret (Bokeh checks both). Websockets
+are accepted only from the server's own origin (127.0.0.1 or localhost on its port). Bokeh's own
+mechanism was chosen over a hand-written request check (a tornado handler wrapper would have to cover
+every route Bokeh and panel add) and over panel's ``basic_auth`` (a login form, with no link to click).
+
 A served app ends with its run: ``serve`` listens to the run's metrics for the state event that
 ``run.shutdown()`` records ("shut down", as ``%forge_shutdown`` does it) and stops the server then,
 from a thread of its own (stopping waits for the server's thread). ``server.stop()`` ends it earlier.
@@ -24,6 +32,7 @@ class PanelServer:
     """A running panel server: ``url``, ``serving``, ``stop()``; it also stops when its run shuts down."""
 
     url: str
+    """The app's address with its signed session id: keep it to yourself, as a Jupyter token."""
     port: int
     thread: threading.Thread
     _unsubscribe: Callable[[], None] | None = field(default=None, repr=False)
@@ -54,17 +63,25 @@ class PanelServer:
 
 
 def serve(run: Any, port: int = 0, show: bool = False, timeout: float = 30.0) -> PanelServer:
-    """Serve the panel app of ``run`` on 127.0.0.1 (a free port when ``port=0``) from a thread."""
+    """Serve the panel app of ``run`` on 127.0.0.1 (a free port when ``port=0``) from a thread; its ``url``
+    holds the signed session id that lets a browser in (see the module docstring)."""
     import panel as pn
 
     state = run_summary(run)["state"]
     if state in FINAL_STATES:
         raise ValueError(f"serve(run): run {getattr(run, 'name', '')!r} is {state}; there is nothing left to show. "
                          "Spawn a new run (await forge_nb.spawn(config)) and serve that one")
+    from bokeh.util.token import generate_secret_key, generate_session_id
+
     loop = kernel_loop()
     port = port or _free_port()
+    secret = generate_secret_key().encode()
+    session_id = generate_session_id(secret_key=secret, signed=True)
+    url = f"http://127.0.0.1:{port}/?bokeh-session-id={session_id}"
+    # show=False here: opening a browser must wait for the server, and needs the signed URL
     thread = pn.serve(lambda: panel_app(run, loop=loop), port=port, address="127.0.0.1",
-                      websocket_origin=[f"127.0.0.1:{port}", f"localhost:{port}"], show=show,
+                      websocket_origin=[f"127.0.0.1:{port}", f"localhost:{port}"], show=False,
+                      sign_sessions=True, secret_key=secret, generate_session_ids=False,
                       threaded=True, verbose=False, title=f"forge_nb {getattr(run, 'name', '')}")
     deadline = time.monotonic() + timeout
     while True:
@@ -76,8 +93,12 @@ def serve(run: Any, port: int = 0, show: bool = False, timeout: float = 30.0) ->
                 raise RuntimeError(f"the panel server did not start on 127.0.0.1:{port} within {timeout}s; "
                                    "is the port taken? pass another port=") from None
             time.sleep(0.05)
-    server = PanelServer(url=f"http://127.0.0.1:{port}/", port=port, thread=thread)
+    server = PanelServer(url=url, port=port, thread=thread)
     server._unsubscribe = run.metrics.subscribe(server._stop_when_shut_down)
+    if show:
+        import webbrowser
+
+        webbrowser.open(url)
     return server
 
 

@@ -96,11 +96,11 @@ def test_run_trains_in_the_background_and_status_shows_it(kernel):
 
 
 def test_set_is_recorded_as_a_set_event(kernel):
-    assert "lr=0.001 applies at the next step boundary" in ok(kernel.run("%forge_set lr=1e-3")).stdout
+    assert "lr=0.002 applies at the next step boundary" in ok(kernel.run("%forge_set lr=2e-3")).stdout
     recorded, lr = value(kernel.run(
-        "_value(await _until(lambda: any(e['kind'] == 'set' and e['changes'] == {'lr': 0.001} "
+        "_value(await _until(lambda: any(e['kind'] == 'set' and e['changes'] == {'lr': 0.002} "
         "for e in run.metrics.events), 120), run.hparams['lr'])", timeout=180))
-    assert recorded and lr == 0.001
+    assert recorded and lr == 0.002
     wrong = kernel.run("%forge_set bogus=1")  # a UsageError is shown on stderr, without a traceback
     assert wrong.status == "error" and "UsageError: %forge_set: unknown name(s) ['bogus']; hot-changeable:" \
         in wrong.stderr, wrong

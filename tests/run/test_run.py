@@ -78,12 +78,12 @@ async def test_set_applies_at_the_next_step_boundary_and_is_recorded(run):
     with pytest.raises(ValueError, match="use_reference=True"):  # a KL penalty without a reference model
         run.set(beta=0.05)
     assert run.pending == {}  # a refused change queues nothing
-    run.set(lr=1e-3, temperature=0.7)
+    run.set(lr=2e-3, temperature=0.7)  # the recipe's lr is 1e-3
     await run.step(1)
     (event,) = [e for e in run.metrics.events if e["kind"] == "set"][-1:]
-    assert event["changes"] == {"lr": 1e-3, "temperature": 0.7}
-    assert run.hparams["lr"] == 1e-3 and run.sampling_overrides["temperature"] == 0.7
-    assert run.metrics.last("lr") == pytest.approx(1e-3)  # the trainer stepped with it
+    assert event["changes"] == {"lr": 2e-3, "temperature": 0.7}
+    assert run.hparams["lr"] == 2e-3 and run.sampling_overrides["temperature"] == 0.7
+    assert run.metrics.last("lr") == pytest.approx(2e-3)  # the trainer stepped with it
 
 
 async def test_episodes_are_inspectable(run):

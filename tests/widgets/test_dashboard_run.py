@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -284,6 +285,40 @@ async def test_the_served_panel_app_answers_on_localhost_and_stops(run) -> None:
     assert not server.thread.is_alive()
     with pytest.raises(OSError):
         urllib.request.urlopen(server.url, timeout=2)
+
+
+async def test_the_served_app_lets_in_only_its_signed_url_and_its_own_origin(run) -> None:
+    """No session id, an unsigned one or one signed with another secret: 403. A websocket from another
+    origin is refused even with the server's own token."""
+    from bokeh.util.token import generate_secret_key, generate_session_id
+    from tornado.httpclient import HTTPClientError, HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    server = serve(run)
+    try:
+        base = f"http://127.0.0.1:{server.port}/"
+        forged = generate_session_id(secret_key=generate_secret_key().encode(), signed=True)
+        for url in (base, f"{base}?bokeh-session-id=guessed", f"{base}?bokeh-session-id={forged}"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                await asyncio.to_thread(urllib.request.urlopen, url, timeout=60)
+            assert refused.value.code == 403, url
+
+        def page() -> str:
+            with urllib.request.urlopen(server.url, timeout=60) as r:
+                return r.read().decode()
+
+        token = re.search(r'"token":\s*"([^"]+)"', await asyncio.to_thread(page)).group(1)
+        for origin, allowed in (("http://evil.example", False), (f"http://127.0.0.1:{server.port}", True)):
+            request = HTTPRequest(f"ws://127.0.0.1:{server.port}/ws", headers={"Origin": origin})
+            if allowed:
+                ws = await websocket_connect(request, subprotocols=["bokeh", token])
+                ws.close()
+            else:
+                with pytest.raises(HTTPClientError) as refused:
+                    await websocket_connect(request, subprotocols=["bokeh", token])
+                assert refused.value.code == 403
+    finally:
+        await asyncio.to_thread(server.stop)
 
 
 async def test_the_stop_button_stops_the_run(run) -> None:

@@ -23,6 +23,7 @@ below kl_target / 1.5 and doubled when it is above kl_target * 1.5, within [1e-4
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import InitVar, dataclass, fields
 from typing import ClassVar, NamedTuple
@@ -77,6 +78,11 @@ class PolicyLoss(ABC):
     """Adapt beta towards kl_target across training calls (PPO's adaptive KL); needs ref_logprobs."""
     kl_target: float = 0.01
     """The per-token KL (k3, token mean) that adaptive_kl steers towards."""
+    entropy_coef: float = 0.0
+    """Weight of an entropy bonus, ``loss - entropy_coef * H`` with H the mean entropy of the sampled
+    distribution over the trained tokens; 0 disables it. It keeps a small policy from collapsing onto one
+    answer (a group of identical samples has no advantage, so no gradient, ever again). Needs the logits
+    with their gradients: the trainer passes them whenever this is > 0."""
     agg_type: InitVar[str | None] = None
     """torchforge's name for `agg` ("token_mean", "sequence_mean", "fixed_horizon"); sets agg."""
 
@@ -102,6 +108,10 @@ class PolicyLoss(ABC):
                 f"{owner}.norm_len must be an int >= 1 or None, got {self.norm_len!r}; use the maximum "
                 "response length in tokens"
             )
+        coef = self.entropy_coef
+        if isinstance(coef, bool) or not isinstance(coef, int | float) or not math.isfinite(coef) or coef < 0:
+            raise ValueError(f"{owner}.entropy_coef must be a finite number >= 0, got {coef!r}; e.g. 0.01, "
+                             "or 0 for no entropy bonus")
         if self.adaptive_kl:
             if not self.kl_target > 0:
                 raise ValueError(f"{owner}.kl_target must be > 0 with adaptive_kl=True, got {self.kl_target!r}")
@@ -201,7 +211,15 @@ class PolicyLoss(ABC):
             if self.adaptive_kl and torch.is_grad_enabled():
                 self.beta = _adapted_beta(self.beta, metrics["kl/k3"], self.kl_target)
         metrics.update(_ratio_metrics(terms))
-        if logits is not None:
+        if self.entropy_coef > 0:
+            if logits is None:
+                raise ValueError(f"{owner}: entropy_coef={self.entropy_coef} needs the logits (logits=, with "
+                                 "their gradients); pass them or set entropy_coef=0")
+            entropy = masked_mean(entropy_from_logits(logits), valid)
+            loss = loss - self.entropy_coef * entropy
+            metrics["loss/entropy_bonus"] = self.entropy_coef * entropy.detach().item()
+            metrics["entropy"] = entropy.detach().item()
+        elif logits is not None:
             with torch.no_grad():
                 metrics["entropy"] = masked_mean(entropy_from_logits(logits.detach()), valid).item()
         metrics["loss/total"] = loss.detach().item()
