@@ -183,7 +183,8 @@ class Service:
         tried: set[int] = set()
         deaths = 0
         while True:
-            replica = await self._pick(tried, sessions.get(self._id) if in_session else None)
+            sticky = sessions.get(self._id) if in_session else None
+            replica = self._pick_now(tried, sticky) or await self._wait_for_replica(tried, sticky)
             if in_session:
                 sessions[self._id] = replica.index
             try:
@@ -198,18 +199,36 @@ class Service:
                 logger.info("%s.%s: %s died mid-request; retrying elsewhere",
                             self.name, endpoint, replica.name)
 
-    async def _pick(self, avoid: set[int], sticky: int | None) -> Replica:
-        deadline = time.monotonic() + self.options.route_wait_timeout
-        while True:
-            if sticky is not None and self.replicas[sticky].healthy:
-                return self.replicas[sticky]
-            healthy = [r for r in self.replicas if r.healthy]
-            preferred = [r for r in healthy if r.index not in avoid] or healthy
-            if preferred:
-                least = min(r.in_flight for r in preferred)
-                tied = [r for r in preferred if r.in_flight == least]
+    def _pick_now(self, avoid: set[int], sticky: int | None) -> Replica | None:
+        """The sticky replica if healthy; else the least loaded healthy one not in ``avoid`` (round robin
+        among ties), or any healthy one when all are in ``avoid``; None when none is healthy."""
+        replicas = self.replicas
+        if sticky is not None and replicas[sticky].state == "healthy":
+            return replicas[sticky]
+        tied: list[Replica] = []
+        least = -1
+        for fallback in (False, True):  # first without the replicas to avoid, then with them
+            for r in replicas:
+                if r.state != "healthy" or (r.index in avoid and not fallback):
+                    continue
+                if not tied or r.in_flight < least:
+                    tied, least = [r], r.in_flight
+                elif r.in_flight == least:
+                    tied.append(r)
+            if tied:
                 self._rr += 1
                 return tied[self._rr % len(tied)]
+            if not avoid:
+                return None
+        return None
+
+    async def _wait_for_replica(self, avoid: set[int], sticky: int | None) -> Replica:
+        """The first replica to become healthy, within ``route_wait_timeout``; NoHealthyReplica if none."""
+        deadline = time.monotonic() + self.options.route_wait_timeout
+        while True:
+            replica = self._pick_now(avoid, sticky)
+            if replica is not None:
+                return replica
             if all(r.state in ("failed", "stopped") for r in self.replicas):
                 raise NoHealthyReplica(self._down_message("and none is coming back"))
             remaining = deadline - time.monotonic()
@@ -225,7 +244,7 @@ class Service:
         return f"service {self.name!r} has no healthy replica {tail}: {states}"
 
     async def _fanout(self, endpoint: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-        healthy = [r for r in self.replicas if r.healthy] or [await self._pick(set(), None)]
+        healthy = [r for r in self.replicas if r.healthy] or [await self._wait_for_replica(set(), None)]
         all_ranks = self.options.procs > 1
         results = await asyncio.gather(*(r.call(endpoint, args, kwargs, all_ranks) for r in healthy),
                                        return_exceptions=True)
