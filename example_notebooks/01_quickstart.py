@@ -34,15 +34,18 @@ STEPS = 250  # training steps for the %forge_step cell below
 %forge_status
 
 # %% [markdown]
-# Change a hyperparameter between steps (it is marked on the curves), then train an exact number
-# of steps. Interrupting this cell stops only the waiting, never the run. Here the entropy bonus is
-# halved: the recipe's loss is GRPO with `entropy_coef=0.05`, which keeps the policy from settling
-# on one wrong answer for a letter (a group of identical samples has advantage 0, so no gradient,
-# for good); once most letters are learned, a smaller bonus lets the policy sharpen.
+# Train an exact number of steps. Interrupting this cell stops only the waiting, never the run.
 
 # %%
-%forge_set entropy_coef=0.025
 %forge_step {STEPS}
+
+# %% [markdown]
+# Change a hyperparameter between steps: it applies at the next step boundary and is marked on the
+# curves. Here the learning rate is halved for a last stretch, as a schedule would do near the end.
+
+# %%
+%forge_set lr=3.5e-4
+%forge_step 25
 
 # %%
 %forge_episodes -n 8

@@ -84,8 +84,12 @@ def test_the_common_issue_snippets_load_or_name_what_is_unsupported():
     assert cpu_ref.use_reference and cpu_ref.reference.with_gpus is False
     smaller = from_yaml(blocks["# Reduce batch size"])
     assert (smaller.group_size, smaller.max_req_tokens, smaller.max_res_tokens) == (4, 1024, 1024)
-    with pytest.raises(ValueError, match=r"training\.entropy_coef: .*not supported"):
-        from_yaml(blocks["# Increase KL penalty"])
+    with pytest.raises(ValueError, match=r"beta=0.2, which needs reference logprobs: set use_reference=True"):
+        from_yaml(blocks["# Increase KL penalty"])  # as written, without a reference model
+    solutions = from_yaml(blocks["# Increase KL penalty"] + "\nref_model: {model: {name: qwen3}}\n")
+    assert solutions.trainer.loss_config == {"beta": 0.2, "entropy_coef": 0.01}
+    with pytest.raises(ValueError, match=r"entropy_coef must be a finite number >= 0, got -1"):
+        from_yaml("training: {entropy_coef: -1}")
 
 
 # Written for this test with the keys of torchforge's apps/grpo/qwen3_1_7b.yaml (other values).

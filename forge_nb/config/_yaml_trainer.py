@@ -80,10 +80,9 @@ class TrainerSections(Tree):
     def _training(self, value: Any) -> None:
         refused = {
             "sync_interval": "forge_nb syncs weights after every step (bounded by max_policy_age); not supported",
-            "entropy_coef": "forge_nb's losses have no entropy bonus; not supported",
         }
         t = section(value, "training", ("batch_size", "learning_rate", "seq_len", "dtype",
-                                        "gradient_accumulation_steps"), refused)
+                                        "gradient_accumulation_steps", "entropy_coef"), refused)
         steps = t.get("gradient_accumulation_steps", 1)
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ValueError(f"training.gradient_accumulation_steps={steps!r}: an int >= 1")
@@ -93,6 +92,9 @@ class TrainerSections(Tree):
         if steps != 1:
             self.put("trainer.extra.training.gradient_accumulation_steps", steps,
                      "training.gradient_accumulation_steps")
+        if "entropy_coef" in t:  # the skill card's "add entropy bonus": a field of forge_nb's losses
+            self.put("trainer.loss_config.entropy_coef", number(t["entropy_coef"], "training.entropy_coef"),
+                     "training.entropy_coef")
         if "learning_rate" in t:
             self.put("trainer.lr", number(t["learning_rate"], "training.learning_rate"), "training.learning_rate")
         if "seq_len" in t:

@@ -13,14 +13,15 @@ def quickstart(**overrides: Any) -> RunConfig:
 
     Keyword arguments replace top-level fields (``quickstart(name="mine", batch_size=32)``).
 
-    Why lr=1e-3 and group_size=4 (``bench/learning_curve.py``, 250 steps, seeds 0-2): with lr=3e-3 and
-    groups of 8 (2 prompts a step) entropy fell to ~0.005 by step 125 and some letters ended with every
-    sample the same wrong answer: advantage 0, no gradient, unsolved for good (last-50 reward 0.59, 3 of 8
-    letters at 0). A smaller step slows the collapse; groups of 4 put 4 prompts in each batch of 16, so
-    every letter gets a gradient often (lr=1e-3 with groups of 8 still lost 2 letters on seed 2). These two
-    end well on seeds 0 and 2 but left one letter at 0 on seed 1 (last-50 0.85); adding an entropy bonus
-    of 0.05 (the loss's ``entropy_coef``) ended well on all three: last-50 reward 0.98-0.99, every letter
-    >= 0.90, entropy 0.03-0.06, 0.8 reached by step 65-78.
+    Why lr=7e-4 and group_size=4 (``bench/learning_curve.py``, 250 steps; the runs are in bench/RESULTS.md):
+    with lr=3e-3 and groups of 8 (2 prompts a step) entropy fell to ~0.005 by step 125 and some letters
+    ended with every sample the same wrong answer: advantage 0, no gradient, unsolved for good (last-50
+    reward 0.59, 3 of 8 letters at 0). Groups of 4 put 4 prompts in each batch of 16, so every letter gets
+    a gradient often, and a smaller step slows the collapse: lr=1e-3 ended well in 4 runs of 5 (one left a
+    letter at 0), lr=7e-4 in every run, 0.8 reached by step ~80. An entropy bonus (the losses'
+    ``entropy_coef``) made it worse here: once most groups are solved their advantages are 0, the bonus is
+    the only gradient left, Adam scales it up, and solved letters were knocked back to 0 (0.05 and 0.1 each
+    left a letter unsolved on seed 0).
     """
     fields: dict[str, Any] = dict(
         name="quickstart",
@@ -35,8 +36,7 @@ def quickstart(**overrides: Any) -> RunConfig:
         # float32 like the trainer, so generator logprobs (the ratio's denominator) match its own.
         generator=GeneratorConfig(num_replicas=2, engine_args={"dtype": "float32"},
                                   sampling_params={"temperature": 1.0, "top_p": 1.0}),
-        # lr 3e-3 collapsed the entropy; the bonus keeps every letter's group varied enough to learn from
-        trainer=TrainerConfig(lr=1e-3, loss="grpo", loss_config={"beta": 0.0, "entropy_coef": 0.05}),
+        trainer=TrainerConfig(lr=7e-4, loss="grpo", loss_config={"beta": 0.0}),  # 3e-3 collapsed (see above)
         loop=LoopConfig(mode="async", rollout_loops=2),
     )
     fields.update(overrides)
