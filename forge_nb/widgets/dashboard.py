@@ -4,7 +4,8 @@
 
     run.metrics ──observer──> Curves ──Throttle (<= 4/s)──> one message of new points to the canvas
     run.services ──events──> HealthGrid ──Throttle──> HTML table
-         └─────── poll task (every 1 s): health counters, run state and hparams, explorer follow
+         └─────── poll task (every 1 s): health counters, run state and hparams, explorer follow,
+                  process logs (only while their section is open, and only when a log file changed)
 
 The dashboard owns one asyncio task, ``forge_nb.dashboard.poll.<run>``, on the kernel's event loop
 (so it keeps running while cells are idle); ``stop()`` cancels it and unsubscribes, ``close()`` also
@@ -30,6 +31,7 @@ from forge_nb.widgets.controls import FINAL_STATES, Controls, render_status, run
 from forge_nb.widgets.curves import Curves
 from forge_nb.widgets.explorer import Explorer
 from forge_nb.widgets.health import HealthGrid, render_health, snapshot
+from forge_nb.widgets.logs import LogsView
 
 _live: dict[int, Dashboard] = {}  # id(run) -> its open dashboard, for dashboard(run)
 
@@ -56,8 +58,12 @@ class Dashboard(LiveView):
         self._explorer_box = w.Accordion([self.explorer.widget], titles=("episodes",))
         opened = self.errors.guard("episode explorer")(lambda _: self.explorer.tick(self._explorer_open))
         self._explorer_box.observe(opened, names="selected_index")
+        self.logs = LogsView(run, self.errors)
+        self._logs_box = w.Accordion([self.logs.widget], titles=("process logs",))
+        self._logs_box.observe(self.errors.guard("logs view")(lambda _: self.logs.tick(self.logs_open)),
+                               names="selected_index")
         self.widget = w.VBox([self.controls.widget, self.health.widget, self.curves.widget, self._explorer_box,
-                              self.errors.widget])
+                              self._logs_box, self.errors.widget])
         self.widget.add_class("forge-dashboard")
         self._task: asyncio.Task[None] | None = None
         self._unsubscribe: Any = None
@@ -89,9 +95,10 @@ class Dashboard(LiveView):
             self.errors.report(f"metrics observer ({kind})", e)
 
     def tick(self) -> None:
-        """One poll: replica health, run state and hyperparameters, and the explorer's follow."""
+        """One poll: replica health, run state and hyperparameters, the explorer's follow, the open logs."""
         for where, refresh in (("health grid", self.health.refresh), ("controls", self.controls.refresh),
-                               ("episode explorer", lambda: self.explorer.tick(self._explorer_open))):
+                               ("episode explorer", lambda: self.explorer.tick(self._explorer_open)),
+                               ("logs view", lambda: self.logs.tick(self.logs_open))):
             try:
                 refresh()
             except Exception as e:
@@ -109,6 +116,19 @@ class Dashboard(LiveView):
     @property
     def _explorer_open(self) -> bool:
         return self._explorer_box.selected_index is not None
+
+    @property
+    def logs_open(self) -> bool:
+        """Whether the process logs section is open (it reads only then)."""
+        return self._logs_box.selected_index is not None
+
+    def show_logs(self, service: str | None = None, index: int | None = None, level: str | None = None) -> None:
+        """Open the process logs section on ``service`` (replica ``index``) at ``level`` and read them."""
+        self.logs.choose(service, index, level)
+        if self.logs_open:
+            self.logs.read()
+        else:
+            self._logs_box.selected_index = 0  # its observer reads
 
     # -- lifecycle -------------------------------------------------------------------------------
 

@@ -1,0 +1,43 @@
+"""Light actors that write logs as vLLM engines do, or raise in a training step (logs view, traceback tests).
+
+Importable by module path in the spawned processes (tests/conftest.py puts the repository on
+PYTHONPATH); kept apart from the test modules so those processes import nothing of pytest.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import Any
+
+from forge_nb.service import endpoint
+from tests.light_actors import LightGenerator, LightTrainer
+
+
+class ChattyGenerator(LightGenerator):
+    """A LightGenerator whose process writes INFO, WARNING and ERROR lines (one with a traceback) to its
+    output, and one line per weight version it loads."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        print("INFO chatty: engine up, 4 blocks of KV cache", flush=True)
+        print("WARNING chatty: RotaryEmbedding: Failed to load weights (it recomputes them)", file=sys.stderr)
+        try:
+            raise ValueError("chatty: a recoverable engine failure")
+        except ValueError:
+            print("ERROR chatty: engine step failed; retrying", file=sys.stderr)
+            traceback.print_exc()
+
+    @endpoint
+    async def update_weights(self, version: int) -> int:
+        loaded = await super().update_weights(version)  # endpoints are callable on the actor itself
+        print(f"INFO chatty: loaded version {version}", flush=True)
+        return loaded
+
+
+class FailingTrainer(LightTrainer):
+    """A LightTrainer that raises in ``train_step`` at ``TrainerConfig.extra["fail_at_step"]``."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.fail_at_step = (getattr(kwargs.get("trainer"), "extra", {}) or {}).get("fail_at_step")
