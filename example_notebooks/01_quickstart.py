@@ -24,7 +24,7 @@ STEPS = 250  # training steps for the %forge_step cell below
 # the hot-changeable hyperparameters) and a rollout explorer. It keeps updating while other cells run.
 
 # %%
-%forge_dashboard
+%forge_dashboard --side
 
 # %% [markdown]
 # Start the loops in the background: the cell returns at once and training goes on.

@@ -20,7 +20,8 @@ Magic                                                  What it does
 %forge_episodes [-n K] [--version V] [--min-reward R]  recent episodes as a table
 %forge_logs [SERVICE[i]] [-n N] [--level L]           what the processes wrote (vLLM, monarch, torch): to
                                                        files in the run directory, not to the cells
-%forge_dashboard                                       the live dashboard (forge_nb.widgets)
+%forge_dashboard [--side]                              the live dashboard (forge_nb.widgets); --side: in a
+                                                       JupyterLab side panel that stays in view
 %forge_meshes                                          every process mesh the kernel holds
 %forge_shutdown [--name N | --all]                     stop loops, services and meshes; check no process is left
 %forge_help                                            this table

@@ -25,6 +25,7 @@ class ControlMagics(Magics):
         super().__init__(shell)
         self.runs = runs
         self.help_text = help_text  # the package's table of magics (forge_nb.magics.help_text)
+        self._sidecars: dict[str, Any] = {}  # run name -> its %forge_dashboard --side panel
 
     def _startable(self, name: str | None) -> Any:
         run = self.runs.get(name)
@@ -187,19 +188,51 @@ class ControlMagics(Magics):
                       f"(the files are in {run.dir.logs})")
 
     @magic_arguments()
+    @argument("--side", action="store_true",
+              help="open it in a JupyterLab side panel (the sidecar package) that stays in view while cells run")
     @argument("--name", help=NAME_HELP)
     @line_magic
     def forge_dashboard(self, line: str) -> None:
-        """The live dashboard of the run (controls, replica health, curves, episodes)."""
-        run = self.runs.get(parse_argstring(self.forge_dashboard, line).name)
+        """The live dashboard of the run (controls, replica health, curves, episodes).
+
+        ``--side`` puts it in a tab of JupyterLab's right side panel through the maintained ``sidecar``
+        extension (an ipywidgets Output that the lab docks beside the notebook), rather than in the cell
+        where later output would scroll it away. Running it again for a run replaces that run's tab."""
+        args = parse_argstring(self.forge_dashboard, line)
+        sidecar = _sidecar_class() if args.side else None
+        run = self.runs.get(args.name)
         try:
             from forge_nb.widgets import dashboard
         except ImportError as e:
             raise UsageError(f"the dashboard is not installed ({e}); it needs forge_nb.widgets with ipywidgets, "
                              "anywidget and plotly (pip install 'forge-nb[notebook]')") from None
-        display(dashboard(run))
+        view = dashboard(run)
+        if sidecar is None:
+            display(view)
+            return
+        old = self._sidecars.pop(run.name, None)
+        if old is not None:
+            old.close()  # its tab closes in the lab
+        panel = sidecar(title=f"dashboard: {run.name}")
+        # Set as the panel's outputs, not captured with `with panel: display(...)`: nothing depends on the
+        # front end routing this cell's messages, and a headless run (nbclient) sees no output at all.
+        panel.append_display_data(view.widget)
+        self._sidecars[run.name] = panel
+        print(f"the dashboard of run {run.name!r} is in JupyterLab's right side panel (tab "
+              f"'dashboard: {run.name}'); %forge_dashboard without --side shows it in the cell")
 
     @line_magic
     def forge_help(self, line: str) -> None:
         """The table of %forge_* magics; ``%forge_spawn?`` shows one magic's options."""
         print(self.help_text)
+
+
+def _sidecar_class() -> Any:
+    """``sidecar.Sidecar``, or a UsageError that says how to install it."""
+    try:
+        from sidecar import Sidecar
+    except ImportError:
+        raise UsageError("%forge_dashboard --side needs the sidecar package (a JupyterLab side panel for widgets): "
+                         "pip install 'sidecar>=0.8' (or 'forge-nb[notebook]'), restart the kernel and reload "
+                         "the JupyterLab page; %forge_dashboard without --side shows it in the cell") from None
+    return Sidecar

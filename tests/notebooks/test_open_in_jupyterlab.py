@@ -1,15 +1,21 @@
-"""The example notebooks open as notebooks in a real JupyterLab: jupytext's contents manager and viewer.
+"""The example notebooks open as notebooks in a real JupyterLab, and the quickstart runs there end to end.
 
 A JupyterLab server (127.0.0.1, free port, no token) serves a copy of example_notebooks/. Its contents API
 must hand out ``01_quickstart.py`` as a notebook with the source's cells, its settings must name jupytext's
 "Jupytext Notebook" the default viewer of Python files (jupyter-config/, installed by scripts/setup.sh),
 and, where chromium is installed, a double-click in the file browser must open the notebook editor
-(not the text editor). Opening must leave the source file as it was. Screenshots go to
-test-artifacts/notebooks/.
+(not the text editor). Opening must leave the source file as it was.
+
+The heavy test then does what a user does: double-click the quickstart, type a small budget into its
+parameters cell, Run > Run All Cells, and watch the dashboard that ``%forge_dashboard --side`` docked in
+the right side panel (the sidecar extension) stay in view while the later cells run and after the last one
+(``%forge_shutdown``). It spawns the real quickstart (two vLLM CPU engines) in the lab's kernel. Screenshots
+go to test-artifacts/notebooks/.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -21,13 +27,19 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from forge_nb._procs import stat_fields
+from tests.procs import descendants
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "notebooks"
 CHROMIUM = "/usr/bin/chromium"
 NOTEBOOK = "01_quickstart.py"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", "--no-first-run", "--disable-quic"]
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -44,8 +56,8 @@ def _get(url: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def lab() -> Iterator[tuple[str, Path]]:
-    """(url, root): a JupyterLab serving a copy of example_notebooks/ (the user's settings left aside)."""
+def lab() -> Iterator[tuple[str, Path, int]]:
+    """(url, root, pid): a JupyterLab serving a copy of example_notebooks/ (the user's settings left aside)."""
     tmp = Path(tempfile.mkdtemp(prefix="forge-nb-open-"))
     root = tmp / "root"
     shutil.copytree(ROOT / "example_notebooks", root, ignore=shutil.ignore_patterns("runs", ".ipynb_checkpoints"))
@@ -61,7 +73,8 @@ def lab() -> Iterator[tuple[str, Path]]:
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
          f"--port={port}", "--ServerApp.port_retries=0", "--IdentityProvider.token=", "--ServerApp.password=",
-         f"--ServerApp.root_dir={root}", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+         f"--ServerApp.root_dir={root}", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+         "--ServerApp.disable_check_xsrf=True"],  # the tests' own REST calls (DELETE a kernel) carry no cookie
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -74,7 +87,7 @@ def lab() -> Iterator[tuple[str, Path]]:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise RuntimeError(f"JupyterLab did not start; see {ARTIFACTS / 'jupyterlab.log'}") from None
                 time.sleep(0.5)
-        yield url, root
+        yield url, root, proc.pid
     finally:
         proc.terminate()
         try:
@@ -86,7 +99,7 @@ def lab() -> Iterator[tuple[str, Path]]:
 
 
 def test_the_contents_api_serves_every_example_source_as_a_notebook(lab) -> None:
-    url, root = lab
+    url, root, _ = lab
     for path in sorted(root.glob("[0-9][0-9]_*.py")):
         model = _get(f"{url}/api/contents/{path.name}?type=notebook&content=1")
         assert model["type"] == "notebook", (path.name, model["type"])
@@ -101,7 +114,7 @@ def test_the_contents_api_serves_every_example_source_as_a_notebook(lab) -> None
 
 
 def test_jupytext_is_the_default_viewer_of_python_files(lab) -> None:
-    url, _ = lab
+    url, _, _ = lab
     settings = _get(f"{url}/lab/api/settings/@jupyterlab/docmanager-extension:plugin")
     # JupyterLab folds overrides.d/ into the schema's defaults; the user's own settings come on top
     viewers = {**settings["schema"]["properties"]["defaultViewers"]["default"],
@@ -113,31 +126,42 @@ def test_jupytext_is_the_default_viewer_of_python_files(lab) -> None:
     assert "markdown" not in viewers  # only Python files: READMEs still open as Markdown
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no chromium at {CHROMIUM} (apt-get install chromium)")
+def _dismiss_dialogs(page: Any) -> None:
+    """The kernel / news dialogs of a first start (the last button: "Select" the default kernel, "OK")."""
+    for _ in range(3):
+        dialog = page.locator(".jp-Dialog")
+        if not dialog.count():
+            return
+        dialog.locator("button").last.click()
+        time.sleep(0.3)
+
+
+def _open_by_double_click(page: Any, url: str) -> None:
+    page.goto(f"{url}/lab")
+    item = page.locator(".jp-DirListing-item", has_text=NOTEBOOK)
+    item.wait_for(timeout=120_000)
+    item.dblclick()
+    page.wait_for_selector(".jp-NotebookPanel .jp-MarkdownCell", timeout=120_000)
+    time.sleep(1)
+    _dismiss_dialogs(page)
+
+
+needs_chromium = pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                    reason=f"no chromium at {CHROMIUM} (apt-get install chromium)")
+
+
+@needs_chromium
 def test_a_double_click_in_the_file_browser_opens_the_quickstart_as_a_notebook(lab) -> None:
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     from playwright.sync_api import sync_playwright
 
-    url, root = lab
+    url, root, _ = lab
     before = (root / NOTEBOOK).read_text()
-    flags = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-             "--disable-sync", "--no-first-run", "--disable-quic"]
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=flags)
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(f"{url}/lab")
-            item = page.locator(".jp-DirListing-item", has_text=NOTEBOOK)
-            item.wait_for(timeout=120_000)
-            item.dblclick()
-            page.wait_for_selector(".jp-NotebookPanel .jp-MarkdownCell", timeout=120_000)
-            time.sleep(1)
-            for _ in range(3):  # the kernel / news dialogs of a first start
-                dialog = page.locator(".jp-Dialog")
-                if not dialog.count():
-                    break
-                dialog.locator("button").last.click()
-                time.sleep(0.3)
+            _open_by_double_click(page, url)
             page.screenshot(path=str(ARTIFACTS / "quickstart-opened.png"))
             tab = page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel").inner_text()
             assert tab == NOTEBOOK
@@ -148,3 +172,137 @@ def test_a_double_click_in_the_file_browser_opens_the_quickstart_as_a_notebook(l
         finally:
             browser.close()
     assert (root / NOTEBOOK).read_text() == before  # opening does not rewrite the source
+
+
+SIDE = "#jp-right-stack .jupyterlab-sidecar"  # the sidecar's panel in JupyterLab's right area
+STATUS = f"{SIDE} .forge-run-status"  # the dashboard's first line: run name, state badge, step, version
+POINTS = "el => el.forgeCurves ? el.forgeCurves.points('reward/mean') : -1"  # drawn by the dashboard's curves
+CELLS = """() => [...document.querySelectorAll('.jp-NotebookPanel .jp-CodeCell')].map(c => [
+  c.querySelector('.cm-content').textContent, c.querySelector('.jp-InputPrompt').textContent.trim()])"""
+# (source, prompt) of each code cell; textContent, as cells scrolled out of view have no innerText
+ERRORS = ".jp-NotebookPanel .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']"
+
+
+def _started(pid: int) -> str | None:
+    """The process's start time (field 22 of /proc/PID/stat), which tells it from a later one with its pid."""
+    try:
+        fields = stat_fields(pid)
+    except (OSError, IndexError):
+        return None
+    return fields[19] if fields[0] != "Z" else None
+
+
+def _widen_side_panel(page: Any, left: int = 700) -> None:
+    """Drag the handle between the notebook and the side panel to x=``left``, as a user makes room for it."""
+    panel = page.locator(SIDE).bounding_box()
+    handles = [h.bounding_box() for h in page.locator("#jp-main-split-panel > .lm-SplitPanel-handle").all()]
+    handle = min((h for h in handles if h and h["width"]), key=lambda h: abs(h["x"] - panel["x"]))
+    page.mouse.move(handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(left, handle["y"] + handle["height"] / 2, steps=10)
+    page.mouse.up()
+
+
+def _in_view(page: Any, selector: str) -> bool:
+    box, view = page.locator(selector).bounding_box(), page.viewport_size
+    return bool(box) and box["x"] >= 0 and box["y"] >= 0 and box["x"] + box["width"] <= view["width"] + 1 \
+        and box["y"] + box["height"] <= view["height"] + 1
+
+
+def _run_all_with_a_small_budget(page: Any, url: str, seen: dict[tuple[int, str | None], str], lab_pid: int) -> None:
+    """Open, set STEPS = 10, Run All Cells, wait for the last cell; check the side panel during and after."""
+    _open_by_double_click(page, url)
+    # the budget, typed into the parameters cell as a user would
+    params = page.locator(".jp-NotebookPanel .jp-CodeCell", has_text="STEPS = ").first
+    params.locator(".cm-content").click()
+    page.keyboard.press("Control+a")
+    page.keyboard.type("STEPS = 10")
+    assert params.locator(".cm-content").inner_text().strip() == "STEPS = 10"
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()  # Run All Cells
+    _dismiss_dialogs(page)
+
+    in_view_while_running = widened = False
+    looked: tuple[int, bool, bool] | None = None  # (reward points, visible, in view) while %forge_step ran
+    deadline = time.monotonic() + 1200
+    while True:
+        seen.update({(pid, _started(pid)): cmd for pid, cmd in descendants(lab_pid).items()})
+        cells = page.evaluate(CELLS)
+        prompts = [prompt for _, prompt in cells]
+        if all(p[1:-2].strip().isdigit() for p in prompts):  # "[12]:" everywhere: the last cell ran
+            break
+        assert page.locator(ERRORS).count() == 0, "a cell failed: " + page.locator(ERRORS).first.inner_text()
+        assert time.monotonic() < deadline, f"the notebook did not finish; prompts {prompts}"
+        if not widened and page.locator(f"{SIDE} .forge-dashboard").count():
+            widened = True
+            _widen_side_panel(page)
+        # the dashboard's cell has run, a %forge_step cell is running or queued: the dashboard shows in the
+        # side panel, with the run's first steps on its curves
+        dashboard_ran = any(source.startswith("%forge_dashboard") and p[1:-2].isdigit() for source, p in cells)
+        stepping = any("%forge_step" in source and p == "[*]:" for source, p in cells)
+        if not in_view_while_running and dashboard_ran and stepping:
+            curves = page.locator(f"{SIDE} .forge-curves").first
+            looked = (curves.evaluate(POINTS) if curves.count() else -1,
+                      page.locator(f"{SIDE} .forge-dashboard").is_visible(), _in_view(page, STATUS))
+            in_view_while_running = looked[0] >= 3 and all(looked[1:])
+            if in_view_while_running:
+                time.sleep(1.5)  # the curves redraw at most once a second: the screenshot shows the points
+                page.screenshot(path=str(ARTIFACTS / "quickstart-running-side-panel.png"))
+        time.sleep(0.5)
+    page.screenshot(path=str(ARTIFACTS / "quickstart-finished-side-panel.png"))
+
+    assert page.locator(ERRORS).count() == 0, page.locator(ERRORS).first.inner_text()
+    assert in_view_while_running, f"the dashboard was not in the side panel while %forge_step ran: {looked}"
+    # after the last cell: still in the right side panel, not in a cell, and showing the run's end
+    tab = page.locator(".jp-SideBar.jp-mod-right .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel")
+    assert tab.inner_text().startswith("dashboard: quickstart"), tab.inner_text()
+    board = page.locator(f"{SIDE} .forge-dashboard")
+    assert board.is_visible() and _in_view(page, STATUS)
+    assert page.locator(".jp-NotebookPanel .forge-dashboard").count() == 0
+    status = board.locator(".forge-run-status")
+    page.wait_for_selector(f"{SIDE} .forge-run-status[data-state='shut down']", timeout=30_000)
+    assert status.inner_text().startswith("quickstart"), status.inner_text()
+    assert board.locator(".forge-state-badge").is_visible()
+    for replica in ("policy[0]", "policy[1]", "trainer[0]"):
+        assert board.locator(f"tr[data-replica='{replica}']").is_visible(), replica
+    assert board.locator(".forge-curves canvas").first.is_visible()
+    points = board.locator(".forge-curves").first.evaluate(POINTS)
+    assert points >= 35, f"{points} reward points for 10 + 25 steps"
+    page.locator(SIDE).screenshot(path=str(ARTIFACTS / "quickstart-dashboard-side-panel.png"))
+
+
+@needs_chromium
+@pytest.mark.heavy
+@pytest.mark.timeout(1500)
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (the cpu or gpu extra)")
+@pytest.mark.skipif(importlib.util.find_spec("sidecar") is None, reason="needs sidecar (the notebook extra)")
+def test_the_quickstart_runs_from_the_file_browser_with_its_dashboard_in_the_side_panel(lab) -> None:
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    from playwright.sync_api import sync_playwright
+
+    url, root, lab_pid = lab
+    seen: dict[tuple[int, str | None], str] = {}  # (pid, start) -> command: what ran under the lab
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            try:
+                _run_all_with_a_small_budget(browser.new_page(viewport={"width": 1400, "height": 900}), url, seen,
+                                             lab_pid)
+            finally:
+                browser.close()
+    finally:
+        for kernel in _get(f"{url}/api/kernels"):  # as File > Shut Down would, also when a check failed
+            request = urllib.request.Request(f"{url}/api/kernels/{kernel['id']}", method="DELETE")
+            urllib.request.urlopen(request, timeout=60).close()
+
+    # the run directory is the lab's copy's, beside the notebook, not the repository's example_notebooks/
+    (run_dir,) = (root / "runs").glob("quickstart-*")
+    assert (run_dir / "config.json").exists()
+    assert not (ROOT / "example_notebooks" / "runs" / run_dir.name).exists()
+    # %forge_shutdown and the kernel's shutdown leave nothing running
+    assert any("vllm" in cmd.lower() or "monarch" in cmd.lower() for cmd in seen.values()), seen
+    deadline = time.monotonic() + 60
+    while (left := {pid: cmd for (pid, start), cmd in seen.items() if start and _started(pid) == start}) \
+            and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not left, f"processes left running: {left}"
