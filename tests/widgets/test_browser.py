@@ -277,7 +277,7 @@ def test_jupyterlab_dashboard_renders_lists_replicas_grows_and_pauses(lab: Lab) 
 def test_panel_app_shows_the_grid_and_a_growing_curve(lab: Lab) -> None:
     page = lab.page
     page.wait_for_function("document.body.innerText.includes('PANEL-URL')", timeout=300_000)
-    url = re.search(r"PANEL-URL (http://127\.0\.0\.1:\d+/)", page.inner_text("body")).group(1)
+    url = re.search(r"PANEL-URL (http://127\.0\.0\.1:\d+/\S*)", page.inner_text("body")).group(1)
     app = lab.browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
         app.goto(url)
