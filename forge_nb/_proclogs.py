@@ -6,8 +6,11 @@ that have nothing to do with them. :func:`bootstrap` runs first in every spawned
 ``bootstrap`` hook) and points its stdout and stderr at ``<log_dir>/<mesh>.log`` (vLLM's engine
 processes, its children, inherit that). A run's meshes log into ``<run_dir>/logs``; meshes spawned
 outside a run into :func:`default_log_dir`. What the user must act on still reaches the cell: an
-actor's exception travels back to the caller with its traceback, and forge_nb's own warnings are
-logged in the kernel. :func:`read` is what ``run.logs()`` and ``%forge_logs`` show.
+actor's exception travels back to the caller with its traceback. In the kernel itself, a
+:class:`KernelLog` writes what forge_nb and torchstore log (a loop that failed, with its traceback)
+to ``<run_dir>/logs/kernel.log`` while the run lives; without it Python's last-resort handler would
+print those records into whichever cell ran last. :func:`read` is what ``run.logs()`` and
+``%forge_logs`` show.
 
 Considered: monarch's ``ProcMesh.logging_option(stream_to_client=False)`` (it stops monarch's own
 forwarding of Python logging, not the inherited file descriptors that carry vLLM's and the
@@ -17,6 +20,7 @@ lines, and every actor class would need it).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -36,6 +40,30 @@ def default_log_dir() -> Path:
     folder = Path(tempfile.gettempdir()) / "forge_nb-logs" / str(os.getpid())
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     return folder
+
+
+#: The kernel's loggers whose records go to a run's kernel.log (not the cells).
+KERNEL_LOGGERS = ("forge_nb", "torchstore")
+KERNEL_LOG = "kernel.log"
+
+
+class KernelLog:
+    """While a run lives, what the kernel's forge_nb and torchstore loggers record, in ``<folder>/kernel.log``.
+
+    A handler on those loggers (records still propagate to handlers the user put on the root logger);
+    the levels stay as the user set them (warnings and errors by default). ``close()`` takes it off."""
+
+    def __init__(self, folder: Path):
+        self.path = Path(folder) / KERNEL_LOG
+        self.handler = logging.FileHandler(self.path, delay=True, encoding="utf-8")
+        self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        for name in KERNEL_LOGGERS:
+            logging.getLogger(name).addHandler(self.handler)
+
+    def close(self) -> None:
+        for name in KERNEL_LOGGERS:
+            logging.getLogger(name).removeHandler(self.handler)
+        self.handler.close()
 
 
 def bootstrap(env: dict[str, str], log_file: str | None) -> None:

@@ -48,6 +48,7 @@ class Run:
         self.task, self.reward_fns, self.pad_id = task, reward_fns, pad_id
         self.dir, self.model = directory, model
         self.exporters: list[Any] = []
+        self._kernel_log = proclogs.KernelLog(directory.logs)  # forge_nb's own records: to a file, not cells
         self.metrics = MetricsStore(directory.path)
         self.replay_buffer = ReplayBuffer(batch_size=config.batch_size, max_policy_age=config.max_policy_age,
                                           seed=config.seed)
@@ -164,11 +165,15 @@ class Run:
     def logs(self, service: str | None = None, index: int | None = None, n: int = 40,
              level: str | None = None) -> str:
         """The last ``n`` lines its processes wrote (vLLM, monarch, torch: they go to ``<run_dir>/logs``,
-        not to the cells): of one service ("policy", "trainer", "ref_model") and replica ``index``, or of
-        all; ``level="warning"`` or ``"error"`` keeps only those (and an error's traceback)."""
-        meshes = {"policy": "policy", "trainer": "trainer", "ref_model": "ref"}
-        if service is not None and service not in self.services:
-            raise ValueError(f"service={service!r}: this run has {sorted(self.services)}")
+        not to the cells): of one service ("policy", "trainer", "ref_model") and replica ``index``, of
+        the kernel's forge_nb records ("kernel": a failed loop's traceback, for one), or of all;
+        ``level="warning"`` or ``"error"`` keeps only those (and an error's traceback)."""
+        meshes = {"policy": "policy", "trainer": "trainer", "ref_model": "ref", "kernel": "kernel"}
+        if service is not None and service != "kernel" and service not in self.services:
+            raise ValueError(f"service={service!r}: this run has {sorted(self.services)} (and 'kernel', "
+                             "forge_nb's own records in the kernel)")
+        if service == "kernel":
+            return "\n".join(proclogs.read([self.dir.logs / proclogs.KERNEL_LOG], n, level))
         base = f"{self.name}-{meshes[service]}" + (f"-r{index}" if index is not None else "") if service else ""
         paths = [p for p in self.dir.logs.glob("*.log")
                  if not base or p.stem == base or p.stem.startswith(base + "-")]
@@ -283,3 +288,4 @@ class Run:
                 logger.info("run %s: removed what killed processes left: %s", self.name, removed)
             for exporter in self.exporters:
                 exporter.close()
+            self._kernel_log.close()

@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -448,12 +449,17 @@ class Controller(SupervisedLoop):
         if error is None:
             error = RuntimeError(f"loop {name} returned; loops run until stopped")
         self.error = f"{name}: {type(error).__name__}: {error}"
-        logger.error("run %s stopped: loop %s raised", self.name, name, exc_info=error)
+        logger.error("run %s stopped: loop %s raised", self.name, name, exc_info=error)  # to its kernel.log
         self.metrics.event("error", loop=name, error=self.error)
         self._running.clear()
         self.set_state("failed")
         if self._steps_waiter is not None and not self._steps_waiter.done():
-            self._steps_waiter.set_exception(RuntimeError(self.error))
+            self._steps_waiter.set_exception(RuntimeError(self.error))  # the waiting cell shows it
+        else:  # nobody waits (run.start()): one line in the cell, the traceback in the run's kernel.log
+            cause = str(error).strip().splitlines()[-1:] or [type(error).__name__]  # a remote error's last line
+            print(f"forge_nb: run {self.name!r} stopped: loop {name} raised {type(error).__name__}: {cause[0]}\n"
+                  f"  fix the cause, then run.start() "
+                  f"(%forge_run); the traceback: run.logs('kernel') (%forge_logs kernel)", file=sys.stderr)
         self._cleanup = asyncio.get_running_loop().create_task(self._stop_after_failure(),
                                                                name=f"forge_nb.{self.name}.cleanup")
 

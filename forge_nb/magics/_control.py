@@ -166,7 +166,8 @@ class ControlMagics(Magics):
         display(_display.episodes_table(rows))
 
     @magic_arguments()
-    @argument("service", nargs="?", help="policy, trainer or ref_model, optionally with a replica: policy[1]")
+    @argument("service", nargs="?", help="policy, trainer or ref_model, optionally with a replica: policy[1]; "
+              "kernel: forge_nb's own records in the kernel (a failed loop's traceback)")
     @argument("-n", type=int, default=40, help="how many lines (default 40)")
     @argument("--level", choices=("warning", "error"), help="only warnings and errors, or errors (with tracebacks)")
     @argument("--name", help=NAME_HELP)

@@ -63,13 +63,14 @@ class LogsView:
         self.refresh_button.on_click(errors.guard("logs view refresh")(lambda _: self.read()))
 
     def sources(self) -> list[tuple[str, tuple[str | None, int | None]]]:
-        """Dropdown options: all processes, each service, and each replica of a service that has several."""
+        """Dropdown options: all, each service, each replica of a service that has several, and the kernel."""
         options: list[tuple[str, tuple[str | None, int | None]]] = [(ALL, (None, None))]
         for name, svc in (getattr(self.run, "services", None) or {}).items():
             options.append((name, (name, None)))
             replicas = getattr(svc, "replicas", ())
             if len(replicas) > 1:
                 options += [(f"{name}[{r.index}]", (name, r.index)) for r in replicas]
+        options.append(("kernel", ("kernel", None)))  # forge_nb's own records in the kernel (run.logs("kernel"))
         return options
 
     def choose(self, service: str | None = None, index: int | None = None, level: str | None = None) -> None:

@@ -121,6 +121,7 @@ cfg = forge_nb.quickstart(run_dir={root!r}, name="tb", max_res_tokens=4, group_s
 
 
 def test_a_trainer_that_raises_while_forge_step_waits_shows_its_traceback_in_that_cell(kernel, tmp_path):
+    _failed_step["root"] = tmp_path / "tb"
     ok(execute(kernel, RUN_CELL.format(root=str(tmp_path / "tb"))))
     spawned = ok(execute(kernel, "%forge_spawn cfg --actor policy=LightGenerator trainer=FailingTrainer",
                          timeout=180))
@@ -137,19 +138,33 @@ def test_a_trainer_that_raises_while_forge_step_waits_shows_its_traceback_in_tha
     assert "LightGenerator: ready in process" in logs  # and %forge_logs reads them back
 
 
-@pytest.mark.xfail(strict=True, reason="controller/core.py Controller._loop_done logs the failure with exc_info to the "
-                   "kernel's stderr (Python's lastResort handler) while the cell that waits raises it: the same "
-                   "traceback prints again, ~30 lines, in the cell's stream (issue 20: quiet cells)")
 def test_the_failing_step_cell_shows_the_traceback_once_and_its_stream_stays_quiet(kernel):
     out = _failed_step.get("out")
     if out is None:
         pytest.skip("needs the failing %forge_step cell of the test above")
     assert "Traceback" not in out.streams and len(out.streams.splitlines()) <= 2, out.streams
+    kernel_log = ok(execute(kernel, "%forge_logs kernel --name tb")).streams  # the traceback is kept, in a file
+    assert "run tb stopped: loop forge_nb.tb.train raised" in kernel_log and "Traceback" in kernel_log, kernel_log
+    assert "asked to fail at step 3" in kernel_log, kernel_log
 
 
-@pytest.mark.xfail(strict=True, reason="torchstore 0.1.2 calls the module-level logging.debug() on every put/get/"
-                   "delete; with no handler on the root logger that runs logging.basicConfig() in the kernel, after "
-                   "which every library's warnings print into cells (forge_nb/_torchstore.py can route them)")
+def test_a_loop_that_fails_with_no_cell_waiting_says_so_in_one_line(kernel):
+    if "out" not in _failed_step:
+        pytest.skip("needs the run of the test above")
+    # a second run whose trainer fails at its step 3 too, started in the background
+    ok(execute(kernel, "import dataclasses\ncfg2 = dataclasses.replace(cfg, name='tb2', run_dir={!r})".format(
+        str(_failed_step["root"]) + "2")))
+    ok(execute(kernel, "%forge_spawn cfg2 --actor policy=LightGenerator trainer=FailingTrainer -o run2", timeout=180))
+    out = ok(execute(kernel, "%forge_run --name tb2\nimport asyncio\n"
+                             "for _ in range(600):\n    if run2.state == 'failed': break\n    await asyncio.sleep(0.1)\n"
+                             "await asyncio.sleep(0.5)\nprint('STATE', run2.state)", timeout=120))
+    assert "STATE failed" in out.streams, out.streams
+    notes = [line for line in out.streams.splitlines() if line.startswith("forge_nb: run 'tb2' stopped")]
+    assert len(notes) == 1 and "asked to fail at step 3" in notes[0], out.streams
+    assert "Traceback" not in out.streams, out.streams
+    ok(execute(kernel, "%forge_shutdown --name tb2", timeout=120))
+
+
 def test_a_run_leaves_the_kernels_root_logger_without_handlers(kernel):
     if "out" not in _failed_step:
         pytest.skip("needs the run of the test above (it moved weights through torchstore)")

@@ -40,7 +40,7 @@ async def test_the_view_reads_only_while_open_and_shows_what_each_process_wrote(
     d = Dashboard(run, start=False)
     try:
         assert [label for label, _ in d.logs.source.options] == ["all", "policy", "policy[0]", "policy[1]",
-                                                                  "trainer"]
+                                                                  "trainer", "kernel"]
         d.tick()
         assert d.logs.reads == 0 and d.logs.text == ""  # closed: nothing read
         d._logs_box.selected_index = 0  # the user opens "process logs"
