@@ -89,6 +89,15 @@ class Worker(ForgeActor):
         raise ValueError(message)
 
     @endpoint
+    async def slow_in(self, pid: int, seconds: float) -> int:
+        """Answers at once, except in process ``pid``, which takes ``seconds`` (a hang, when long)."""
+        import asyncio
+
+        if os.getpid() == pid:
+            await asyncio.sleep(seconds)
+        return os.getpid()
+
+    @endpoint
     async def get_setups(self) -> int:
         return self.setups
 

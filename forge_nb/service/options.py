@@ -45,6 +45,11 @@ class Options:
     backoff back: the budget stops crash loops, not the occasional deaths of a long run."""
     request_timeout: float | None = 300.0
     """Seconds before a request counts as hung: its replica is restarted, the request retried."""
+    fanout_grace_s: float | None = 5.0
+    """Once one replica has answered a ``fanout``, how long it waits for the others (or four times that
+    first answer's time, if longer) before it counts a silent one as hung: that replica is restarted
+    and left out of the answers, so one hung replica cannot stall every caller. None: only
+    ``request_timeout`` bounds the wait."""
     route_wait_timeout: float = 120.0
     """Seconds ``route`` waits for a healthy replica (e.g. a respawn) before it raises."""
     restart_backoff: float = 0.5
@@ -66,5 +71,8 @@ class Options:
             raise ValueError(f"max_restarts={self.max_restarts!r}: must be an integer >= 0")
         if self.request_timeout is not None and self.request_timeout <= 0:
             raise ValueError(f"request_timeout={self.request_timeout!r}: must be > 0, or None for no limit")
+        if self.fanout_grace_s is not None and self.fanout_grace_s <= 0:
+            raise ValueError(f"fanout_grace_s={self.fanout_grace_s!r}: must be > 0, or None to wait up to "
+                             "request_timeout")
         if self.route_wait_timeout < 0 or self.restart_backoff < 0 or self.restart_reset_s < 0:
             raise ValueError("route_wait_timeout, restart_backoff and restart_reset_s must be >= 0")

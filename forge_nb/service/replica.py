@@ -249,6 +249,11 @@ class Replica:
         finally:
             self._waiting.discard(task)
 
+    def hung(self, reason: str) -> None:
+        """Count the replica as hung: its requests in flight fail with ``ReplicaDied``, it is killed and respawned."""
+        self._mark_dead(reason)
+        self._kill_hung()
+
     def _kill_hung(self) -> None:
         """A hung process (e.g. SIGSTOP) never dies by itself: kill it so the mesh can be replaced."""
         if self.mesh is not None:

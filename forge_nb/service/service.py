@@ -8,8 +8,10 @@ answer. With no healthy replica, ``route`` waits up to ``route_wait_timeout`` fo
 
 ``fanout`` sends to every healthy replica and returns their answers in replica order; a replica
 that dies meanwhile is left out (it runs the catch-up hook when it comes back, which is how
-generators load the current weights after a respawn). An exception raised by the endpoint's code
-reaches the caller unchanged and never marks a replica dead.
+generators load the current weights after a respawn). So is one that stays silent
+``fanout_grace_s`` after another answered: it counts as hung and is restarted, so that one hung
+generator cannot hold up every weight sync (and with it training) until ``request_timeout``. An
+exception raised by the endpoint's code reaches the caller unchanged and never marks a replica dead.
 
 ``ActorHandle`` (from ``.as_actor()``) is a one-replica service whose adverbs are monarch's
 ``call_one`` / ``call``; requests to an actor are never retried (actors hold state). The documents also
@@ -246,12 +248,34 @@ class Service:
     async def _fanout(self, endpoint: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         healthy = [r for r in self.replicas if r.healthy] or [await self._wait_for_replica(set(), None)]
         all_ranks = self.options.procs > 1
-        results = await asyncio.gather(*(r.call(endpoint, args, kwargs, all_ranks) for r in healthy),
-                                       return_exceptions=True)
+        calls = {asyncio.ensure_future(r.call(endpoint, args, kwargs, all_ranks)): r for r in healthy}
+        try:
+            await self._bound_stragglers(endpoint, calls)
+        finally:
+            for task in calls:  # the caller was cancelled: so are the requests it made
+                task.cancel()
+        results = [task.exception() or task.result() for task in calls]
         for r in results:
             if isinstance(r, BaseException) and not isinstance(r, ReplicaDied):
                 raise r
         return [r for r in results if not isinstance(r, ReplicaDied)]
+
+    async def _bound_stragglers(self, endpoint: str, calls: dict[asyncio.Future[Any], Replica]) -> None:
+        """Wait for every call; once one replica has answered, a replica still silent ``fanout_grace_s``
+        later (or four times the first answer's time, if longer) is counted as hung (see ``Options``)."""
+        grace = self.options.fanout_grace_s
+        pending, start = set(calls), time.perf_counter()
+        while pending and grace is not None:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if any(task.exception() is None for task in done):  # an answer, not a death
+                break
+        if pending and grace is not None:
+            bound = max(grace, 4 * (time.perf_counter() - start))
+            _, late = await asyncio.wait(pending, timeout=bound)
+            for task in late:
+                calls[task].hung(f"no answer to {endpoint}.fanout() {bound:.1f} s after another replica's: hung")
+        if pending:
+            await asyncio.wait(pending)
 
     def _state_changed(self, replica: Replica, old: str, new: str, reason: str) -> None:
         event = ServiceEvent(service=self.name, replica=replica.index, old=old, new=new, reason=reason)

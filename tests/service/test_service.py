@@ -138,6 +138,25 @@ async def test_hung_replica_times_out_and_the_late_answer_is_discarded(runtime):
         await svc.shutdown()
 
 
+async def test_a_replica_silent_in_a_fanout_is_restarted_and_left_out_after_the_grace(runtime):
+    """A replica whose process runs but does not answer (no SIGSTOP for the watchdog to see) holds up a
+    fanout only ``fanout_grace_s`` after the others answered, not until ``request_timeout``."""
+    svc = await Worker.options(num_replicas=2, fanout_grace_s=0.5, request_timeout=300.0, **FAST).as_service()
+    try:
+        fast, silent = (r.mesh.pids[0] for r in svc.replicas)
+        answers = await asyncio.wait_for(svc.slow_in.fanout(silent, 3600.0), timeout=60)
+        assert answers == [fast]
+        assert "fanout" in (svc.replicas[1].last_error or "") and svc.replicas[1].restarts <= 1
+        assert await _until(lambda: _healthy(svc))
+        assert svc.replicas[1].mesh.pids[0] != silent
+        # a replica that is merely slower than the grace, with the grace off, is waited for
+        slow = svc.replicas[1].mesh.pids[0]
+        svc.options.fanout_grace_s = None
+        assert sorted(await svc.slow_in.fanout(slow, 1.0)) == sorted([fast, slow])
+    finally:
+        await svc.shutdown()
+
+
 async def test_crash_loop_stops_at_max_restarts_and_traffic_goes_elsewhere(runtime, tmp_path):
     marker = tmp_path / "crash"
     svc = await Worker.options(num_replicas=2, max_restarts=2, **FAST).as_service(crash_marker=str(marker))
