@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shutil
 import sys
 import tempfile
@@ -14,18 +15,26 @@ from dataclasses import dataclass, field
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
 
 @dataclass
 class Reply:
     status: str
     stdout: str = ""
     stderr: str = ""
-    error: str = ""
+    error: str = ""  # "ename: evalue"
+    traceback: str = ""  # the error output as the notebook shows it (IPython's traceback, colours removed)
     results: list[str] = field(default_factory=list)
 
     @property
     def text(self) -> str:
         return self.stdout + "".join(self.results)
+
+    @property
+    def streams(self) -> str:
+        """What the cell wrote to stdout and stderr."""
+        return self.stdout + self.stderr
 
 
 class Kernel:
@@ -76,6 +85,7 @@ class Kernel:
                 reply.results.append(content["data"].get("text/plain", ""))
             elif kind == "error":
                 reply.error = f"{content['ename']}: {content['evalue']}"
+                reply.traceback = _ANSI.sub("", "\n".join(content["traceback"]))
             elif kind == "status" and content["execution_state"] == "idle":
                 break
         shell = self.kc.get_shell_msg(timeout=10)

@@ -9,61 +9,25 @@ a service endpoint, an actor endpoint, and a run whose trainer raises while ``%f
 
 from __future__ import annotations
 
-import queue
 import re
-import time
-from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
-from tests.kernel_client import Kernel
+from tests.kernel_client import Kernel, Reply
 
 pytestmark = pytest.mark.timeout(300)
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
-
-@dataclass
-class CellOutput:
-    status: str
-    streams: str  # stdout and stderr of the cell
-    error: str  # the cell's error output as the notebook shows it (IPython's traceback, colours removed)
-
-
-def execute(kernel: Kernel, code: str, timeout: float = 120) -> CellOutput:
-    """Run a cell and keep its error output whole (``Kernel.run`` keeps only ``ename: evalue``)."""
-    msg_id = kernel.submit(code)
-    out = CellOutput(status="", streams="", error="")
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            msg = kernel.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-        except queue.Empty:
-            raise TimeoutError(f"cell {code!r} did not finish in {timeout}s; so far: {out}") from None
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        kind, content = msg["msg_type"], msg["content"]
-        if kind == "stream":
-            out.streams += content["text"]
-        elif kind == "error":
-            out.error = _ANSI.sub("", "\n".join(content["traceback"]))
-        elif kind == "status" and content["execution_state"] == "idle":
-            break
-    shell = kernel.kc.get_shell_msg(timeout=10)
-    while shell["parent_header"].get("msg_id") != msg_id:
-        shell = kernel.kc.get_shell_msg(timeout=10)
-    out.status = shell["content"]["status"]
+def ok(out: Reply) -> Reply:
+    assert out.status == "ok", f"{out.traceback}\n{out.streams[-3000:]}"
     return out
 
 
-def ok(out: CellOutput) -> CellOutput:
-    assert out.status == "ok", f"{out.error}\n{out.streams[-3000:]}"
-    return out
-
-
-def failed(out: CellOutput) -> str:
-    assert out.status == "error" and out.error, f"the cell did not fail: {out.streams[-3000:]}"
-    return out.error
+def failed(out: Reply) -> str:
+    """The cell's error output as the notebook shows it."""
+    assert out.status == "error" and out.traceback, f"the cell did not fail: {out.streams[-3000:]}"
+    return out.traceback
 
 
 def remote_frames(error: str) -> str:
@@ -76,38 +40,38 @@ def remote_frames(error: str) -> str:
 def kernel(tmp_path_factory):
     k = Kernel(cwd=str(tmp_path_factory.mktemp("traceback-kernel")))  # PYTHONPATH (conftest) reaches tests/
     try:
-        ok(execute(k, "%load_ext forge_nb\nfrom tests.actors_for_tests import Worker"))
+        ok(k.run("%load_ext forge_nb\nfrom tests.actors_for_tests import Worker"))
         yield k
     finally:
         try:
             if k.is_alive():
-                execute(k, "%forge_shutdown", timeout=120)
+                k.run("%forge_shutdown", timeout=120)
         finally:
             k.shutdown(now=True)
 
 
 def test_a_service_endpoint_that_raises_shows_its_remote_traceback_in_the_awaiting_cell(kernel):
-    ok(execute(kernel, "svc = await Worker.options(num_replicas=1).as_service()"))
-    error = failed(execute(kernel, 'await svc.fail.route("bad input 42")'))
+    ok(kernel.run("svc = await Worker.options(num_replicas=1).as_service()"))
+    error = failed(kernel.run('await svc.fail.route("bad input 42")'))
     remote = remote_frames(error)
     assert re.search(r'File ".*/tests/actors_for_tests\.py", line \d+, in fail', remote), remote
     assert "raise ValueError(message)" in remote
     assert remote.rstrip().endswith("ValueError: bad input 42"), remote[-500:]
     assert "ActorError" in error  # what an `except` would name
-    ok(execute(kernel, "assert await svc.work.route(1) > 0  # the replica is still serving"))
-    ok(execute(kernel, "await svc.shutdown()"))
+    ok(kernel.run("assert await svc.work.route(1) > 0  # the replica is still serving"))
+    ok(kernel.run("await svc.shutdown()"))
 
 
 def test_an_actor_endpoint_that_raises_shows_its_remote_traceback_in_the_awaiting_cell(kernel):
-    ok(execute(kernel, "actor = await Worker.as_actor()"))
-    error = failed(execute(kernel, 'await actor.fail.call_one("no such prompt: 7")'))
+    ok(kernel.run("actor = await Worker.as_actor()"))
+    error = failed(kernel.run('await actor.fail.call_one("no such prompt: 7")'))
     remote = remote_frames(error)
     assert re.search(r'tests/actors_for_tests\.py", line \d+, in fail', remote), remote
     assert remote.rstrip().endswith("ValueError: no such prompt: 7"), remote[-500:]
-    ok(execute(kernel, "await actor.shutdown()"))
+    ok(kernel.run("await actor.shutdown()"))
 
 
-_failed_step: dict[str, CellOutput] = {}  # the failing %forge_step cell, for the checks of its stream below
+_failed_step: dict[str, Any] = {}  # the failing %forge_step cell, for the checks of its stream below
 
 RUN_CELL = """\
 import forge_nb
@@ -122,19 +86,19 @@ cfg = forge_nb.quickstart(run_dir={root!r}, name="tb", max_res_tokens=4, group_s
 
 def test_a_trainer_that_raises_while_forge_step_waits_shows_its_traceback_in_that_cell(kernel, tmp_path):
     _failed_step["root"] = tmp_path / "tb"
-    ok(execute(kernel, RUN_CELL.format(root=str(tmp_path / "tb"))))
-    spawned = ok(execute(kernel, "%forge_spawn cfg --actor policy=LightGenerator trainer=FailingTrainer",
+    ok(kernel.run(RUN_CELL.format(root=str(tmp_path / "tb"))))
+    spawned = ok(kernel.run("%forge_spawn cfg --actor policy=LightGenerator trainer=FailingTrainer",
                          timeout=180))
     assert "LightGenerator: ready in process" not in spawned.streams  # the processes' own output: in files
-    out = _failed_step["out"] = execute(kernel, "%forge_step 5", timeout=180)
+    out = _failed_step["out"] = kernel.run("%forge_step 5", timeout=180)
     error = failed(out)
     remote = remote_frames(error)
     assert re.search(r'tests/light_actors\.py", line \d+, in train_step', remote), remote
     assert 'raise RuntimeError(f"LightTrainer: asked to fail at step' in remote
     assert remote.rstrip().endswith("RuntimeError: LightTrainer: asked to fail at step 3"), remote[-500:]
     assert "train" in error.split("Traceback of where the remote call failed", 1)[0]  # which loop stopped
-    ok(execute(kernel, "assert run.state == 'failed' and run.current_step == 2, (run.state, run.current_step)"))
-    logs = ok(execute(kernel, "%forge_logs")).streams
+    ok(kernel.run("assert run.state == 'failed' and run.current_step == 2, (run.state, run.current_step)"))
+    logs = ok(kernel.run("%forge_logs")).streams
     assert "LightGenerator: ready in process" in logs  # and %forge_logs reads them back
 
 
@@ -143,7 +107,7 @@ def test_the_failing_step_cell_shows_the_traceback_once_and_its_stream_stays_qui
     if out is None:
         pytest.skip("needs the failing %forge_step cell of the test above")
     assert "Traceback" not in out.streams and len(out.streams.splitlines()) <= 2, out.streams
-    kernel_log = ok(execute(kernel, "%forge_logs kernel --name tb")).streams  # the traceback is kept, in a file
+    kernel_log = ok(kernel.run("%forge_logs kernel --name tb")).streams  # the traceback is kept, in a file
     assert "run tb stopped: loop forge_nb.tb.train raised" in kernel_log and "Traceback" in kernel_log, kernel_log
     assert "asked to fail at step 3" in kernel_log, kernel_log
 
@@ -152,21 +116,21 @@ def test_a_loop_that_fails_with_no_cell_waiting_says_so_in_one_line(kernel):
     if "out" not in _failed_step:
         pytest.skip("needs the run of the test above")
     # a second run whose trainer fails at its step 3 too, started in the background
-    ok(execute(kernel, "import dataclasses\ncfg2 = dataclasses.replace(cfg, name='tb2', run_dir={!r})".format(
+    ok(kernel.run("import dataclasses\ncfg2 = dataclasses.replace(cfg, name='tb2', run_dir={!r})".format(
         str(_failed_step["root"]) + "2")))
-    ok(execute(kernel, "%forge_spawn cfg2 --actor policy=LightGenerator trainer=FailingTrainer -o run2", timeout=180))
-    out = ok(execute(kernel, "%forge_run --name tb2\nimport asyncio\n"
-                             "for _ in range(600):\n    if run2.state == 'failed': break\n    await asyncio.sleep(0.1)\n"
-                             "await asyncio.sleep(0.5)\nprint('STATE', run2.state)", timeout=120))
+    ok(kernel.run("%forge_spawn cfg2 --actor policy=LightGenerator trainer=FailingTrainer -o run2", timeout=180))
+    out = ok(kernel.run("%forge_run --name tb2\nimport asyncio\nfor _ in range(600):\n"
+                        "    if run2.state == 'failed': break\n    await asyncio.sleep(0.1)\n"
+                        "await asyncio.sleep(0.5)\nprint('STATE', run2.state)", timeout=120))
     assert "STATE failed" in out.streams, out.streams
     notes = [line for line in out.streams.splitlines() if line.startswith("forge_nb: run 'tb2' stopped")]
     assert len(notes) == 1 and "asked to fail at step 3" in notes[0], out.streams
     assert "Traceback" not in out.streams, out.streams
-    ok(execute(kernel, "%forge_shutdown --name tb2", timeout=120))
+    ok(kernel.run("%forge_shutdown --name tb2", timeout=120))
 
 
 def test_a_run_leaves_the_kernels_root_logger_without_handlers(kernel):
     if "out" not in _failed_step:
         pytest.skip("needs the run of the test above (it moved weights through torchstore)")
-    reply = ok(execute(kernel, "import logging\nprint('ROOT_HANDLERS', len(logging.root.handlers))"))
+    reply = ok(kernel.run("import logging\nprint('ROOT_HANDLERS', len(logging.root.handlers))"))
     assert "ROOT_HANDLERS 0" in reply.streams, reply.streams
