@@ -223,9 +223,16 @@ class Controller(SupervisedLoop):
         logger.error("run %s paused: %s", self.name, message)
         self.metrics.event(event, message=message)
         self.pause()
+        self._tell(f"run {self.name!r} paused: {message}", error=message)
+
+    def _tell(self, line: str, error: str) -> None:
+        """What stopped the run reaches the user: a waiting ``run.step(n)`` raises ``error`` (its cell shows
+        it); with nobody waiting (after ``run.start()``), ``line`` is printed once, to the cell's stderr."""
         if self._steps_waiter is not None and not self._steps_waiter.done():
             self._steps_left = None
-            self._steps_waiter.set_exception(RuntimeError(message))
+            self._steps_waiter.set_exception(RuntimeError(error))
+        else:
+            print(f"forge_nb: {line}", file=sys.stderr)
 
     @property
     def buffer_limit(self) -> int:
@@ -453,13 +460,10 @@ class Controller(SupervisedLoop):
         self.metrics.event("error", loop=name, error=self.error)
         self._running.clear()
         self.set_state("failed")
-        if self._steps_waiter is not None and not self._steps_waiter.done():
-            self._steps_waiter.set_exception(RuntimeError(self.error))  # the waiting cell shows it
-        else:  # nobody waits (run.start()): one line in the cell, the traceback in the run's kernel.log
-            cause = str(error).strip().splitlines()[-1:] or [type(error).__name__]  # a remote error's last line
-            print(f"forge_nb: run {self.name!r} stopped: loop {name} raised {type(error).__name__}: {cause[0]}\n"
-                  f"  fix the cause, then run.start() "
-                  f"(%forge_run); the traceback: run.logs('kernel') (%forge_logs kernel)", file=sys.stderr)
+        cause = str(error).strip().splitlines()[-1:] or [type(error).__name__]  # a remote error's last line
+        self._tell(f"run {self.name!r} stopped: loop {name} raised {type(error).__name__}: {cause[0]}\n  fix the "
+                   "cause, then run.start() (%forge_run); the traceback: run.logs('kernel') (%forge_logs kernel)",
+                   error=self.error)
         self._cleanup = asyncio.get_running_loop().create_task(self._stop_after_failure(),
                                                                name=f"forge_nb.{self.name}.cleanup")
 
