@@ -191,7 +191,9 @@ CHANGE_ERRORS = [
     ("max_norm", "big", r"TrainerConfig\.max_norm='big'"),
     ("max_tokens", 99, r"max_tokens=99: must be between 1 and max_res_tokens=4 \(longer responses"),
     ("max_tokens", 0, r"max_tokens=0: must be between 1 and max_res_tokens=4"),
-    ("temperature", 0, r"temperature=0: must be a number > 0"),
+    ("temperature", 0, r"run\.set\(temperature=0\): temperature=0 with group_size=4: temperature 0 is greedy "
+                       r"sampling.* a temperature > 0 .* group_size=1"),
+    ("temperature", -0.5, r"temperature=-0\.5: must be a number >= 0"),
     ("top_p", 1.5, r"top_p=1\.5: must be a number in \(0, 1\]"),
     ("max_policy_age", -1, r"max_policy_age=-1: must be an integer >= 0"),
     ("difficulty", 0, r"difficulty=0: must be an integer >= 1"),
@@ -251,8 +253,39 @@ def test_the_trainer_config_reaches_the_actor_as_it_is():
 def test_a_field_is_set_once_and_sampling_values_are_checked_at_config_time():
     with pytest.raises(ValueError, match=r"extra\['optimizer'\]\['lr'\]: set it as TrainerConfig\.lr"):
         TrainerConfig(extra={"optimizer": {"lr": 1e-3}})
-    with pytest.raises(ValueError, match=r"sampling_params: sampling temperature=0"):
-        GeneratorConfig(sampling_params={"temperature": 0})
+    with pytest.raises(ValueError, match=r"sampling_params: sampling temperature=-1: must be a number >= 0"):
+        GeneratorConfig(sampling_params={"temperature": -1})
     with pytest.raises(ValueError, match=r"max_tokens=9 > max_res_tokens=8"):
         RunConfig(max_res_tokens=8, generator=GeneratorConfig(sampling_params={"max_tokens": 9}),
                   trainer=TrainerConfig(loss_config={"beta": 0.0}))
+
+
+def _greedy(group_size: int, temperature: float) -> RunConfig:
+    return RunConfig(group_size=group_size, batch_size=4, trainer=TrainerConfig(loss_config={"beta": 0.0}),
+                     generator=GeneratorConfig(sampling_params={"temperature": temperature}))
+
+
+def test_temperature_zero_is_greedy_sampling_with_groups_of_one():
+    from forge_nb.config import check_change, trainer_actor_kwargs
+
+    greedy = _greedy(1, 0)
+    assert greedy.sampling().temperature == 0
+    assert trainer_actor_kwargs(greedy, checkpoint_folder="/tmp/c", weights_namespace="a")["training"][
+        "temperature"] == 0
+    with pytest.raises(ValueError, match=r"temperature=0 with group_size=4: .*Use a temperature > 0 .*group_size=1"):
+        _greedy(4, 0)
+    with pytest.raises(ValueError, match=r"group_size=1: GRPO compares a group.*not temperature=0\.7"):
+        _greedy(1, 0.7)
+    check_change(greedy, "temperature", 0)
+    with pytest.raises(ValueError, match=r"run\.set\(temperature=0\.7\): RunConfig\.group_size=1"):
+        check_change(greedy, "temperature", 0.7)
+    assert from_dict(greedy.to_dict()) == greedy
+
+
+def test_the_trainer_divides_logits_by_one_at_temperature_zero():
+    from forge_nb.actors._trainer_config import TrainingConfig
+
+    assert TrainingConfig(temperature=0).logits_temperature == 1.0
+    assert TrainingConfig(temperature=0.5).logits_temperature == 0.5
+    with pytest.raises(ValueError, match=r"training\.temperature=-1: must be a number >= 0"):
+        TrainingConfig(temperature=-1)

@@ -101,7 +101,8 @@ class TrainingConfig:
     engine: str = "auto"
     """"auto" (torchtitan where it can train, else transformers), "torchtitan" or "transformers"."""
     temperature: float = 1.0
-    """Sampling temperature of the generator: logprobs are computed for logits / temperature."""
+    """Sampling temperature of the generator: logprobs are computed for logits / temperature (see
+    ``logits_temperature`` for 0, greedy sampling)."""
     gradient_accumulation_steps: int = 1
     """Micro-batches per optimizer step: each rank's rows are split into this many, whose gradients add up."""
     seed: int = 0
@@ -110,7 +111,7 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         _positive("training", "max_norm", self.max_norm, allow_zero=True)
-        _positive("training", "temperature", self.temperature)
+        _positive("training", "temperature", self.temperature, allow_zero=True)
         if self.dtype not in DTYPES:
             raise ValueError(f"training.dtype={self.dtype!r}: choose one of {sorted(DTYPES)}")
         if self.engine not in ENGINES:
@@ -122,6 +123,13 @@ class TrainingConfig:
             not isinstance(self.local_batch_size, int) or self.local_batch_size < 1
         ):
             raise ValueError(f"training.local_batch_size={self.local_batch_size!r}: an int >= 1, or None")
+
+    @property
+    def logits_temperature(self) -> float:
+        """What logits are divided by before their logprobs: the sampling temperature, but 1 at temperature 0.
+        Greedy sampling has no distribution of its own (it is the limit of dividing by a vanishing
+        temperature: logprobs 0 or -inf), so the logprobs of greedy answers are those of the raw logits."""
+        return self.temperature or 1.0
 
     @property
     def torch_dtype(self) -> torch.dtype:

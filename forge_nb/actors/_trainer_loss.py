@@ -64,7 +64,8 @@ def rl_loss(
     """(loss, metrics) of ``batch`` under ``logits`` [B, L, V] of its whole sequences.
 
     Logprobs, entropy and the seed's logits are all of ``logits / temperature``: the distribution the
-    generator sampled from. Metrics gain "entropy" (when the loss gave none) and "kl" (= kl/k3).
+    generator sampled from (``temperature`` is ``TrainingConfig.logits_temperature``: 1 when the generator samples
+    greedily). Metrics gain "entropy" (when the loss gave none) and "kl" (= kl/k3).
     """
     dev, req = logits.device, batch.request_len
     response_logits = logits[:, req - 1 : -1].float() / temperature

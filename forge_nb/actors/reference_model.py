@@ -98,7 +98,7 @@ class ReferenceModel(ForgeActor):
             logits = self.policy.logits(input_ids, start)
             if not return_logprobs:
                 return logits.float().cpu()
-            return response_logprobs(logits, input_ids, start, self.config.temperature).cpu()
+            return response_logprobs(logits, input_ids, start, self.config.logits_temperature).cpu()
 
     @endpoint
     async def info(self) -> dict[str, Any]:

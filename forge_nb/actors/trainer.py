@@ -165,11 +165,11 @@ class RLTrainer(ForgeActor):
             with self._autocast():
                 if isinstance(micro, TextTrainBatch):
                     logits = policy.logits(micro.input_ids)
-                    loss, m = text_loss(self.loss_fn, logits, micro, self.train_cfg.temperature)
+                    loss, m = text_loss(self.loss_fn, logits, micro, self.train_cfg.logits_temperature)
                     tokens += int(micro.target_mask.sum())
                 else:
                     logits = policy.logits(micro.tokens, micro.request_len)
-                    loss, m = rl_loss(self.loss_fn, logits, micro, self.train_cfg.temperature)
+                    loss, m = rl_loss(self.loss_fn, logits, micro, self.train_cfg.logits_temperature)
                     tokens += int(micro.response_mask.sum())
             del logits  # free it before backward, whose peak it would otherwise raise
             reason = self._backward(loss, len(micro) / len(local))
@@ -272,7 +272,7 @@ class RLTrainer(ForgeActor):
             raise ValueError("forward(input_ids, request_len): say where the response starts")
         with torch.no_grad(), self._autocast():
             logits = self._policy().logits(input_ids, request_len)
-            return response_logprobs(logits, input_ids, request_len, self.train_cfg.temperature).cpu()
+            return response_logprobs(logits, input_ids, request_len, self.train_cfg.logits_temperature).cpu()
 
     @endpoint
     async def state_dict(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from forge_nb._importpath import import_path
 from forge_nb.config._hot import HotField, TaskKnobs, declared
-from forge_nb.config._run import RunConfig
+from forge_nb.config._run import RunConfig, greedy_check
 
 
 def declared_hot() -> dict[str, HotField]:
@@ -123,7 +123,8 @@ def _rebuild(cfg: RunConfig, name: str, value: Any, current: Mapping[str, Any]) 
             dataclasses.replace(loss, **(state | {name: value}))
         return
     if hf.path[:2] == ("generator", "sampling_params"):
-        dataclasses.replace(cfg.sampling(), **{name: value})
+        sampling = dataclasses.replace(cfg.sampling(), **{name: value})
+        greedy_check(cfg.group_size, sampling.temperature)  # group_size is fixed at spawn: n of every request
     elif hf.path[0] == "task_args":
         TaskKnobs(**{name: value})
     else:

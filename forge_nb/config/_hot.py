@@ -47,19 +47,17 @@ class SamplingConfig:
     """The hot keys of ``GeneratorConfig.sampling_params`` (the rest of that dict goes to vLLM as given)."""
 
     temperature: float = hot(1.0, "sampling", section="training")
-    """Sampling temperature; the trainer's logprobs divide the logits by it too, so it must be > 0."""
+    """Sampling temperature; 0 is greedy sampling, which needs ``RunConfig.group_size=1`` (a group of greedy
+    answers is one answer repeated). The trainer's logprobs divide the logits by it (by 1 at temperature 0)."""
     top_p: float = hot(1.0, "sampling")
     max_tokens: int | None = hot(None, "sampling")
     """Response budget of a request; None: the run's max_res_tokens."""
 
     def __post_init__(self) -> None:
         t, p, m = self.temperature, self.top_p, self.max_tokens
-        if isinstance(t, bool) or not isinstance(t, int | float) or not t > 0:
-            raise ValueError(f"sampling temperature={t!r}: must be a number > 0. Temperature 0 is greedy: every "
-                             "sample of a GRPO group would be the same answer, with advantage 0, so training "
-                             "would learn nothing (and the trainer divides its logits by the temperature). Use a "
-                             "low temperature such as 0.3 to sample near-greedily; for greedy answers outside "
-                             "training pass temperature=0 to generate() itself, as evaluation does")
+        if isinstance(t, bool) or not isinstance(t, int | float) or not t >= 0:
+            raise ValueError(f"sampling temperature={t!r}: must be a number >= 0 (0 is greedy sampling; 1.0 "
+                             "samples from the model's own distribution)")
         if isinstance(p, bool) or not isinstance(p, int | float) or not 0 < p <= 1:
             raise ValueError(f"sampling top_p={p!r}: must be a number in (0, 1] (1.0 keeps every token)")
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):

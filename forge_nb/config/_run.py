@@ -26,6 +26,18 @@ def _positive_int(obj: Any, *names: str, minimum: int = 1) -> None:
             raise ValueError(f"{type(obj).__name__}.{name}={value!r}: must be an integer >= {minimum}")
 
 
+def greedy_check(group_size: int, temperature: float) -> None:
+    """Temperature 0 (greedy) and groups of one answer go together; a ValueError naming the fix otherwise."""
+    if temperature == 0 and group_size > 1:
+        raise ValueError(f"temperature=0 with group_size={group_size}: temperature 0 is greedy sampling, so the "
+                         f"{group_size} answers of a group would be the same answer, with advantage 0 (nothing "
+                         "to learn). Use a temperature > 0 (0.3 samples near-greedily), or spawn the run with "
+                         "group_size=1 to sample greedily")
+    if group_size < 2 and temperature != 0:
+        raise ValueError(f"RunConfig.group_size={group_size}: GRPO compares a group of answers to one prompt; use "
+                         f">= 2 (group_size=1 goes with greedy sampling, temperature 0, not temperature={temperature})")
+
+
 @dataclass(kw_only=True)
 class GeneratorConfig:
     """The vLLM generator service (``Generator`` / ``Policy``)."""
@@ -177,6 +189,9 @@ class RunConfig:
     task_args: dict[str, Any] = field(default_factory=dict, metadata={"view": TaskKnobs})
     """Keyword arguments of the task; its hot keys (difficulty) are declared by ``TaskKnobs``."""
     group_size: int = 8
+    """Answers sampled per prompt, compared with each other (GRPO). 1 only with greedy sampling
+    (temperature 0): a group of one has advantage 0, so such a run trains through the loss's other terms
+    only, and shows how the greedy policy fares."""
     max_req_tokens: int = 16
     max_res_tokens: int = 8
     batch_size: int = 16
@@ -211,8 +226,7 @@ class RunConfig:
             raise ValueError(f"generator.sampling_params max_tokens={max_tokens} > max_res_tokens="
                              f"{self.max_res_tokens}: longer responses would be cut in training; lower it or "
                              "raise max_res_tokens")
-        if self.group_size < 2:
-            raise ValueError(f"RunConfig.group_size={self.group_size}: GRPO compares a group; use >= 2")
+        greedy_check(self.group_size, self.sampling().temperature)
         from forge_nb.rl import ADVANTAGE_METHODS
 
         if self.advantage not in ADVANTAGE_METHODS:

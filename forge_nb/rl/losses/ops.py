@@ -65,7 +65,8 @@ def compute_logprobs(
     `align=False` the logits are already aligned: `logits[:, t]` predicts `target_ids[:, t]`.
     """
     if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}; use 1.0 for the sampling distribution")
+        raise ValueError(f"temperature must be > 0, got {temperature}; use the sampling temperature, or 1.0 "
+                         "for greedy sampling (temperature 0: the logprobs of the raw logits)")
     if logits.dim() != 3 or target_ids.dim() != 2 or logits.shape[0] != target_ids.shape[0]:
         raise ValueError(
             f"compute_logprobs expects logits [B, L, V] and target_ids [B, T], got {tuple(logits.shape)} "
