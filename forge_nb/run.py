@@ -57,7 +57,7 @@ class Run:
                                buffer=self.replay_buffer, task=task,
                                record=lambda changes: self.metrics.event("set", step=self.current_step,
                                                                          changes=changes),
-                               refused=self._change_refused)
+                               refused=self._change_refused, policy=policy)
         sync.attach(trainer, policy)
         self._sync = sync
         self._ctl = Controller(self, config=config, trainer=trainer, policy=policy, task=task,
@@ -224,7 +224,7 @@ class Run:
                      loss_fields=[n for n, where in self._hot.routes.items() if where == "trainer"])
 
     def _change_refused(self, changes: dict[str, Any], reason: str) -> None:
-        logger.warning("run %s: run.set(%s) was refused by the trainer and not applied: %s", self.name, changes, reason)
+        logger.warning("run %s: run.set(%s) was refused and not applied: %s", self.name, changes, reason)
         self.metrics.event("set_refused", step=self.current_step, changes=changes, reason=reason[:500])
 
     def clear_buffer(self, reason: str) -> int:

@@ -4,18 +4,30 @@ Which names can change, and where each applies, is declared once on the config's
 (``forge_nb.config.hot_fields``): "trainer" (sent to the trainer's ``set_hparams``: lr, max_norm,
 the loss's fields), "sampling" (the generators' request overrides: temperature, top_p, max_tokens)
 or "run" (the replay buffer's ``max_policy_age``, the task's ``difficulty``). ``queue`` validates
-and records the change as pending; the training loop calls ``apply`` between steps, and every
-applied change is recorded as a "set" event.
+and records the change as pending (a value the config refuses raises there, in the cell); the
+training loop calls ``apply`` between steps, and every applied change is recorded as a "set" event.
+
+A change the config allows may still be refused where it applies: by the trainer's ``set_hparams``, or
+by vLLM, which reads sampling values only when a request comes. So ``apply`` first sends one cheap
+request (one answer, to :data:`PROBE_PROMPT`) with the new sampling values to one generator, then the
+trainer's part; if either raises, nothing of the change applies, a "set_refused" event says why, and
+the run trains on with the values it had.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from forge_nb.config import trainer_changes
-from forge_nb.service import ReplicaDied
+from forge_nb.service import ActorFailure, ReplicaDied
+
+logger = logging.getLogger(__name__)
+
+PROBE_PROMPT = "Hello"
+"""The prompt of the request that tries new sampling values on one generator before rollouts use them."""
 
 
 class HotChanges:
@@ -23,12 +35,12 @@ class HotChanges:
 
     def __init__(self, routes: dict[str, str], values: dict[str, Any], *, check: Callable[[str, Any], None],
                  trainer: Any, buffer: Any, task: Any, record: Callable[[dict[str, Any]], None],
-                 refused: Callable[[dict[str, Any], str], None]):
+                 refused: Callable[[dict[str, Any], str], None], policy: Any = None):
         self.routes, self.values = dict(routes), dict(values)
         self.pending: dict[str, Any] = {}
         self.sampling: dict[str, Any] = {}  # what rollouts pass to generate(), on top of the config
         self._check, self._trainer, self._buffer, self._task, self._record = check, trainer, buffer, task, record
-        self._refused = refused
+        self._refused, self._policy = refused, policy
         self._lock = asyncio.Lock()
 
     def queue(self, changes: dict[str, Any]) -> dict[str, Any]:
@@ -47,6 +59,18 @@ class HotChanges:
             if not self.pending:
                 return {}
             changes, self.pending = self.pending, {}
+            sampling = {k: v for k, v in changes.items() if self.routes[k] == "sampling"}
+            try:
+                if sampling and self._policy is not None:
+                    await self._policy.generate.route(PROBE_PROMPT, **(self.sampling | sampling | {"n": 1}))
+            except ActorFailure as error:  # the generator died, not the values: try again at the next boundary
+                logger.warning("run.set(%s): the generator trying the new sampling values failed (%s); "
+                               "the change stays pending", changes, error)
+                self.pending = changes | self.pending
+                return {}
+            except Exception as error:  # vLLM refused a value: nothing of the change applies, the run goes on
+                self._refused(changes, "generator: " + _reason(error))
+                return {}
             trainer_part = trainer_changes(changes, self.routes)  # temperature too: its logprobs follow it
             if trainer_part:
                 try:
@@ -54,16 +78,20 @@ class HotChanges:
                 except ReplicaDied:
                     raise  # the run's recovery handles a dead trainer; the change stays unapplied
                 except Exception as error:  # refused: nothing of the change applies, the run goes on
-                    lines = str(error).strip().splitlines()  # a remote error ends with the actor's own line
-                    self._refused(changes, lines[-1] if lines else type(error).__name__)
+                    self._refused(changes, "trainer: " + _reason(error))
                     return {}
+            self.sampling.update(sampling)
             for name, value in changes.items():
-                if self.routes[name] == "sampling":
-                    self.sampling[name] = value
-                elif name == "max_policy_age":
+                if name == "max_policy_age":
                     self._buffer.max_policy_age = int(value)
                 elif name == "difficulty":
                     self._task.difficulty = int(value)
             self.values.update(changes)
             self._record(changes)
             return changes
+
+
+def _reason(error: BaseException) -> str:
+    """The last line of ``error``: a remote error's ends with the actor's own exception."""
+    lines = str(error).strip().splitlines()
+    return lines[-1] if lines else type(error).__name__

@@ -10,11 +10,8 @@ import signal
 import time
 
 import pytest
-import pytest_asyncio
 
-import forge_nb
-from forge_nb.config import LoopConfig, TrainerConfig
-from tests.light_actors import LightGenerator, LightTrainer
+from tests.controller.conftest import events as _events
 from tests.waiting import waiter
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="module")]
@@ -22,36 +19,32 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="module")
 _until = waiter(timeout=60.0, interval=0.02)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def run(tmp_path_factory):
-    cfg = forge_nb.quickstart(
-        run_dir=str(tmp_path_factory.mktemp("fail")), name="light-fail", max_res_tokens=4, group_size=4,
-        batch_size=8, reward_timeout_s=0.3, loop=LoopConfig(rollout_loops=2),
-        trainer=TrainerConfig(lr=0.1, loss="grpo", loss_config={"beta": 0.0}, extra={"step_delay_s": 0.3}))
-    run = await forge_nb.spawn(cfg, progress=False, actors={"policy": LightGenerator, "trainer": LightTrainer})
-    yield run
-    await run.shutdown()
+def _raises(prompt, response, target):
+    raise KeyError("the grader's answer table has no entry " + prompt)
 
 
-def _events(run, kind):
-    return [e for e in run.metrics.events if e["kind"] == kind]
+def _nan(prompt, response, target):
+    return float("nan")
 
 
-async def test_a_reward_that_always_raises_pauses_the_run_naming_it_in_a_few_events(run):
+@pytest.mark.parametrize(("failure", "says"), [(_raises, "KeyError"), (_nan, "returned the non-finite number nan")],
+                         ids=["raises", "nan"])
+async def test_a_reward_that_always_fails_pauses_the_run_naming_it_in_a_few_events(run, failure, says):
     good = list(run.reward_fns)
 
     def broken_reward(prompt, response, target):
-        raise KeyError("the grader's answer table has no entry " + prompt)
+        return failure(prompt, response, target)
 
     run.reward_fns[:] = [broken_reward]
+    quarantined_before, reports_before = run.ledger()["quarantined"], len(_events(run, "quarantine"))
     try:
         with pytest.raises(RuntimeError, match="broken_reward") as raised:
             await run.step(2)
-        assert "quarantined" in str(raised.value) and "KeyError" in str(raised.value)
+        assert "quarantined" in str(raised.value) and says in str(raised.value)
         assert run.state == "paused" and "broken_reward" in run.error
         assert _events(run, "quarantine_pause")
-        reports = _events(run, "quarantine")
-        quarantined = run.ledger()["quarantined"]
+        reports = _events(run, "quarantine")[reports_before:]
+        quarantined = run.ledger()["quarantined"] - quarantined_before
         assert quarantined >= 32 and len(reports) <= 3, (quarantined, len(reports))  # counts, not one per episode
         assert sum(r["episodes"] for r in reports) == quarantined
         assert run.ledger()["balanced"]
