@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from typing import Any
 
 from forge_nb import _proclogs as proclogs
@@ -226,6 +227,10 @@ class Run:
     def _change_refused(self, changes: dict[str, Any], reason: str) -> None:
         logger.warning("run %s: run.set(%s) was refused and not applied: %s", self.name, changes, reason)
         self.metrics.event("set_refused", step=self.current_step, changes=changes, reason=reason[:500])
+        # the cell that called run.set returned long ago: one line where the user looks, the run trains on
+        why = (reason.strip().splitlines() or ["(no reason given)"])[-1][:300]
+        print(f"forge_nb: run {self.name!r}: run.set({_kwargs(changes)}) was refused and rolled back; the run "
+              f"trains on with the old values. Why: {why}", file=sys.stderr)
 
     def clear_buffer(self, reason: str) -> int:
         """Drop every buffered episode, counted in the ledger and recorded as an event."""
@@ -289,3 +294,7 @@ class Run:
             for exporter in self.exporters:
                 exporter.close()
             self._kernel_log.close()
+
+
+def _kwargs(changes: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in changes.items())

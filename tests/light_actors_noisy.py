@@ -1,4 +1,5 @@
-"""Light actors that write logs as vLLM engines do, or raise in a training step (logs view, traceback tests).
+"""Light actors that write logs as vLLM engines do, raise in a training step, or refuse sampling values (logs
+view, traceback and hot-change tests).
 
 Importable by module path in the spawned processes (tests/conftest.py puts the repository on
 PYTHONPATH); kept apart from the test modules so those processes import nothing of pytest.
@@ -10,6 +11,7 @@ import sys
 import traceback
 from typing import Any
 
+from forge_nb.rl.types import Completions
 from forge_nb.service import endpoint
 from tests.light_actors import LightGenerator, LightTrainer
 
@@ -41,3 +43,15 @@ class FailingTrainer(LightTrainer):
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
         self.fail_at_step = (getattr(kwargs.get("trainer"), "extra", {}) or {}).get("fail_at_step")
+
+
+class PickyGenerator(LightGenerator):
+    """A LightGenerator that refuses top_p below 0.5 when a request comes, as vLLM refuses values it cannot
+    serve that the config allows."""
+
+    @endpoint
+    async def generate(self, prompt: str, **overrides: Any) -> Completions:
+        top_p = overrides.get("top_p", 1.0)
+        if top_p < 0.5:
+            raise ValueError(f"PickyGenerator: top_p={top_p} is below what this engine serves (0.5)")
+        return await super().generate(prompt, **overrides)

@@ -5,31 +5,16 @@ a value the generator refuses when it applies rolls back with an event; temperat
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import pytest_asyncio
 
 import forge_nb
 from forge_nb.config import GeneratorConfig
-from forge_nb.rl.types import Completions
-from forge_nb.service import endpoint
 from tests.controller.conftest import events, light_config
 from tests.light_actors import LightGenerator, LightTrainer
+from tests.light_actors_noisy import PickyGenerator
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="module")]
-
-
-class PickyGenerator(LightGenerator):
-    """A LightGenerator that refuses top_p below 0.5 when a request comes, as vLLM refuses values it cannot
-    serve that the config allows. (Spawned processes import this module by path, pytest with it.)"""
-
-    @endpoint
-    async def generate(self, prompt: str, **overrides: Any) -> Completions:
-        top_p = overrides.get("top_p", 1.0)
-        if top_p < 0.5:
-            raise ValueError(f"PickyGenerator: top_p={top_p} is below what this engine serves (0.5)")
-        return await super().generate(prompt, **overrides)
 
 
 @pytest.fixture(scope="module")
