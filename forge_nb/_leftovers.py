@@ -9,6 +9,11 @@ being created right now by a starting engine is never taken). Folders and files 
 (generator sockets, weight files) go when that pid is gone. The run calls :func:`remove_leftovers`
 when it shuts down and when it spawns.
 
+Most of it is gone before that: whoever kills an engine (``forge_nb._procs.kill_groups``, and the
+reaper of a killed kernel) removes the segments it mapped, and the reaper also the kernel's and its procs'
+socket folders and weight files. This module is the fallback for what they cannot attribute (the
+``vllm_dist_*`` files, open in no process) and for processes killed some other way.
+
 Considered: letting each engine clean up after itself (a SIGKILLed process runs nothing) and
 pointing vLLM's temporary files into a per-process folder (``psm_*`` names are fixed by Python's
 ``multiprocessing.shared_memory`` under ``/dev/shm``, whatever TMPDIR says).
@@ -21,30 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from forge_nb._procs import remove_left_by_dead
-
-SHM = Path("/dev/shm")
-#: Where each generator process's vLLM sockets go, in a folder named by its pid (forge_nb.actors.generator).
-SOCKETS_ROOT = Path(tempfile.gettempdir()) / "forge_nb-vllm"
-
-
-def files_in_use() -> set[str]:
-    """Every file some live process maps or holds open (the ones this user may look at)."""
-    used: set[str] = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/maps") as f:
-                used |= {line.split(None, 5)[5].strip() for line in f if line.count(" ") >= 5 and "/" in line}
-        except (OSError, IndexError):
-            pass
-        try:
-            for fd in os.listdir(f"/proc/{entry}/fd"):
-                used.add(os.readlink(f"/proc/{entry}/fd/{fd}"))
-        except OSError:
-            pass
-    return {path.removesuffix(" (deleted)") for path in used}
+from forge_nb._procs import SHM, SOCKETS_ROOT, files_in_use, remove_left_by_dead
 
 
 def orphaned(patterns: list[tuple[Path, str]], min_age_s: float = 30.0) -> list[Path]:

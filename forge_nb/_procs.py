@@ -1,15 +1,39 @@
 """Process helpers for the runtime: is a pid alive (zombies count as dead), kill with a grace period, a
-reaper that kills a mesh's process groups when the kernel dies, and removal of what dead processes left
-in folders named by pid."""
+reaper that kills a mesh's process groups when the kernel dies, and removal of what killed processes left:
+the shared-memory segments only they used, and what is named by their pid in forge_nb's folders.
+
+A SIGKILLed process runs no clean-up, so whoever kills it cleans after it: :func:`kill_groups` reads which
+segments the group's processes map before it kills them and removes those no other process uses (vLLM's
+``psm_*`` message queues, hundreds of MB of apparent size each), and the reaper, once the kernel is gone,
+also removes the kernel's and the procs' socket folders and weight files. What these miss (the
+``vllm_dist_*`` files, which nobody holds open; a reaper that was itself killed) goes at the next spawn or
+shutdown (``forge_nb._leftovers``).
+"""
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
+
+SHM = Path("/dev/shm")
+#: Where each generator process's vLLM sockets go, in a folder named by its pid (forge_nb.actors.generator).
+SOCKETS_ROOT = Path(tempfile.gettempdir()) / "forge_nb-vllm"
+#: Shared-memory files a killed process leaves: Python's ``shared_memory`` segments (vLLM's message queues)
+#: and multiprocessing's named semaphores.
+SEGMENTS = ("psm_*", "sem.mp-*")
+
+
+def weight_files_root() -> Path:
+    """``forge_nb._weights_shm.shm_root()``, read here without importing torch (the reaper needs it)."""
+    return Path(os.environ.get("FORGE_NB_SHM_DIR", "/dev/shm/forge_nb"))
 
 
 def stat_fields(pid: int | str) -> list[str]:
@@ -50,13 +74,34 @@ class StoppedWatch:
         return time.monotonic() - first >= self.after_s
 
 
-def remove_left_by_dead(root: Path) -> list[Path]:
+def files_in_use(pids: Iterable[int | str] | None = None) -> set[str]:
+    """Every file some live process (of ``pids``; None: any) maps or holds open (those this user may look at)."""
+    used: set[str] = set()
+    for entry in os.listdir("/proc") if pids is None else map(str, pids):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/maps") as f:
+                used |= {line.split(None, 5)[5].strip() for line in f if line.count(" ") >= 5 and "/" in line}
+        except (OSError, IndexError):
+            pass
+        try:
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                used.add(os.readlink(f"/proc/{entry}/fd/{fd}"))
+        except OSError:
+            pass
+    return {path.removesuffix(" (deleted)") for path in used}
+
+
+def remove_left_by_dead(root: Path, pids: Iterable[int] | None = None) -> list[Path]:
     """Delete the entries of ``root`` named ``<pid>`` or ``<pid>-...`` whose process is gone (files and
-    folders alike): what a killed process could not clean up itself. Returns what was deleted."""
+    folders alike; only those of ``pids`` when given): what a killed process could not clean up itself.
+    Returns what was deleted."""
+    only = None if pids is None else set(map(str, pids))
     removed = []
     for path in root.iterdir() if root.is_dir() else []:
         pid = path.name.split("-", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
+        if pid.isdigit() and (only is None or pid in only) and not pid_alive(int(pid)):
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
             else:
@@ -82,26 +127,65 @@ def kill_pids(pids: list[int], grace: float) -> None:
                 pass
 
 
-def kill_groups(pgids: list[int]) -> None:
-    """SIGKILL whole process groups: what a dead proc's children (vLLM's engine and workers) still share.
+def group_members(pgids: Iterable[int]) -> list[int]:
+    """The live processes of the process groups ``pgids``."""
+    groups, members = set(map(str, pgids)), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = stat_fields(entry)
+            except (OSError, IndexError):
+                continue
+            if fields[2] in groups and fields[0] != "Z":
+                members.append(int(entry))
+    return members
+
+
+def kill_groups(pgids: list[int]) -> list[int]:
+    """SIGKILL whole process groups: what a dead proc's children (vLLM's engine and workers) still share;
+    then remove the shared-memory segments that only they used. Returns the processes it killed.
 
     A monarch proc leads its own group; the processes it starts inherit it and are re-parented when it
-    dies, so only the group still names them. Never this process's own group.
+    dies, so only the group still names them. Never this process's own group. A segment is removed once
+    no process outside the groups maps it or holds it open (removing one the dying processes still map
+    is harmless: its memory goes when the last of them is gone).
     """
     own = os.getpgid(0)
-    for pgid in pgids:
-        if pgid > 1 and pgid != own:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    groups = [g for g in pgids if g > 1 and g != own]
+    members = group_members(groups)
+    theirs = {path for path in map(Path, files_in_use(members))
+              if path.parent == SHM and any(path.match(pattern) for pattern in SEGMENTS)}
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if theirs:
+        others = [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) not in members]
+        for path in theirs - set(map(Path, files_in_use(others))):
+            path.unlink(missing_ok=True)
+    return members
+
+
+def reap(kernel: int, pgids: list[int], wait_s: float = 10.0) -> None:
+    """The reaper's last act once the kernel is gone: kill the groups (and remove their segments, see
+    :func:`kill_groups`), wait for them to be gone, then remove the socket folders and weight files named
+    by the kernel or the groups' leaders (the procs)."""
+    killed = kill_groups(pgids)
+    deadline = time.monotonic() + wait_s
+    while any(pid_alive(p) for p in killed) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for root in (SOCKETS_ROOT, weight_files_root()):
+        remove_left_by_dead(root, [kernel, *pgids])
 
 
 # A shell loop, in its own session (so a kill of the kernel's process group spares it). While the
 # kernel lives (a zombie is dead: its parent may be slow to reap it) and any of the groups still has a
-# member, it waits; once the kernel is gone, it SIGKILLs the groups. PR_SET_PDEATHSIG takes a mesh proc
-# along with a killed kernel, but not what the proc started (vLLM's engine and workers), which is
-# re-parented to init and would otherwise run on.
+# member, it waits (a shell costs next to nothing all the kernel's life); once the kernel is gone, it stops
+# the groups (nothing more starts or maps a segment meanwhile), runs :func:`reap` in the kernel's
+# interpreter, and SIGKILLs the groups in case that failed. PR_SET_PDEATHSIG takes a mesh proc along with
+# a killed kernel, but not what the proc started (vLLM's engine and workers), which is re-parented to
+# init and would otherwise run on.
 _REAPER = """
 while [ -r /proc/{kernel}/status ] && ! grep -q '^State:.Z' /proc/{kernel}/status; do
   alive=
@@ -109,6 +193,8 @@ while [ -r /proc/{kernel}/status ] && ! grep -q '^State:.Z' /proc/{kernel}/statu
   [ -n "$alive" ] || exit 0
   sleep {period}
 done
+for g in {groups}; do kill -STOP -$g 2>/dev/null; done
+{reap} 2>/dev/null
 for g in {groups}; do kill -9 -$g 2>/dev/null; done
 """
 
@@ -122,7 +208,11 @@ def start_reaper(pgids: list[int], period: float = 0.5) -> subprocess.Popen[byte
     groups = [g for g in pgids if g > 1 and g != own]
     if not groups:
         return None
-    script = _REAPER.format(kernel=os.getpid(), groups=" ".join(map(str, groups)), period=period)
+    kernel, package_parent = os.getpid(), str(Path(__file__).resolve().parents[1])
+    code = (f"import sys; sys.path.insert(0, {package_parent!r}); from forge_nb._procs import reap; "
+            f"reap({kernel}, {groups!r})")
+    script = _REAPER.format(kernel=kernel, groups=" ".join(map(str, groups)), period=period,
+                            reap=shlex.join([sys.executable, "-c", code]))
     return subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 
 from forge_nb._leftovers import SHM, engine_patterns, orphaned, remove_leftovers
+from forge_nb._procs import kill_groups, pid_alive, weight_files_root
 
 
 def test_a_segment_nobody_maps_is_removed_one_in_use_stays():
@@ -46,3 +50,82 @@ def test_a_file_held_open_is_in_use(tmp_path):
         os.close(fd)
     assert path in map(str, orphaned(engine_patterns(), min_age_s=0))
     os.unlink(path)
+
+
+
+# A stand-in for a kernel: it starts a process in its own group (as monarch starts a proc) that creates a
+# shared-memory segment (as a vLLM engine does), leaves a socket folder and weight file named by that
+# process and by itself, starts forge_nb's reaper on the group, and waits to be killed.
+KERNEL = """
+import os, subprocess, sys, time
+from forge_nb._procs import SOCKETS_ROOT, start_reaper, weight_files_root
+proc = subprocess.Popen([sys.executable, "-c", "from multiprocessing import shared_memory; import time\\n"
+                         "m = shared_memory.SharedMemory(create=True, size=4096)\\n"
+                         "print(m.name, flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True,
+                        start_new_session=True)
+segment = proc.stdout.readline().strip()
+for pid in (proc.pid, os.getpid()):
+    (SOCKETS_ROOT / str(pid)).mkdir(parents=True)
+    weight_files_root().mkdir(parents=True, exist_ok=True)
+    (weight_files_root() / f"{pid}-forge_nb.v1.bin").write_bytes(b"0")
+start_reaper([proc.pid], period=0.1)
+print(proc.pid, segment, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_killed_kernel_s_reaper_removes_what_its_procs_left(tmp_path):
+    """The reaper kills the procs' groups once the kernel is gone and removes their segments, socket folders
+    and weight files; a segment another live process maps, and a live process's folder, stay."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "FORGE_NB_SHM_DIR": str(tmp_path / "shm")}
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL], env=env, stdout=subprocess.PIPE, text=True)
+    sockets, weights = tmp_path / "forge_nb-vllm", tmp_path / "shm"
+    try:
+        leader, segment = kernel.stdout.readline().split()
+        leader = int(leader)
+        (sockets / str(os.getpid())).mkdir()  # a live process's: stays
+        assert (SHM / segment).exists() and pid_alive(leader)
+        kernel.kill()
+        kernel.wait()
+        deadline = time.monotonic() + 30
+        while (pid_alive(leader) or (SHM / segment).exists() or len(list(weights.iterdir())) > 0) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(leader), "the reaper did not kill the proc's group"
+        assert not (SHM / segment).exists(), "the proc's segment is left"
+        assert sorted(p.name for p in sockets.iterdir()) == [str(os.getpid())]
+        assert list(weights.iterdir()) == []
+    finally:
+        kernel.kill()
+        with contextlib.suppress(ProcessLookupError, UnboundLocalError, TypeError):
+            os.killpg(leader, signal.SIGKILL)
+
+
+def test_kill_groups_removes_the_segments_only_the_group_used():
+    mine = SHM / f"psm_test{uuid.uuid4().hex[:8]}"
+    shared = SHM / f"psm_test{uuid.uuid4().hex[:8]}"
+    for path in (mine, shared):
+        path.write_bytes(b"\0" * 4096)
+    group = subprocess.Popen([sys.executable, "-c", "import mmap,sys,time\n"
+                              f"fs=[open(p,'r+b') for p in ({str(mine)!r},{str(shared)!r})]\n"
+                              "ms=[mmap.mmap(f.fileno(),0) for f in fs]\n"
+                              "print('mapped', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert group.stdout.readline().strip() == "mapped"
+        with open(shared, "r+b") as f, mmap.mmap(f.fileno(), 0):  # this process maps one of them too
+            assert kill_groups([group.pid]) == [group.pid]
+            assert group.wait(timeout=10) == -signal.SIGKILL
+            assert not mine.exists() and shared.exists()
+    finally:
+        group.kill()
+        for path in (mine, shared):
+            path.unlink(missing_ok=True)
+
+
+def test_the_reaper_reads_the_same_weight_folder_as_the_weights(monkeypatch, tmp_path):
+    from forge_nb._weights_shm import shm_root
+
+    assert weight_files_root() == shm_root()
+    monkeypatch.setenv("FORGE_NB_SHM_DIR", str(tmp_path))
+    assert weight_files_root() == shm_root() == tmp_path
