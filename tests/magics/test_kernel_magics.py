@@ -1,5 +1,6 @@
 """The quickstart driven through the magics in a real kernel: spawn, run, set, interrupt, pause, step, shutdown,
-then %forge_attach, a kernel kill, and %forge_attach in a fresh kernel.
+then %forge_attach, a kernel kill (and what it leaves in /dev/shm and the temporary folder), and %forge_attach
+in a fresh kernel.
 
 One kernel and one run are shared by the tests of this module (the spawn starts two vLLM engines and
 takes about a minute); the tests run in file order and each leaves the run in the state the next expects.
@@ -10,12 +11,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
-from forge_nb._procs import pid_alive
+from forge_nb._procs import SHM, SOCKETS_ROOT, files_in_use, pid_alive, weight_files_root
 from tests.kernel_client import Kernel, Reply
 from tests.procs import descendants
 
@@ -191,27 +195,71 @@ def test_no_process_at_all_is_left_under_the_kernel(kernel):
     assert not leftover, f"processes left under the kernel after %forge_shutdown: {leftover}"
 
 
+#: How long a file must have gone unused before a spawn takes it (``forge_nb._leftovers.remove_leftovers``).
+UNUSED_FOR_S = 30.0
+
+
+def _shm_and_tmp() -> set[Path]:
+    """The entries of /dev/shm, of the temporary folder and of forge_nb's folders in them."""
+    folders = [SHM, Path(tempfile.gettempdir()), weight_files_root(), SOCKETS_ROOT]
+    return {entry for folder in folders if folder.is_dir() for entry in folder.iterdir()}
+
+
+def _left_by(pids: set[int], new: set[Path], used: set[str]) -> dict[str, list[Path]]:
+    """Which of the ``new`` entries belong to the processes ``pids`` (``used``: the files they mapped or held
+    open), by kind. An entry counts when they used it or something under it, when it is named by one of
+    their pids (socket folders, weight files), or when it is a vLLM rendezvous file (no live process holds
+    one open, so these are told apart only by being new); others' entries never count."""
+    left: dict[str, list[Path]] = {}
+    for entry in sorted(new):
+        by_pid = entry.parent in (SOCKETS_ROOT, weight_files_root())
+        if ((by_pid and entry.name.split("-")[0] in map(str, pids)) or entry.name.startswith("vllm_dist_")
+                or str(entry) in used or any(u.startswith(f"{entry}/") for u in used)):
+            kind = "<pid>" if by_pid else re.match(r"[A-Za-z]*", entry.name)[0]
+            left.setdefault(f"{entry.parent}/{kind}*", []).append(entry)
+    return left
+
+
 def test_attach_then_a_killed_kernel_leaves_nothing_and_attach_in_a_fresh_kernel_resumes(kernel):
     """Last in the module: it kills the shared kernel. %forge_attach brings the shut-down run back from its
     directory; a SIGKILLed kernel takes every process of it along within 15 s (monarch's procs by
-    PDEATHSIG, vLLM's engines by forge_nb's reaper); a fresh kernel attaches again and goes on."""
+    PDEATHSIG, vLLM's engines by forge_nb's reaper); a fresh kernel attaches again and goes on.
+
+    What the killed run leaves in /dev/shm and the temporary folder, from listings before the attach and
+    after its processes are gone (only what the run's processes used or named counts). Its processes run no
+    clean-up (SIGKILL), but the reaper that kills the engines removes their ``psm_*`` segments, and the
+    socket folders and weight files named by the kernel and its procs: none of these may be left. The
+    ``vllm_dist_*`` rendezvous files (a few bytes each, open in no process, so nothing tells whose they
+    are) stay until the next spawn, here the fresh kernel's %forge_attach, which takes them once unused
+    for 30 s (the test waits out the rest of those 30 s where the kill came sooner)."""
     run_dir, step, version = kernel.saved
+    before = _shm_and_tmp()
     reply = ok(kernel.run(f"%forge_attach {run_dir}", timeout=480))
     assert "run 'quickstart' is up" in reply.stdout, reply.stdout[-2000:]
     assert value(kernel.run("_value(run.current_step, run.version, run.state)")) == [step, version, "ready"]
     ok(kernel.run("%forge_step 1", timeout=180))
     ok(kernel.run("await run.checkpoint()", timeout=180))
-    under = descendants(kernel.pid)  # mesh procs, vLLM engines and their workers
+    under = descendants(kernel.pid)  # mesh procs, vLLM engines and their workers, the reapers
     assert len(under) >= 4, under
+    pids = {kernel.pid, *under}
+    used = files_in_use(pids)
     os.kill(kernel.pid, signal.SIGKILL)
     deadline = time.monotonic() + 15
     while [p for p in under if pid_alive(p)] and time.monotonic() < deadline:
         time.sleep(0.25)
     assert not [p for p in under if pid_alive(p)], {p: c for p, c in under.items() if pid_alive(p)}
 
+    left = _left_by(pids, _shm_and_tmp() - before, used)
+    print("what the killed run left:", {kind: len(entries) for kind, entries in left.items()})
+    rendezvous = left.pop(f"{tempfile.gettempdir()}/vllm*", [])
+    assert not left, f"the killed run left {left}"
+    youngest = max((p.stat().st_mtime for p in rendezvous if p.exists()), default=0.0)
+    time.sleep(max(0.0, UNUSED_FOR_S + 1 - (time.time() - youngest)))
+
     kernel.restart(now=True)  # a fresh kernel, as after the kill the notebook starts a new one
     ok(kernel.run("%load_ext forge_nb\n" + HELPERS))
     reply = ok(kernel.run(f"%forge_attach {run_dir}", timeout=480))
     assert "run 'quickstart' is up" in reply.stdout, reply.stdout[-2000:]
+    assert not [p for p in rendezvous if p.exists()], "the next spawn did not remove the killed run's files"
     assert value(kernel.run("_value(run.current_step, run.version)")) == [step + 1, version + 1]
     ok(kernel.run("%forge_shutdown", timeout=180))
