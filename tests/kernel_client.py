@@ -118,6 +118,14 @@ class Kernel:
     def is_alive(self) -> bool:
         return self.km.is_alive()
 
+    def shutdown_runs_and_close(self) -> None:
+        """As a notebook's last cell and File > Shut Down: ``%forge_shutdown`` while the kernel lives, then stop it."""
+        try:
+            if self.is_alive():
+                self.run("%forge_shutdown", timeout=120)
+        finally:
+            self.shutdown(now=True)
+
     def shutdown(self, now: bool = False) -> None:
         try:
             self.kc.stop_channels()

@@ -43,11 +43,7 @@ def kernel(tmp_path_factory):
         ok(k.run("%load_ext forge_nb\nfrom tests.actors_for_tests import Worker"))
         yield k
     finally:
-        try:
-            if k.is_alive():
-                k.run("%forge_shutdown", timeout=120)
-        finally:
-            k.shutdown(now=True)
+        k.shutdown_runs_and_close()
 
 
 def test_a_service_endpoint_that_raises_shows_its_remote_traceback_in_the_awaiting_cell(kernel):

@@ -66,11 +66,7 @@ def kernel(tmp_path_factory):
         k.spawned = spawned
         yield k
     finally:
-        try:
-            if k.is_alive():
-                k.run("%forge_shutdown", timeout=120)
-        finally:
-            k.shutdown(now=True)
+        k.shutdown_runs_and_close()
 
 
 def test_spawn_binds_the_run_and_its_services(kernel):
