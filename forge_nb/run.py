@@ -228,9 +228,8 @@ class Run:
         logger.warning("run %s: run.set(%s) was refused and not applied: %s", self.name, changes, reason)
         self.metrics.event("set_refused", step=self.current_step, changes=changes, reason=reason[:500])
         # the cell that called run.set returned long ago: one line where the user looks, the run trains on
-        why = (reason.strip().splitlines() or ["(no reason given)"])[-1][:300]
         print(f"forge_nb: run {self.name!r}: run.set({_kwargs(changes)}) was refused and rolled back; the run "
-              f"trains on with the old values. Why: {why}", file=sys.stderr)
+              f"trains on with the old values. Why: {reason[:300]}", file=sys.stderr)  # one line (HotChanges)
 
     def clear_buffer(self, reason: str) -> int:
         """Drop every buffered episode, counted in the ledger and recorded as an event."""

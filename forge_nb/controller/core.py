@@ -58,6 +58,7 @@ from forge_nb.controller.weight_sync import WeightSync
 from forge_nb.metrics import MetricsStore
 from forge_nb.rl import Episode, ReplayBuffer, collate
 from forge_nb.service import ReplicaDied
+from forge_nb.service.errors import last_line
 
 logger = logging.getLogger(__name__)
 
@@ -460,10 +461,9 @@ class Controller(SupervisedLoop):
         self.metrics.event("error", loop=name, error=self.error)
         self._running.clear()
         self.set_state("failed")
-        cause = str(error).strip().splitlines()[-1:] or [type(error).__name__]  # a remote error's last line
-        self._tell(f"run {self.name!r} stopped: loop {name} raised {type(error).__name__}: {cause[0]}\n  fix the "
-                   "cause, then run.start() (%forge_run); the traceback: run.logs('kernel') (%forge_logs kernel)",
-                   error=self.error)
+        self._tell(f"run {self.name!r} stopped: loop {name} raised {type(error).__name__}: {last_line(error)}\n"
+                   "  fix the cause, then run.start() (%forge_run); the traceback: run.logs('kernel') "
+                   "(%forge_logs kernel)", error=self.error)
         self._cleanup = asyncio.get_running_loop().create_task(self._stop_after_failure(),
                                                                name=f"forge_nb.{self.name}.cleanup")
 

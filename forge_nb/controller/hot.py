@@ -23,6 +23,7 @@ from typing import Any
 
 from forge_nb.config import trainer_changes
 from forge_nb.service import ActorFailure, ReplicaDied
+from forge_nb.service.errors import last_line
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class HotChanges:
                 self.pending = changes | self.pending
                 return {}
             except Exception as error:  # vLLM refused a value: nothing of the change applies, the run goes on
-                self._refused(changes, "generator: " + _reason(error))
+                self._refused(changes, "generator: " + last_line(error))
                 return {}
             trainer_part = trainer_changes(changes, self.routes)  # temperature too: its logprobs follow it
             if trainer_part:
@@ -78,7 +79,7 @@ class HotChanges:
                 except ReplicaDied:
                     raise  # the run's recovery handles a dead trainer; the change stays unapplied
                 except Exception as error:  # refused: nothing of the change applies, the run goes on
-                    self._refused(changes, "trainer: " + _reason(error))
+                    self._refused(changes, "trainer: " + last_line(error))
                     return {}
             self.sampling.update(sampling)
             for name, value in changes.items():
@@ -89,9 +90,3 @@ class HotChanges:
             self.values.update(changes)
             self._record(changes)
             return changes
-
-
-def _reason(error: BaseException) -> str:
-    """The last line of ``error``: a remote error's ends with the actor's own exception."""
-    lines = str(error).strip().splitlines()
-    return lines[-1] if lines else type(error).__name__

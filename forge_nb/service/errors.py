@@ -23,6 +23,13 @@ from __future__ import annotations
 from typing import Any
 
 
+def last_line(error: BaseException) -> str:
+    """The last line of ``error``'s message (its type's name if it has none): an endpoint's error, as monarch's
+    ``ActorError`` carries it, ends with the actor's own exception line after the remote traceback."""
+    lines = str(error).strip().splitlines()
+    return lines[-1] if lines else type(error).__name__
+
+
 class ActorFailure(RuntimeError):
     """An actor or a replica is gone: its process died or hung, or it could not start.
 
