@@ -35,6 +35,9 @@ async def test_a_reward_that_always_fails_pauses_the_run_naming_it_in_a_few_even
     def broken_reward(prompt, response, target):
         return failure(prompt, response, target)
 
+    # Stopping cancels the rollouts in flight and reports what was quarantined so far, so groups of an
+    # earlier step cannot land (or be reported) in the middle of this test's counts.
+    await run.stop()
     run.reward_fns[:] = [broken_reward]
     quarantined_before, reports_before = run.ledger()["quarantined"], len(_events(run, "quarantine"))
     try:
@@ -43,6 +46,7 @@ async def test_a_reward_that_always_fails_pauses_the_run_naming_it_in_a_few_even
         assert "quarantined" in str(raised.value) and says in str(raised.value)
         assert run.state == "paused" and "broken_reward" in run.error
         assert _events(run, "quarantine_pause")
+        await run.stop()  # groups still generating when the run paused land or are cancelled; all reported
         reports = _events(run, "quarantine")[reports_before:]
         quarantined = run.ledger()["quarantined"] - quarantined_before
         assert quarantined >= 32 and len(reports) <= 3, (quarantined, len(reports))  # counts, not one per episode
