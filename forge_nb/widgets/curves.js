@@ -10,7 +10,7 @@
 // Why not plotly: on a 2-core machine chromium spent ~120 ms redrawing the nine-panel plotly figure at
 // every update, and plotly's FigureWidget answered each update with deltas; 40% of the training steps
 // were lost with the dashboard on screen (bench/RESULTS.md). This view gets only the new points, never
-// replies to an update, redraws at most once per redraw_interval (1 s), and only while it is on screen.
+// replies to an update, redraws at most once per redraw_interval (2 s), and only while it is on screen.
 //
 // Two hosts run this module: anywidget in JupyterLab (CurvesView), and panel's JSComponent in the panel
 // app (PanelCurves, forge_nb/widgets/panel_app.py). `adapt` gives the second the first's model API;
@@ -309,11 +309,12 @@ function render({ model: host, el }) {
   }
 
   function markLabel(chart, u) {
-    // The labels of the marks under the cursor (within 5 px), above the panel; the legend shows the values
-    // at the cursor, and the latest ones while the cursor is elsewhere.
-    const left = u.cursor.left, all = model.get("marks");
-    if ((left == null || left < 0) && u.data[0].length) u.setLegend({ idx: u.data[0].length - 1 }, false);
-    const near = left == null || left < 0 ? [] : all.filter(([step]) => Math.abs(u.valToPos(step, "x") - left) < 5);
+    // The labels of the marks under the cursor (within 5 px), above the panel. The legend shows the values
+    // at the cursor while it is over a panel (any panel: the cursor is shared) and only the names otherwise:
+    // writing the latest values into nine legends at every redraw cost chromium as much as the drawing.
+    const left = u.cursor.left, all = model.get("marks"), over = left != null && left >= 0;
+    if (chart.box.classList.contains("forge-hovered") !== over) chart.box.classList.toggle("forge-hovered", over);
+    const near = over ? all.filter(([step]) => Math.abs(u.valToPos(step, "x") - left) < 5) : [];
     const text = near.map(m => `step ${m[0]}: ${m[2]}`).join("; ");
     if (chart.label.textContent !== text) chart.label.textContent = text;
   }

@@ -8,7 +8,7 @@
 The store calls ``observe`` for every recorded row and event (on the recording thread). That only
 appends to :class:`CurveData` and pokes a :class:`Throttle`; at most ~4 times a second the throttle
 sends the new points of the changed traces as one custom message. The page (``curves.js``) appends
-them, redraws at most every ``redraw_interval`` seconds (1) and only while the view is on screen,
+them, redraws at most every ``redraw_interval`` seconds (2) and only while the view is on screen,
 and never answers an update. A view that opens late, or misses a message, asks for everything once
 (``{"type": "sync"}``). The layout, trace styles, event marks and the smoothing weight are synced
 traits, which change rarely.
@@ -47,8 +47,9 @@ from forge_nb.widgets._throttle import Throttle
 
 CURVES_JS = pathlib.Path(__file__).with_name("curves.js")  #: the page half, in both hosts
 VENDOR = pathlib.Path(__file__).with_name("vendor")  #: uPlot 1.6.32 (npm ``uplot``), its LICENSE, our CSS
-#: seconds between the page's redraws for new points, in both hosts (bench/dashboard_browser.py)
-REDRAW_INTERVAL = 1.0
+#: seconds between the page's redraws for new points, in both hosts: at 1 s the uPlot curves cost 2-4% of
+#: a 2-core run's steps with JupyterLab showing them (bench/dashboard_browser.py, bench/RESULTS.md)
+REDRAW_INTERVAL = 2.0
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 SMOOTHING = 0.6  #: the EMA weight a view opens with (TensorBoard's default); its slider goes 0..0.99
 

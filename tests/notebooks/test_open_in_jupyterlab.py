@@ -246,7 +246,7 @@ def _run_all_with_a_small_budget(page: Any, url: str, seen: dict[tuple[int, str 
                       page.locator(f"{SIDE} .forge-dashboard").is_visible(), _in_view(page, STATUS))
             in_view_while_running = looked[0] >= 3 and all(looked[1:])
             if in_view_while_running:
-                time.sleep(1.5)  # the curves redraw at most once a second: the screenshot shows the points
+                time.sleep(2.5)  # the curves redraw at most every 2 s: the screenshot shows the points
                 page.screenshot(path=str(ARTIFACTS / "quickstart-running-side-panel.png"))
         time.sleep(0.5)
     page.screenshot(path=str(ARTIFACTS / "quickstart-finished-side-panel.png"))

@@ -251,8 +251,13 @@ def test_jupyterlab_dashboard_renders_lists_replicas_grows_and_pauses(lab: Lab) 
     time.sleep(4)
     assert _points(page, CURVES) == settled, "the curve grew while paused"
     assert settled == int(lab.kernel_eval(KERNEL_POINTS)), "the page lost or added points"
-    over = page.locator(f"{CURVES} .forge-curves-panel[data-title='reward'] .u-over").bounding_box()
-    page.mouse.move(over["x"] + over["width"] / 2, over["y"] + 30)  # the legend reads the hovered step
+    reward_value = page.locator(f"{CURVES} .forge-curves-panel[data-title='reward'] .u-legend "
+                                ".u-series:not(.forge-nolegend)", has_text="reward mean").locator(".u-value")
+    assert not reward_value.is_visible(), "the legend shows values only while the cursor is over a panel"
+    over = page.locator(f"{CURVES} .forge-curves-panel[data-title='loss'] .u-over").bounding_box()
+    page.mouse.move(over["x"] + over["width"] / 2, over["y"] + 30)  # the shared cursor: every legend reads its step
+    reward_value.wait_for(state="visible", timeout=10_000)
+    assert 0.0 <= float(reward_value.inner_text()) <= 1.0
     lab.shot("lab-dashboard-paused", selector=".forge-dashboard")
     assert later > first > 0
 

@@ -1,0 +1,237 @@
+"""The CPU quickstart against TRL's GRPOTrainer on the same task, side by side (issue 24).
+
+Both learn the quickstart's toy task ("c" -> "cccc", `forge_nb.rl.tasks.ToyTask`, scored by its
+`PatternReward`) from the same locally built tiny Qwen3 (`forge_nb.models.build_tiny_model`), with 16
+completions of at most 4 tokens a step at temperature 1.0 and no KL term:
+
+- **TRL** (`trl.GRPOTrainer`, installed by the ``bench`` extra): generation by transformers in the
+  training process, no vLLM; groups of 8 (2 prompts a step), lr 3e-3 constant, beta 0 - the settings the
+  issue measured it with.
+- **forge_nb**: `forge_nb.quickstart()` as shipped (two vLLM CPU generator replicas in their own
+  processes, the trainer actor, weights through torchstore; groups of 4, lr 7e-4, async).
+
+Each run is its own process, started by this script (the clock starts at its launch, so imports, model
+loading and spawning count), one seed after another with the order flipped each seed so that neither
+side always runs on a machine warmed (or loaded) by the other. Per run it records every step's time and
+mean reward and reports the steady rate (steps per second from step ``--skip`` to the last) and the time
+from launch to the first step whose last-10 mean reward is >= 0.8. It prints, medians over seeds:
+
+    RESULT quickstart_steps_per_s_vs_trl <forge_nb steady steps/s / TRL's> (target >= 1; first 0.5)
+    RESULT time_to_0.8_vs_trl <forge_nb seconds from launch to 0.8 / TRL's> (target <= 2)
+    RESULT quickstart_launch_to_first_step_s <forge_nb: launch to the first training step>
+
+and forge_nb's per-step breakdown (the controller's own ``time/*`` metrics, medians over the steady
+steps): waiting for a batch, the trainer's ``train_step``, pushing the weights, the generators' update.
+A run that never reaches 0.8 in its budget counts as infinitely slow for that median.
+
+    .venv/bin/pip install -e '.[bench]'
+    .venv/bin/python bench/vs_trl.py [--seeds 3] [--trl-budget-s 60] [--forge-steps 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+TARGET = 0.8
+WINDOW = 10  # steps in the moving mean that must reach TARGET
+BREAKDOWN = ("time/wait_batch_s", "time/train_s", "time/push_s", "time/update_s", "time/step_s")
+
+
+# -- what a run reports -----------------------------------------------------------------------------
+
+def reach_time(times: list[float], rewards: list[float], launch: float) -> float:
+    """Seconds from launch to the first step whose last-WINDOW mean reward is >= TARGET (inf if none)."""
+    for i in range(WINDOW - 1, len(rewards)):
+        if sum(rewards[i - WINDOW + 1 : i + 1]) / WINDOW >= TARGET:
+            return times[i] - launch
+    return math.inf
+
+
+def steady_rate(times: list[float], skip: int) -> float:
+    """Steps per second from step ``skip`` to the last (the first steps carry warm-up costs)."""
+    if len(times) <= skip + 1:
+        return float("nan")
+    return (len(times) - 1 - skip) / (times[-1] - times[skip])
+
+
+def summary(record: dict[str, Any], skip: int) -> dict[str, Any]:
+    times, rewards, launch = record["times"], record["rewards"], record["launch"]
+    return {"steps": len(times), "rate": steady_rate(times, skip), "to_target_s": reach_time(times, rewards, launch),
+            "first_step_s": times[0] - launch if times else math.inf,
+            "last10": statistics.mean(rewards[-WINDOW:]) if rewards else 0.0}
+
+
+# -- the two sides, each in its own process ---------------------------------------------------------
+
+def tiny_model(seed: int, folder: Path) -> Path:
+    from forge_nb.models import TinyModelConfig, build_tiny_model
+
+    return build_tiny_model(folder / f"tiny-{seed}", TinyModelConfig(alphabet="abcdefgh", seed=seed))
+
+
+def trl_side(args: argparse.Namespace) -> dict[str, Any]:
+    """TRL's GRPOTrainer on the toy task until ``--trl-steps`` or ``--trl-budget-s`` seconds of training."""
+    import torch
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerFast, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from forge_nb.rl.tasks import PatternReward, ToyTask
+
+    torch.manual_seed(args.seed)
+    folder = Path(args.workdir)
+    model = tiny_model(args.seed, folder)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(model)
+    tokenizer.padding_side = "left"
+    task = ToyTask(seed=args.seed)
+    rows = [task.sample() for _ in range(max(64, 2 * args.trl_steps + 64))]
+    data = Dataset.from_list([{"prompt": r["request"], "target": r["target"]} for r in rows])
+    pattern = PatternReward()
+
+    def pattern_reward(prompts: list[str], completions: list[str], target: list[str], **_: Any) -> list[float]:
+        return [pattern(p, c, t) for p, c, t in zip(prompts, completions, target, strict=True)]
+
+    times: list[float] = []
+    rewards: list[float] = []
+    started: list[float] = []
+
+    class Record(TrainerCallback):
+        def on_train_begin(self, *_: Any, **__: Any) -> None:
+            started.append(time.time())
+
+        def on_log(self, _args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **_: Any) -> None:
+            if logs and "reward" in logs:
+                times.append(time.time())
+                rewards.append(float(logs["reward"]))
+            if times and times[-1] - started[0] > args.trl_budget_s:
+                control.should_training_stop = True
+
+    config = GRPOConfig(
+        output_dir=str(folder / f"trl-out-{args.seed}"), use_cpu=True, report_to="none", save_strategy="no",
+        logging_steps=1, disable_tqdm=True, seed=args.seed, max_steps=args.trl_steps,
+        per_device_train_batch_size=16, num_generations=8, max_completion_length=4,
+        learning_rate=3e-3, lr_scheduler_type="constant", beta=0.0, temperature=1.0)
+    trainer = GRPOTrainer(model=str(model), reward_funcs=pattern_reward, args=config, train_dataset=data,
+                          processing_class=tokenizer, callbacks=[Record()])
+    trainer.train()
+    return {"times": times, "rewards": rewards}
+
+
+def forge_side(args: argparse.Namespace) -> dict[str, Any]:
+    """The quickstart as shipped, ``--forge-steps`` steps (stopping early once ``--forge-budget-s`` passed)."""
+    import forge_nb
+
+    async def train() -> dict[str, Any]:
+        cfg = forge_nb.quickstart(run_dir=str(Path(args.workdir) / f"forge-run-{args.seed}"), seed=args.seed)
+        run = await forge_nb.spawn(cfg, progress=False)
+        spawned = time.time()
+        try:
+            while run.current_step < args.forge_steps and time.time() - spawned < args.forge_budget_s:
+                await run.step(min(10, args.forge_steps - run.current_step))
+        finally:
+            await run.stop()
+        rows = [r for r in run.metrics.rows if "reward/mean" in r]
+        steady = rows[args.skip:]
+        breakdown = {k: statistics.median(r[k] for r in steady if k in r) for k in BREAKDOWN
+                     if any(k in r for r in steady)}
+        await run.shutdown()
+        return {"times": [r["time"] for r in rows], "rewards": [r["reward/mean"] for r in rows],
+                "spawned": spawned, "breakdown": breakdown}
+
+    return asyncio.run(train())
+
+
+def child(args: argparse.Namespace) -> None:
+    record = (trl_side if args.child == "trl" else forge_side)(args)
+    Path(args.out).write_text(json.dumps(record))
+
+
+def launch(side: str, seed: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Run one side in a fresh process; its record, with the launch time."""
+    out = workdir / f"{side}-{seed}.json"
+    log = workdir / f"{side}-{seed}.log"
+    command = [sys.executable, os.path.abspath(__file__), "--child", side, "--seed", str(seed), "--out", str(out),
+               "--workdir", str(workdir), "--trl-steps", str(args.trl_steps), "--trl-budget-s", str(args.trl_budget_s),
+               "--forge-steps", str(args.forge_steps), "--forge-budget-s", str(args.forge_budget_s),
+               "--skip", str(args.skip)]
+    launched = time.time()
+    with open(log, "w") as f:
+        done = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, check=False)
+    if done.returncode != 0:
+        tail = log.read_text().splitlines()[-15:]
+        raise SystemExit(f"{side} seed {seed} failed (exit {done.returncode}); the end of {log}:\n" + "\n".join(tail))
+    record = json.loads(out.read_text())
+    record["launch"] = launched
+    return record
+
+
+def ratio(a: float, b: float) -> float:
+    if math.isinf(a) and math.isinf(b):
+        return float("nan")
+    return a / b if b else math.inf
+
+
+def main(args: argparse.Namespace) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="bench-vs-trl-"))
+    print(f"logs and records in {workdir}", flush=True)
+    results: dict[str, list[dict[str, Any]]] = {"trl": [], "forge_nb": []}
+    breakdowns: list[dict[str, float]] = []
+    for seed in range(args.seeds):
+        order = ("trl", "forge_nb") if seed % 2 == 0 else ("forge_nb", "trl")
+        for side in order:
+            record = launch("trl" if side == "trl" else "forge", seed, args, workdir)
+            s = summary(record, args.skip)
+            results[side].append(s)
+            extra = ""
+            if side == "forge_nb":
+                breakdowns.append(record["breakdown"])
+                extra = f"; spawn {record['spawned'] - record['launch']:.1f} s"
+            print(f"seed {seed} {side:8}: {s['steps']:5d} steps, {s['rate']:6.2f} steps/s steady, first step "
+                  f"{s['first_step_s']:5.1f} s, last-10 reward {s['last10']:.2f}, reward {TARGET} at "
+                  f"{s['to_target_s']:.1f} s from launch{extra}", flush=True)
+    med = {side: {k: statistics.median(r[k] for r in rs) for k in ("rate", "to_target_s", "first_step_s")}
+           for side, rs in results.items()}
+    for side, m in med.items():
+        print(f"{side:8} median: {m['rate']:.2f} steps/s, first step {m['first_step_s']:.1f} s, "
+              f"reward {TARGET} at {m['to_target_s']:.1f} s from launch")
+    parts = [f"{k.removeprefix('time/').removesuffix('_s')} {1000 * statistics.median(b[k] for b in breakdowns):.0f} ms"
+             for k in BREAKDOWN if all(k in b for b in breakdowns)]
+    print("forge_nb per step (median over its steady steps, then over seeds): " + ", ".join(parts))
+    print(f"RESULT quickstart_steps_per_s_vs_trl {ratio(med['forge_nb']['rate'], med['trl']['rate']):.3f} "
+          "(target >= 1; first milestone 0.5)")
+    print(f"RESULT time_to_0.8_vs_trl {ratio(med['forge_nb']['to_target_s'], med['trl']['to_target_s']):.2f} "
+          "(target <= 2)")
+    print(f"RESULT quickstart_launch_to_first_step_s {med['forge_nb']['first_step_s']:.1f} (target 15)")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--trl-steps", type=int, default=3000, help="TRL: at most this many steps")
+    ap.add_argument("--trl-budget-s", type=float, default=60.0, help="TRL: seconds of training at most")
+    ap.add_argument("--forge-steps", type=int, default=120, help="forge_nb: steps")
+    ap.add_argument("--forge-budget-s", type=float, default=120.0, help="forge_nb: seconds of training at most")
+    ap.add_argument("--skip", type=int, default=10, help="steps left out of the steady rate")
+    ap.add_argument("--child", choices=("trl", "forge"), help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", help=argparse.SUPPRESS)
+    parsed = ap.parse_args()
+    if parsed.child:
+        child(parsed)
+    else:
+        main(parsed)
