@@ -8,7 +8,8 @@ completions of at most 4 tokens a step at temperature 1.0 and no KL term:
   training process, no vLLM; groups of 8 (2 prompts a step), lr 3e-3 constant, beta 0 - the settings the
   issue measured it with.
 - **forge_nb**: `forge_nb.quickstart()` as shipped (two vLLM CPU generator replicas in their own
-  processes, the trainer actor, weights through torchstore; groups of 4, lr 7e-4, async).
+  processes, the trainer actor, weights through torchstore; groups of 4, lr 7e-4, async), started in
+  the background as ``%forge_run`` does and stopped after ``--forge-steps`` steps.
 
 Each run is its own process, started by this script (the clock starts at its launch, so imports, model
 loading and spawning count), one seed after another with the order flipped each seed so that neither
@@ -139,9 +140,12 @@ def forge_side(args: argparse.Namespace) -> dict[str, Any]:
         cfg = forge_nb.quickstart(run_dir=str(Path(args.workdir) / f"forge-run-{args.seed}"), seed=args.seed)
         run = await forge_nb.spawn(cfg, progress=False)
         spawned = time.time()
+        run.start()  # in the background, as %forge_run does (run.step(n) pauses after n: ~1 s each time)
         try:
             while run.current_step < args.forge_steps and time.time() - spawned < args.forge_budget_s:
-                await run.step(min(10, args.forge_steps - run.current_step))
+                if run.error:
+                    raise RuntimeError(run.error)
+                await asyncio.sleep(0.05)
         finally:
             await run.stop()
         rows = [r for r in run.metrics.rows if "reward/mean" in r]
