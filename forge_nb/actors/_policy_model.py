@@ -68,6 +68,21 @@ def choose_engine(requested: str, device: torch.device, model_type: str) -> tupl
     return "transformers", reason
 
 
+
+def one_cpu_thread() -> None:
+    """On CPU, one intra-op thread for this process unless ``OMP_NUM_THREADS`` says otherwise.
+
+    The trainer and the reference model share the CPU with vLLM's engines, whose workers (pinned to cores)
+    and engine cores busy-wait for a second after each message. With torch's default of one thread per
+    core, a forward or backward waits at every parallel region for its thread on the busiest core: on 2
+    cores the quickstart's ``train_step`` took ~50 ms most steps and ~1 s (a spin period) every few steps,
+    2.4-2.8 steps/s overall; with one thread every step took 25-90 ms, 5.0 steps/s (bench/vs_trl.py,
+    bench/RESULTS.md). vLLM drops its own CPU workers to one thread for the same reason."""
+    if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() != 1:
+        logger.info("using 1 CPU thread (was %d): the CPU is shared with the generators' engines; "
+                    "set OMP_NUM_THREADS to choose", torch.get_num_threads())
+        torch.set_num_threads(1)
+
 class PolicyModel:
     """A causal LM on one device, maybe FSDP2-sharded, with a padding-aware forward and HF-named weights."""
 
@@ -92,6 +107,8 @@ class PolicyModel:
         """Load ``path`` (a resolved local folder) on this rank's device; returns (model, fallback reason)."""
         config = read_config(path)
         device = device_for_rank(rank)
+        if device.type == "cpu":
+            one_cpu_thread()
         engine, reason = choose_engine(requested, device, config.get("model_type", ""))
         if pad_id is None:
             pad_id = _pad_id(path, config)

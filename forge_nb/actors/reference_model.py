@@ -102,10 +102,10 @@ class ReferenceModel(ForgeActor):
 
     @endpoint
     async def info(self) -> dict[str, Any]:
-        """Engine, and why torchtitan was not used (if so)."""
+        """Engine, why torchtitan was not used (if so), device and CPU threads."""
         if self.policy is None:
             raise RuntimeError("the reference model is not set up: await ref.setup.call() first")
         return {
             "engine": self.policy.engine, "fallback_reason": self.fallback_reason,
-            "device": str(self.policy.device),
+            "device": str(self.policy.device), "cpu_threads": torch.get_num_threads(),
         }

@@ -322,11 +322,11 @@ class RLTrainer(ForgeActor):
 
     @endpoint
     async def info(self) -> dict[str, Any]:
-        """Engine, why torchtitan was not used (if so), device, ranks, step and hyperparameters."""
+        """Engine, why torchtitan was not used (if so), device, CPU threads, ranks, step and hyperparameters."""
         policy = self._policy()
         return {
             "engine": policy.engine, "fallback_reason": self.fallback_reason, "device": str(policy.device),
-            "world_size": self.world, "rank": self.rank, "step": self.step,
+            "cpu_threads": torch.get_num_threads(), "world_size": self.world, "rank": self.rank, "step": self.step,
             "hparams": hparams(self.opt_cfg, self.train_cfg, self.loss_fn),
         }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -58,5 +60,6 @@ async def test_reference_logprobs_equal_the_initial_policy_and_ignore_padding(tm
         if not torch.cuda.is_available():
             info = await ref.info.call_one()
             assert info["engine"] == "transformers" and "no backward on CPU" in info["fallback_reason"]
+            assert info["cpu_threads"] == int(os.environ.get("OMP_NUM_THREADS", "1"))
     finally:
         await mesh.stop()
