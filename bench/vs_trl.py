@@ -140,7 +140,7 @@ def forge_side(args: argparse.Namespace) -> dict[str, Any]:
         cfg = forge_nb.quickstart(run_dir=str(Path(args.workdir) / f"forge-run-{args.seed}"), seed=args.seed)
         run = await forge_nb.spawn(cfg, progress=False)
         spawned = time.time()
-        run.start()  # in the background, as %forge_run does (run.step(n) pauses after n: ~1 s each time)
+        run.start()  # in the background, as %forge_run does: no pause at chunk boundaries
         try:
             while run.current_step < args.forge_steps and time.time() - spawned < args.forge_budget_s:
                 if run.error:
