@@ -44,6 +44,21 @@ def stat_fields(pid: int | str) -> list[str]:
         return f.read().rsplit(")", 1)[1].split()
 
 
+def started(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), or None if there is no
+    such process. With the pid it names one process for good: pids are reused, start times are not."""
+    try:
+        return int(stat_fields(pid)[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def same_process(pid: int, start: int | None) -> bool:
+    """True while ``pid`` is alive and is the process that started at ``start`` (not a later one that got its
+    pid); with ``start`` None, only whether ``pid`` is alive."""
+    return pid_alive(pid) and (start is None or started(pid) == start)
+
+
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` runs. A zombie counts as dead; we never reap (monarch waits on its children)."""
     try:
@@ -141,7 +156,7 @@ def group_members(pgids: Iterable[int]) -> list[int]:
     return members
 
 
-def kill_groups(pgids: list[int]) -> list[int]:
+def kill_groups(pgids: list[int], leaders: dict[int, int | None] | None = None) -> list[int]:
     """SIGKILL whole process groups: what a dead proc's children (vLLM's engine and workers) still share;
     then remove the shared-memory segments that only they used. Returns the processes it killed.
 
@@ -149,9 +164,17 @@ def kill_groups(pgids: list[int]) -> list[int]:
     dies, so only the group still names them. Never this process's own group. A segment is removed once
     no process outside the groups maps it or holds it open (removing one the dying processes still map
     is harmless: its memory goes when the last of them is gone).
+
+    ``leaders`` maps a group to its leader's start (:func:`started`, taken at spawn). Linux hands out a pid
+    again only once no process or group uses it, so a process holding a group's pid that started at
+    another time means the group ended and the pid now names someone else's process (a browser, a
+    server started in its own session): that group is left alone. Without this check a mesh stopped long
+    after its proc died killed whatever got the pid (on a 2-core box with pid_max 32768 the test suite
+    saw its own browser killed).
     """
     own = os.getpgid(0)
-    groups = [g for g in pgids if g > 1 and g != own]
+    leaders = leaders or {}
+    groups = [g for g in pgids if g > 1 and g != own and not _taken_over(g, leaders.get(g))]
     members = group_members(groups)
     theirs = {path for path in map(Path, files_in_use(members))
               if path.parent == SHM and any(path.match(pattern) for pattern in SEGMENTS)}
@@ -167,11 +190,19 @@ def kill_groups(pgids: list[int]) -> list[int]:
     return members
 
 
-def reap(kernel: int, pgids: list[int], wait_s: float = 10.0) -> None:
+def _taken_over(pgid: int, start: int | None) -> bool:
+    """Whether the pid ``pgid`` now names a process other than the group's leader that started at ``start``."""
+    if start is None:
+        return False
+    now = started(pgid)
+    return now is not None and now != start
+
+
+def reap(kernel: int, pgids: list[int], wait_s: float = 10.0, leaders: dict[int, int | None] | None = None) -> None:
     """The reaper's last act once the kernel is gone: kill the groups (and remove their segments, see
     :func:`kill_groups`), wait for them to be gone, then remove the socket folders and weight files named
     by the kernel or the groups' leaders (the procs)."""
-    killed = kill_groups(pgids)
+    killed = kill_groups(pgids, leaders)
     deadline = time.monotonic() + wait_s
     while any(pid_alive(p) for p in killed) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -199,7 +230,8 @@ for g in {groups}; do kill -9 -$g 2>/dev/null; done
 """
 
 
-def start_reaper(pgids: list[int], period: float = 0.5) -> subprocess.Popen[bytes] | None:
+def start_reaper(pgids: list[int], period: float = 0.5,
+                 leaders: dict[int, int | None] | None = None) -> subprocess.Popen[bytes] | None:
     """Start a process that SIGKILLs the process groups ``pgids`` if this process dies, however it dies.
 
     It ends by itself once the groups are empty; ``Mesh.stop`` ends it at once (the groups are killed
@@ -210,7 +242,7 @@ def start_reaper(pgids: list[int], period: float = 0.5) -> subprocess.Popen[byte
         return None
     kernel, package_parent = os.getpid(), str(Path(__file__).resolve().parents[1])
     code = (f"import sys; sys.path.insert(0, {package_parent!r}); from forge_nb._procs import reap; "
-            f"reap({kernel}, {groups!r})")
+            f"reap({kernel}, {groups!r}, leaders={leaders or {}!r})")
     script = _REAPER.format(kernel=kernel, groups=" ".join(map(str, groups)), period=period,
                             reap=shlex.join([sys.executable, "-c", code]))
     return subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

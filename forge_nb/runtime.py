@@ -51,7 +51,15 @@ from typing import Any, NoReturn
 
 from forge_nb._monarch_compat import await_maybe, private_log_dir
 from forge_nb._proclogs import bootstrap, default_log_dir
-from forge_nb._procs import StoppedWatch, kill_groups, kill_pids, pid_alive, start_reaper, stop_reaper
+from forge_nb._procs import (
+    StoppedWatch,
+    kill_groups,
+    kill_pids,
+    same_process,
+    start_reaper,
+    started,
+    stop_reaper,
+)
 from forge_nb.leases import Shared
 
 logger = logging.getLogger(__name__)
@@ -227,6 +235,7 @@ class Mesh:
         self.proc_mesh: Any = None
         self.pids: list[int] = []
         self.pgids: list[int] = []
+        self.starts: list[int | None] = []  # each proc's start (_procs.started): its pid may be reused later
         self.state: MeshState = "running"
         self.failures: list[Failure] = []
         self.created = time.time()
@@ -235,6 +244,7 @@ class Mesh:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._actor_names: list[str] = []
         self._reaper: Any = None  # kills the procs' groups if the kernel dies (see _procs.start_reaper)
+        self._reaped: set[int] = set()  # ranks whose death the watchdog handled (their groups killed)
 
     def __repr__(self) -> str:
         return f"Mesh({self.name!r}, procs={self.procs}, state={self.state!r}, pids={self.pids})"
@@ -255,7 +265,13 @@ class Mesh:
         self._listeners.append(callback)
 
     def alive_pids(self) -> list[int]:
-        return [p for p in self.pids if pid_alive(p)]
+        """The procs still running (a pid that now names another process is not one of them)."""
+        return [p for p, start in zip(self.pids, self.starts or [None] * len(self.pids), strict=True)
+                if same_process(p, start)]
+
+    def leaders(self) -> dict[int, int | None]:
+        """Each proc's group (it leads one) -> the proc's start: what kill_groups checks before killing."""
+        return dict(zip(self.pgids, self.starts or [None] * len(self.pgids), strict=True))
 
     def info(self) -> MeshInfo:
         return MeshInfo(
@@ -280,7 +296,7 @@ class Mesh:
         except Exception as e:  # a mesh with a dead proc may refuse a clean stop
             logger.debug("mesh %s did not stop cleanly: %s", self.name, e)
         kill_pids(self.alive_pids(), grace=2.0)
-        kill_groups(self.pgids)  # what the procs started and left behind (vLLM engines and workers)
+        kill_groups(self.pgids, self.leaders())  # what the procs started and left (vLLM engines and workers)
         stop_reaper(self._reaper)
         _release(self)
 
@@ -366,7 +382,8 @@ async def spawn_mesh(
         pids = await info.pid.call()
         ranked = [value for _, value in sorted(pids.items(), key=lambda kv: kv[0].rank)]
         mesh.pids, mesh.pgids = [pid for pid, _ in ranked], [pgid for _, pgid in ranked]
-        mesh._reaper = start_reaper(mesh.pgids)
+        mesh.starts = [started(pid) for pid in mesh.pids]
+        mesh._reaper = start_reaper(mesh.pgids, leaders=mesh.leaders())
         _start_watchdog(mesh._loop)
     except BaseException:
         await mesh.stop(timeout=5)
@@ -450,9 +467,12 @@ async def _watch_pids() -> None:
         if not running:
             return
         for mesh in running:
-            dead = [rank for rank, pid in enumerate(mesh.pids) if not pid_alive(pid) or _stopped.hung(pid)]
+            starts = mesh.starts or [None] * len(mesh.pids)
+            dead = [rank for rank, pid in enumerate(mesh.pids)
+                    if rank not in mesh._reaped and (not same_process(pid, starts[rank]) or _stopped.hung(pid))]
             if dead:  # a stopped (hung) proc is killed with its group; a dead one's children live on there
-                kill_groups([mesh.pgids[r] for r in dead if r < len(mesh.pgids)])
+                mesh._reaped.update(dead)  # once: later, the pid and then the group's id may name another's
+                kill_groups([mesh.pgids[r] for r in dead if r < len(mesh.pgids)], mesh.leaders())
                 mesh._record(Failure(mesh=mesh.name, actor_mesh="", ranks=dead, message=(
                     f"process(es) {[mesh.pids[r] for r in dead]} of mesh {mesh.name!r} exited or stayed "
                     f"stopped (SIGSTOP) for {STOPPED_HANG_S:g} s")))
@@ -466,9 +486,10 @@ def _ranks_in(message: str) -> list[int]:
 
 def _kill_everything() -> None:
     """atexit: the event loop may be gone, so go straight to signals."""
-    pids = [p for m in list(_meshes.values()) for p in m.pids]
+    pids = [p for m in list(_meshes.values()) for p in m.alive_pids()]
     kill_pids(pids, grace=3.0)
-    kill_groups([g for m in list(_meshes.values()) for g in m.pgids])
+    kill_groups([g for m in list(_meshes.values()) for g in m.pgids],
+                {g: s for m in list(_meshes.values()) for g, s in m.leaders().items()})
     _meshes.clear()
 
 

@@ -12,7 +12,7 @@ import time
 import uuid
 
 from forge_nb._leftovers import SHM, engine_patterns, orphaned, remove_leftovers
-from forge_nb._procs import kill_groups, pid_alive, weight_files_root
+from forge_nb._procs import kill_groups, pid_alive, started, weight_files_root
 
 
 def test_a_segment_nobody_maps_is_removed_one_in_use_stays():
@@ -129,3 +129,20 @@ def test_the_reaper_reads_the_same_weight_folder_as_the_weights(monkeypatch, tmp
     assert weight_files_root() == shm_root()
     monkeypatch.setenv("FORGE_NB_SHM_DIR", str(tmp_path))
     assert weight_files_root() == shm_root() == tmp_path
+
+
+def test_kill_groups_spares_a_group_whose_pid_now_names_another_process():
+    """A mesh stopped long after its proc died must not kill whoever got the proc's pid since (pid_max is
+    32768 here; the suite once lost its own browser so). A recorded start that is not the process's own
+    stands for the proc that had the pid before."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        start = started(other.pid)
+        assert start is not None
+        assert kill_groups([other.pid], {other.pid: start - 1}) == []  # "our" leader started earlier: not it
+        time.sleep(0.2)
+        assert pid_alive(other.pid)
+        assert kill_groups([other.pid], {other.pid: start}) == [other.pid]  # the leader we recorded: killed
+        assert other.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        other.kill()
