@@ -187,13 +187,15 @@ class Lab:
         finally:
             if self.kc is not None:
                 self.kc.stop_channels()
-            self.browser.close()
-            self.proc.terminate()
             try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-            self.log.close()
+                self.browser.close()
+            finally:  # a browser or driver that died must not leave the Jupyter server running
+                self.proc.terminate()
+                try:
+                    self.proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                self.log.close()
 
 
 @pytest.fixture(scope="module")
