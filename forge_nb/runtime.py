@@ -27,8 +27,10 @@ watchdog when no mesh is left. What a lease does not cover: the process-wide sta
 life of the kernel (monarch cannot be un-imported, and its late failure reports still need our
 hook), and meshes spawned without a lease (``%spawn``, tests) are the spawner's to stop.
 
-It is longer than most modules because it is one concept: the kernel's registry of meshes and
-everything that keeps that registry true (spawn, stop, the fault hook, the pid watchdog, exit).
+It is longer than most modules (about 500 lines) because it is one concept: the kernel's registry of
+meshes and everything that keeps that registry true (spawn, stop, the fault hook, the pid watchdog,
+exit). The GPU checks and the watchdog read that registry, so moving them out would only pass it
+around; the process mechanics that need no registry (pids, groups, the reaper) live in ``_procs``.
 """
 
 from __future__ import annotations
@@ -266,12 +268,11 @@ class Mesh:
 
     def alive_pids(self) -> list[int]:
         """The procs still running (a pid that now names another process is not one of them)."""
-        return [p for p, start in zip(self.pids, self.starts or [None] * len(self.pids), strict=True)
-                if same_process(p, start)]
+        return [p for p, start in zip(self.pids, self.starts, strict=True) if same_process(p, start)]
 
     def leaders(self) -> dict[int, int | None]:
         """Each proc's group (it leads one) -> the proc's start: what kill_groups checks before killing."""
-        return dict(zip(self.pgids, self.starts or [None] * len(self.pgids), strict=True))
+        return dict(zip(self.pgids, self.starts, strict=True))
 
     def info(self) -> MeshInfo:
         return MeshInfo(
@@ -381,8 +382,8 @@ async def spawn_mesh(
         info = mesh.spawn("procinfo", ProcInfo)
         pids = await info.pid.call()
         ranked = [value for _, value in sorted(pids.items(), key=lambda kv: kv[0].rank)]
-        mesh.pids, mesh.pgids = [pid for pid, _ in ranked], [pgid for _, pgid in ranked]
-        mesh.starts = [started(pid) for pid in mesh.pids]
+        mesh.pids, mesh.pgids, mesh.starts = ([pid for pid, _ in ranked], [pgid for _, pgid in ranked],
+                                              [started(pid) for pid, _ in ranked])
         mesh._reaper = start_reaper(mesh.pgids, leaders=mesh.leaders())
         _start_watchdog(mesh._loop)
     except BaseException:
@@ -467,9 +468,8 @@ async def _watch_pids() -> None:
         if not running:
             return
         for mesh in running:
-            starts = mesh.starts or [None] * len(mesh.pids)
             dead = [rank for rank, pid in enumerate(mesh.pids)
-                    if rank not in mesh._reaped and (not same_process(pid, starts[rank]) or _stopped.hung(pid))]
+                    if rank not in mesh._reaped and (not same_process(pid, mesh.starts[rank]) or _stopped.hung(pid))]
             if dead:  # a stopped (hung) proc is killed with its group; a dead one's children live on there
                 mesh._reaped.update(dead)  # once: later, the pid and then the group's id may name another's
                 kill_groups([mesh.pgids[r] for r in dead if r < len(mesh.pgids)], mesh.leaders())
@@ -488,8 +488,8 @@ def _kill_everything() -> None:
     """atexit: the event loop may be gone, so go straight to signals."""
     pids = [p for m in list(_meshes.values()) for p in m.alive_pids()]
     kill_pids(pids, grace=3.0)
-    kill_groups([g for m in list(_meshes.values()) for g in m.pgids],
-                {g: s for m in list(_meshes.values()) for g, s in m.leaders().items()})
+    leaders = {g: s for m in list(_meshes.values()) for g, s in m.leaders().items()}
+    kill_groups(list(leaders), leaders)
     _meshes.clear()
 
 

@@ -68,7 +68,6 @@ def choose_engine(requested: str, device: torch.device, model_type: str) -> tupl
     return "transformers", reason
 
 
-
 def one_cpu_thread() -> None:
     """On CPU, one intra-op thread for this process unless ``OMP_NUM_THREADS`` says otherwise.
 
@@ -82,6 +81,7 @@ def one_cpu_thread() -> None:
         logger.info("using 1 CPU thread (was %d): the CPU is shared with the generators' engines; "
                     "set OMP_NUM_THREADS to choose", torch.get_num_threads())
         torch.set_num_threads(1)
+
 
 class PolicyModel:
     """A causal LM on one device, maybe FSDP2-sharded, with a padding-aware forward and HF-named weights."""
