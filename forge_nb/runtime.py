@@ -27,10 +27,10 @@ watchdog when no mesh is left. What a lease does not cover: the process-wide sta
 life of the kernel (monarch cannot be un-imported, and its late failure reports still need our
 hook), and meshes spawned without a lease (``%spawn``, tests) are the spawner's to stop.
 
-It is longer than most modules (about 500 lines) because it is one concept: the kernel's registry of
+It is longer than most modules (near 500 lines) because it is one concept: the kernel's registry of
 meshes and everything that keeps that registry true (spawn, stop, the fault hook, the pid watchdog,
-exit). The GPU checks and the watchdog read that registry, so moving them out would only pass it
-around; the process mechanics that need no registry (pids, groups, the reaper) live in ``_procs``.
+exit). What needs no registry lives beside it: process mechanics (pids, groups, the reaper) in
+``_procs``, GPU accounting in ``_gpus`` (given which GPUs the registry's meshes hold).
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from forge_nb import _gpus
+from forge_nb._gpus import ResourceError
 from forge_nb._monarch_compat import await_maybe, private_log_dir
 from forge_nb._proclogs import bootstrap, default_log_dir
 from forge_nb._procs import (
@@ -80,10 +82,6 @@ MeshState = str  # "running" | "failed" | "stopped"
 WATCHDOG_PERIOD_S = 0.25
 #: A proc stopped (SIGSTOP) this long counts as hung: it is killed, and its service respawns it.
 STOPPED_HANG_S = 2.0
-
-
-class ResourceError(RuntimeError):
-    """The machine cannot provide what a spawn asked for (GPUs, hosts). Nothing was spawned."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -183,45 +181,24 @@ def lease_holders() -> frozenset[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# GPUs
+# GPUs (the accounting lives in _gpus; the registry says who holds which)
 
 
-def visible_gpus() -> int:
-    """How many CUDA devices this process can see (0 without CUDA). Does not initialise CUDA."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+visible_gpus = _gpus.visible
+
+
+def _held_gpus() -> dict[str, list[int]]:
+    return {m.name: m.gpu_ids for m in _meshes.values() if m.state == "running" and m.gpu_ids}
 
 
 def free_gpus() -> list[int]:
     """The visible GPUs that no running mesh of this kernel holds."""
-    used = {g for m in _meshes.values() if m.state == "running" for g in m.gpu_ids}
-    return [g for g in range(visible_gpus()) if g not in used]
+    return _gpus.free(_held_gpus())
 
 
 def check_gpus(procs: int, name: str) -> None:
     """Raise ResourceError unless ``procs`` GPUs are free for ``name``: before anything is spawned."""
-    total = visible_gpus()
-    if total == 0:
-        raise ResourceError(
-            f"{name} asks for {procs} GPU(s) (with_gpus=True) but this machine has no CUDA "
-            "device (torch.cuda.is_available() is False). Use with_gpus=False to run on CPU."
-        )
-    free = free_gpus()
-    if procs > len(free):
-        holders = ", ".join(f"{m.name}: {m.gpu_ids}" for m in _meshes.values() if m.gpu_ids)
-        raise ResourceError(
-            f"{name} asks for {procs} GPU(s) but {len(free)} of the {total} visible are free"
-            + (f" (in use by {holders})" if holders else "")
-            + ". Ask for fewer procs, or stop a mesh first."
-        )
-
-
-def _allocate_gpus(procs: int, name: str) -> list[int]:
-    check_gpus(procs, f"mesh {name!r}")
-    return free_gpus()[:procs]
+    _gpus.check(procs, name, _held_gpus())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,7 +337,7 @@ async def spawn_mesh(
     from monarch.actor import this_host
 
     name = _unique_name(name)
-    gpu_ids = _allocate_gpus(procs, name) if with_gpus else []
+    gpu_ids = _gpus.check(procs, f"mesh {name!r}", _held_gpus()) if with_gpus else []
     proc_env = dict(env or {})
     if with_gpus:
         proc_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
