@@ -172,9 +172,7 @@ def kill_groups(pgids: list[int], leaders: dict[int, int | None] | None = None) 
     after its proc died killed whatever got the pid (on a 2-core box with pid_max 32768 the test suite
     saw its own browser killed).
     """
-    own = os.getpgid(0)
-    leaders = leaders or {}
-    groups = [g for g in pgids if g > 1 and g != own and not _taken_over(g, leaders.get(g))]
+    groups = _still_ours(pgids, leaders)
     members = group_members(groups)
     theirs = {path for path in map(Path, files_in_use(members))
               if path.parent == SHM and any(path.match(pattern) for pattern in SEGMENTS)}
@@ -190,6 +188,12 @@ def kill_groups(pgids: list[int], leaders: dict[int, int | None] | None = None) 
     return members
 
 
+def _still_ours(pgids: list[int], leaders: dict[int, int | None] | None) -> list[int]:
+    """The groups of ``pgids`` a kill may hit: not this process's own, not one whose pid was reused."""
+    own, leaders = os.getpgid(0), leaders or {}
+    return [g for g in pgids if g > 1 and g != own and not _taken_over(g, leaders.get(g))]
+
+
 def _taken_over(pgid: int, start: int | None) -> bool:
     """Whether the pid ``pgid`` now names a process other than the group's leader that started at ``start``."""
     if start is None:
@@ -199,9 +203,15 @@ def _taken_over(pgid: int, start: int | None) -> bool:
 
 
 def reap(kernel: int, pgids: list[int], wait_s: float = 10.0, leaders: dict[int, int | None] | None = None) -> None:
-    """The reaper's last act once the kernel is gone: kill the groups (and remove their segments, see
-    :func:`kill_groups`), wait for them to be gone, then remove the socket folders and weight files named
-    by the kernel or the groups' leaders (the procs)."""
+    """The reaper's last act once the kernel is gone: stop the groups (nothing more starts or maps a
+    segment meanwhile), kill them (and remove their segments, see :func:`kill_groups`), wait for them to
+    be gone, then remove the socket folders and weight files named by the kernel or the groups' leaders
+    (the procs). Groups whose pid now names another process are left alone (see :func:`kill_groups`)."""
+    for pgid in _still_ours(pgids, leaders):
+        try:
+            os.killpg(pgid, signal.SIGSTOP)
+        except (ProcessLookupError, PermissionError):
+            pass
     killed = kill_groups(pgids, leaders)
     deadline = time.monotonic() + wait_s
     while any(pid_alive(p) for p in killed) and time.monotonic() < deadline:
@@ -212,11 +222,12 @@ def reap(kernel: int, pgids: list[int], wait_s: float = 10.0, leaders: dict[int,
 
 # A shell loop, in its own session (so a kill of the kernel's process group spares it). While the
 # kernel lives (a zombie is dead: its parent may be slow to reap it) and any of the groups still has a
-# member, it waits (a shell costs next to nothing all the kernel's life); once the kernel is gone, it stops
-# the groups (nothing more starts or maps a segment meanwhile), runs :func:`reap` in the kernel's
-# interpreter, and SIGKILLs the groups in case that failed. PR_SET_PDEATHSIG takes a mesh proc along with
-# a killed kernel, but not what the proc started (vLLM's engine and workers), which is re-parented to
-# init and would otherwise run on.
+# member, it waits (a shell costs next to nothing all the kernel's life); once the kernel is gone, it runs
+# :func:`reap` in the kernel's interpreter. Every signal that may kill goes through reap, which checks
+# that a group's pid still names the proc that led it: the shell only probes (kill -0; a reused group
+# keeps it waiting, no more). Only if that interpreter cannot run at all does the shell SIGKILL the
+# groups unchecked. PR_SET_PDEATHSIG takes a mesh proc along with a killed kernel, but not what the proc
+# started (vLLM's engine and workers), which is re-parented to init and would otherwise run on.
 _REAPER = """
 while [ -r /proc/{kernel}/status ] && ! grep -q '^State:.Z' /proc/{kernel}/status; do
   alive=
@@ -224,9 +235,7 @@ while [ -r /proc/{kernel}/status ] && ! grep -q '^State:.Z' /proc/{kernel}/statu
   [ -n "$alive" ] || exit 0
   sleep {period}
 done
-for g in {groups}; do kill -STOP -$g 2>/dev/null; done
-{reap} 2>/dev/null
-for g in {groups}; do kill -9 -$g 2>/dev/null; done
+{reap} 2>/dev/null || for g in {groups}; do kill -9 -$g 2>/dev/null; done
 """
 
 

@@ -146,3 +146,41 @@ def test_kill_groups_spares_a_group_whose_pid_now_names_another_process():
         assert other.wait(timeout=10) == -signal.SIGKILL
     finally:
         other.kill()
+
+
+# A stand-in for a kernel whose mesh proc died long ago: the group id it recorded now names another
+# process group (here: a process it starts in its own session, given an earlier start than its own).
+REUSED = """
+import subprocess, sys, time
+from forge_nb._procs import start_reaper, started
+other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+reaper = start_reaper([other.pid], period=0.1, leaders={other.pid: started(other.pid) - 1})
+print(other.pid, reaper.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _state(pid: int) -> str:
+    return next(line.split()[1] for line in open(f"/proc/{pid}/status") if line.startswith("State:"))
+
+
+def test_a_killed_kernel_s_reaper_spares_a_group_whose_pid_now_names_another_process():
+    """The reaper neither stops nor kills a group whose leader's pid was reused since the proc it watched
+    died (the suite once saw its browser stopped or killed so when a test's kernel died)."""
+    kernel = subprocess.Popen([sys.executable, "-c", REUSED], stdout=subprocess.PIPE, text=True)
+    other = reaper = None
+    try:
+        other, reaper = map(int, kernel.stdout.readline().split())
+        kernel.kill()
+        kernel.wait()
+        deadline = time.monotonic() + 30
+        while pid_alive(reaper) and time.monotonic() < deadline:  # it reaps, then ends
+            time.sleep(0.1)
+        assert not pid_alive(reaper), "the reaper did not end once the kernel was gone"
+        assert pid_alive(other) and _state(other) != "T", "the reaper hit a group that is no longer its own"
+    finally:
+        kernel.kill()
+        for pid in (other, reaper):
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
