@@ -135,7 +135,9 @@ class Lab:
         time.sleep(2)
         self.dismiss_dialogs()
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
-        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        # Not awaited: the command's promise settles only once every cell has run (never, with a kernel that
+        # died); the tests wait for what the cells draw instead, with their own timeouts.
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
     def dismiss_dialogs(self) -> None:
         for _ in range(3):
@@ -198,121 +200,9 @@ class Lab:
                 self.log.close()
 
 
-@pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    # Not tmp_path: pytest sessions running beside this one prune the shared base temp dir.
-    tmp = Path(tempfile.mkdtemp(prefix="forge-nb-lab-"))
-    session = Lab(tmp)
-    try:
-        session.open_and_run_all()
-        yield session
-    finally:
-        session.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _points(page: Any, selector: str) -> int:
-    return page.evaluate(REWARD_POINTS, selector)
-
-
-def _wait_growth(lab: Lab, selector: str, timeout: float = 180) -> tuple[int, int]:
-    """Points of the reward curve before and after it grew (a first point, then one more)."""
-    first = _points(lab.page, selector)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        time.sleep(1)
-        now = _points(lab.page, selector)
-        if first > 0 and now > first:
-            return first, now
-        first = first if first > 0 else now
-    run = lab.kernel_eval("print(run.state, run.current_step, run.error, len(run.metrics.rows))")
-    raise AssertionError(f"the reward curve did not grow in {timeout}s (points: {first}; run: {run})")
-
-
-@pytest.mark.timeout(1500)
-def test_jupyterlab_dashboard_renders_lists_replicas_grows_and_pauses(lab: Lab) -> None:
-    page = lab.page
-    try:
-        page.wait_for_selector(f"{CURVES} canvas", timeout=900_000)  # spawn: minutes
-    except Exception:
-        lab.shot("lab-no-dashboard")
-        raise
-    lab.dismiss_dialogs()
-    for replica in ("policy[0]", "policy[1]", "trainer[0]"):
-        page.wait_for_selector(f".forge-dashboard tr[data-replica='{replica}']", timeout=60_000)
-    assert page.locator(".forge-dashboard tr[data-state='healthy']").count() >= 3
-    first, later = _wait_growth(lab, CURVES)
-    lab.shot("lab-dashboard-running", selector=".forge-dashboard")
-
-    page.locator(".forge-dashboard button.forge-pause").click()
-    page.wait_for_selector(".forge-dashboard .forge-run-status[data-state='paused']", timeout=60_000)
-    assert lab.kernel_eval("print(run.state)").strip() == "paused"  # the real run paused, not only the label
-    time.sleep(3)  # the step in flight when pausing may still land
-    settled = _points(page, CURVES)
-    time.sleep(4)
-    assert _points(page, CURVES) == settled, "the curve grew while paused"
-    assert settled == int(lab.kernel_eval(KERNEL_POINTS)), "the page lost or added points"
-    reward_value = page.locator(f"{CURVES} .forge-curves-panel[data-title='reward'] .u-legend "
-                                ".u-series:not(.forge-nolegend)", has_text="reward mean").locator(".u-value")
-    assert not reward_value.is_visible(), "the legend shows values only while the cursor is over a panel"
-    over = page.locator(f"{CURVES} .forge-curves-panel[data-title='loss'] .u-over").bounding_box()
-    page.mouse.move(over["x"] + over["width"] / 2, over["y"] + 30)  # the shared cursor: every legend reads its step
-    reward_value.wait_for(state="visible", timeout=10_000)
-    assert 0.0 <= float(reward_value.inner_text()) <= 1.0
-    lab.shot("lab-dashboard-paused", selector=".forge-dashboard")
-    assert later > first > 0
-
-    # A reopened page (saved, reloaded) asks the kernel for the history once and shows all of it.
-    page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
-    time.sleep(3)
-    page.reload()
-    page.wait_for_selector(f"{CURVES} canvas", timeout=120_000)
-    lab.dismiss_dialogs()
-    deadline = time.monotonic() + 60
-    while _points(page, CURVES) != settled and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _points(page, CURVES) == settled, "the reopened page did not get the whole history"
-    stats = page.evaluate(f"() => document.querySelector('{CURVES}').forgeCurves.stats")
-    assert stats["syncs"] == 1 and stats["draws"] >= 1, stats
-    # once the history is drawn, only KL is empty, and says why: the quickstart has no reference model
-    page.wait_for_function(f"() => document.querySelector('{CURVES}').forgeCurves.stats.empty.join() === 'KL'",
-                           timeout=10_000)
-
-
-@pytest.mark.timeout(600)
-def test_panel_app_shows_the_grid_and_a_growing_curve(lab: Lab) -> None:
-    page = lab.page
-    page.wait_for_function("document.body.innerText.includes('PANEL-URL')", timeout=300_000)
-    url = re.search(r"PANEL-URL (http://127\.0\.0\.1:\d+/\S*)", page.inner_text("body")).group(1)
-    app = lab.browser.new_page(viewport={"width": 1400, "height": 1000})
-    try:
-        app.goto(url)
-        for replica in ("policy[0]", "policy[1]", "trainer[0]"):
-            app.wait_for_selector(f"tr[data-replica='{replica}']", timeout=120_000)  # pierces shadow roots
-        app.get_by_role("button", name="resume").click()  # the lab test paused the run
-        app.wait_for_selector(".forge-run-status[data-state='running']", timeout=60_000)
-        curves = app.locator(".forge-curves").first  # the notebook's curves, in panel's shadow DOM
-        curves.wait_for(timeout=60_000)
-
-        def count() -> int:
-            return curves.evaluate("el => el.forgeCurves ? el.forgeCurves.points('reward/mean') : -1")
-
-        # Sampled every 0.5 s: the curve must hold the history from before the page opened (one sync),
-        # then grow and never go back.
-        seen = [count()]
-        deadline = time.monotonic() + 90
-        while (len(seen) < 20 or seen[-1] <= max(seen[0], 0)) and time.monotonic() < deadline:
-            time.sleep(0.5)
-            seen.append(count())
-        lab.shot("panel-app", app)
-        assert seen[-1] > max(seen[0], 0), f"the panel curve did not grow (points: {seen})"
-        assert seen == sorted(seen), f"the panel curve went backwards (points: {seen})"
-        stats = curves.evaluate("el => el.forgeCurves.stats")
-        assert stats["syncs"] == 1 and stats["messages"] > 1 and stats["draws"] >= 1, stats
-    finally:
-        app.close()
-
+# The tests that open their own small notebook run first, before the module's ``lab`` fixture starts the
+# quickstart (pytest runs a module's tests in file order): a training run beside them would only load
+# the 2 cores they share.
 
 CONTROL_CELLS = [
     "import math\nfrom forge_nb.metrics import MetricsStore\nfrom forge_nb.widgets.curves import Curves\n"
@@ -475,3 +365,119 @@ def test_panel_host_draws_uplot_in_its_shadow_root_and_the_slider_reaches_the_ke
     finally:
         browser.close()
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    # Not tmp_path: pytest sessions running beside this one prune the shared base temp dir.
+    tmp = Path(tempfile.mkdtemp(prefix="forge-nb-lab-"))
+    session = Lab(tmp)
+    try:
+        session.open_and_run_all()
+        yield session
+    finally:
+        session.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _points(page: Any, selector: str) -> int:
+    return page.evaluate(REWARD_POINTS, selector)
+
+
+def _wait_growth(lab: Lab, selector: str, timeout: float = 180) -> tuple[int, int]:
+    """Points of the reward curve before and after it grew (a first point, then one more)."""
+    first = _points(lab.page, selector)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        now = _points(lab.page, selector)
+        if first > 0 and now > first:
+            return first, now
+        first = first if first > 0 else now
+    run = lab.kernel_eval("print(run.state, run.current_step, run.error, len(run.metrics.rows))")
+    raise AssertionError(f"the reward curve did not grow in {timeout}s (points: {first}; run: {run})")
+
+
+@pytest.mark.timeout(1500)
+def test_jupyterlab_dashboard_renders_lists_replicas_grows_and_pauses(lab: Lab) -> None:
+    page = lab.page
+    try:
+        page.wait_for_selector(f"{CURVES} canvas", timeout=900_000)  # spawn: minutes
+    except Exception:
+        lab.shot("lab-no-dashboard")
+        raise
+    lab.dismiss_dialogs()
+    for replica in ("policy[0]", "policy[1]", "trainer[0]"):
+        page.wait_for_selector(f".forge-dashboard tr[data-replica='{replica}']", timeout=60_000)
+    assert page.locator(".forge-dashboard tr[data-state='healthy']").count() >= 3
+    first, later = _wait_growth(lab, CURVES)
+    lab.shot("lab-dashboard-running", selector=".forge-dashboard")
+
+    page.locator(".forge-dashboard button.forge-pause").click()
+    page.wait_for_selector(".forge-dashboard .forge-run-status[data-state='paused']", timeout=60_000)
+    assert lab.kernel_eval("print(run.state)").strip() == "paused"  # the real run paused, not only the label
+    time.sleep(3)  # the step in flight when pausing may still land
+    settled = _points(page, CURVES)
+    time.sleep(4)
+    assert _points(page, CURVES) == settled, "the curve grew while paused"
+    assert settled == int(lab.kernel_eval(KERNEL_POINTS)), "the page lost or added points"
+    reward_value = page.locator(f"{CURVES} .forge-curves-panel[data-title='reward'] .u-legend "
+                                ".u-series:not(.forge-nolegend)", has_text="reward mean").locator(".u-value")
+    assert not reward_value.is_visible(), "the legend shows values only while the cursor is over a panel"
+    over = page.locator(f"{CURVES} .forge-curves-panel[data-title='loss'] .u-over").bounding_box()
+    page.mouse.move(over["x"] + over["width"] / 2, over["y"] + 30)  # the shared cursor: every legend reads its step
+    reward_value.wait_for(state="visible", timeout=10_000)
+    assert 0.0 <= float(reward_value.inner_text()) <= 1.0
+    lab.shot("lab-dashboard-paused", selector=".forge-dashboard")
+    assert later > first > 0
+
+    # A reopened page (saved, reloaded) asks the kernel for the history once and shows all of it.
+    page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
+    time.sleep(3)
+    page.reload()
+    page.wait_for_selector(f"{CURVES} canvas", timeout=120_000)
+    lab.dismiss_dialogs()
+    deadline = time.monotonic() + 60
+    while _points(page, CURVES) != settled and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _points(page, CURVES) == settled, "the reopened page did not get the whole history"
+    stats = page.evaluate(f"() => document.querySelector('{CURVES}').forgeCurves.stats")
+    assert stats["syncs"] == 1 and stats["draws"] >= 1, stats
+    # once the history is drawn, only KL is empty, and says why: the quickstart has no reference model
+    page.wait_for_function(f"() => document.querySelector('{CURVES}').forgeCurves.stats.empty.join() === 'KL'",
+                           timeout=10_000)
+
+
+@pytest.mark.timeout(600)
+def test_panel_app_shows_the_grid_and_a_growing_curve(lab: Lab) -> None:
+    page = lab.page
+    page.wait_for_function("document.body.innerText.includes('PANEL-URL')", timeout=300_000)
+    url = re.search(r"PANEL-URL (http://127\.0\.0\.1:\d+/\S*)", page.inner_text("body")).group(1)
+    app = lab.browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        app.goto(url)
+        for replica in ("policy[0]", "policy[1]", "trainer[0]"):
+            app.wait_for_selector(f"tr[data-replica='{replica}']", timeout=120_000)  # pierces shadow roots
+        app.get_by_role("button", name="resume").click()  # the lab test paused the run
+        app.wait_for_selector(".forge-run-status[data-state='running']", timeout=60_000)
+        curves = app.locator(".forge-curves").first  # the notebook's curves, in panel's shadow DOM
+        curves.wait_for(timeout=60_000)
+
+        def count() -> int:
+            return curves.evaluate("el => el.forgeCurves ? el.forgeCurves.points('reward/mean') : -1")
+
+        # Sampled every 0.5 s: the curve must hold the history from before the page opened (one sync),
+        # then grow and never go back.
+        seen = [count()]
+        deadline = time.monotonic() + 90
+        while (len(seen) < 20 or seen[-1] <= max(seen[0], 0)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            seen.append(count())
+        lab.shot("panel-app", app)
+        assert seen[-1] > max(seen[0], 0), f"the panel curve did not grow (points: {seen})"
+        assert seen == sorted(seen), f"the panel curve went backwards (points: {seen})"
+        stats = curves.evaluate("el => el.forgeCurves.stats")
+        assert stats["syncs"] == 1 and stats["messages"] > 1 and stats["draws"] >= 1, stats
+    finally:
+        app.close()
