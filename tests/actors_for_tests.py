@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from monarch.actor import Actor, endpoint
@@ -322,3 +323,19 @@ class Printer(Actor):
         print(f"WARNING stderr {text}", file=sys.stderr)
         os.system(f"echo child-process {text}")  # a child process (like vLLM's engine) inherits the file
         return os.getpid()
+
+
+class SlowEchoEnv:
+    """forge_nb.envs.EchoEnv whose steps take ``delay_s``: time to kill its replica mid-trajectory."""
+
+    def __init__(self, delay_s: float = 0.5, **kwargs):
+        from forge_nb.envs import EchoEnv
+
+        self.env, self.delay_s = EchoEnv(**kwargs), delay_s
+
+    def reset(self, seed=None):
+        return self.env.reset(seed)
+
+    async def step(self, action):
+        await asyncio.sleep(self.delay_s)
+        return self.env.step(action)

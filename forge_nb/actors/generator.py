@@ -182,12 +182,14 @@ class Generator(ForgeActor):
         self._config = config
 
     @concurrent_endpoint
-    async def generate(self, prompt: str, **sampling_overrides: Any) -> Completions:
-        """Sample ``n`` completions of ``prompt``; keyword arguments override the default sampling."""
+    async def generate(self, prompt: str | list[int], **sampling_overrides: Any) -> Completions:
+        """Sample ``n`` completions of ``prompt``; keyword arguments override the default sampling.
+
+        ``prompt`` is a string, or token ids (a list of ints or a 1-D tensor) fed as they are: what a
+        multi-turn episode sends, so every turn sees exactly the tokens of the turns before it (text
+        tokenized again may split differently) and the engine's prefix cache can reuse them."""
         engine = self._require_engine("generate")
-        if not isinstance(prompt, str):
-            raise TypeError(f"generate() takes one prompt string, got {type(prompt).__name__}; for many "
-                            "prompts call generate once per prompt, concurrently (they batch in the engine)")
+        prompt = _prompt(prompt)
         params = self._params
         if sampling_overrides:
             assert self._config is not None
@@ -217,7 +219,7 @@ class Generator(ForgeActor):
                 self._in_flight -= 1
                 self._gate.notify_all()
         assert final is not None and final.finished
-        return completions(prompt, final, version)
+        return completions(prompt if isinstance(prompt, str) else None, final, version)
 
     @concurrent_endpoint
     async def update_weights(self, version: int) -> int:
@@ -309,3 +311,17 @@ class Generator(ForgeActor):
 
 
 Policy = Generator
+
+
+def _prompt(prompt: Any) -> str | list[int]:
+    """A prompt string, or token ids as a list of ints; anything else is a TypeError that says what fits."""
+    import torch
+
+    if isinstance(prompt, torch.Tensor) and prompt.dim() == 1 and not prompt.is_floating_point():
+        prompt = prompt.tolist()
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt
+                                   and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+        return prompt
+    raise TypeError(f"generate() takes one prompt: a string or token ids (a non-empty list of ints or a 1-D "
+                    f"integer tensor), got {type(prompt).__name__}; for many prompts call generate once per "
+                    "prompt, concurrently (they batch in the engine)")

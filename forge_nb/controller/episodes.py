@@ -31,13 +31,19 @@ async def generate_episode(run: Any, sample: dict[str, Any]) -> list[Episode]:
     for episode in group:
         result = await score(reward_fns, prompt, episode.completion.text, target, timeout_s=cfg.reward_timeout_s)
         result.apply_to(episode)
-    if run.ref_model is not None:
-        input_ids = torch.stack([torch.cat([e.request_tensor, e.response_tensor]) for e in group])
-        ref = await run.ref_model.forward.route(input_ids, cfg.max_req_tokens)
-        for episode, logprobs in zip(group, ref, strict=True):
-            episode.ref_logprobs = logprobs
+    await add_ref_logprobs(run, group)
     assign_advantages(group, method=cfg.advantage)
     return group
+
+
+async def add_ref_logprobs(run: Any, group: list[Episode]) -> None:
+    """The reference model's logprobs of each episode's response, when the run has a reference model."""
+    if run.ref_model is None:
+        return
+    input_ids = torch.stack([torch.cat([e.request_tensor, e.response_tensor]) for e in group])
+    ref = await run.ref_model.forward.route(input_ids, run.config.max_req_tokens)
+    for episode, logprobs in zip(group, ref, strict=True):
+        episode.ref_logprobs = logprobs
 
 
 async def evaluate(run: Any, n: int) -> dict[str, float]:

@@ -163,6 +163,10 @@ class Episode:
     """Reward per reward function, keyed by a readable name."""
     quarantine: str | None = None
     """Why this episode must not be learned from (a reward function failed), or None."""
+    policy_mask: torch.Tensor | None = None
+    """1-D bool over the completion's token ids: True where the policy generated the token. A multi-turn
+    trajectory's response holds what the environment and tools said between the policy's turns too; those
+    tokens are context, never trained (False). None: every token is the policy's."""
     prompt_ids: InitVar[Any] = None
     """Documents' form: the prompt token ids; builds `completion` with `response_ids`."""
     response_ids: InitVar[Any] = None
@@ -172,6 +176,7 @@ class Episode:
         _check_len("request_len", self.request_len)
         _check_len("response_len", self.response_len)
         if prompt_ids is None and response_ids is None:
+            self._check_policy_mask()
             return
         if self.completion is not None:
             c = self.completion
@@ -184,6 +189,17 @@ class Episode:
         if response_ids is None:
             raise ValueError("Episode(prompt_ids=...) also needs response_ids= (the generated token ids)")
         self.completion = Completion(text="", prompt_ids=prompt_ids, token_ids=response_ids)
+        self._check_policy_mask()
+
+    def _check_policy_mask(self) -> None:
+        if self.policy_mask is None or self.completion is None:
+            return
+        self.policy_mask = torch.as_tensor(self.policy_mask, dtype=torch.bool)
+        if self.policy_mask.shape != self.completion.token_ids.shape:
+            raise ValueError(
+                f"Episode.policy_mask has shape {tuple(self.policy_mask.shape)} but the response has "
+                f"{tuple(self.completion.token_ids.shape)} tokens; give one flag per response token"
+            )
 
     def _require_completion(self) -> Completion:
         if self.completion is None:
@@ -217,11 +233,15 @@ class Episode:
         return _fit(ids, length or self.response_len or ids.shape[0], self.pad_id, left=False)
 
     def mask(self, length: int | None = None) -> torch.Tensor:
-        """True on real response tokens, over `length` columns. Built from the length rather than
-        `!= pad_id`: when the pad id doubles as EOS, the generated EOS is a real token the loss must see."""
+        """True on the response tokens to train, over `length` columns: the real ones (built from the
+        length rather than `!= pad_id`: when the pad id doubles as EOS, the generated EOS is a real token
+        the loss must see) that the policy generated (see `policy_mask`)."""
         n_real = self._require_completion().token_ids.shape[0]
         length = length or self.response_len or n_real
-        return torch.arange(length) < min(n_real, length)
+        real = torch.arange(length) < min(n_real, length)
+        if self.policy_mask is None:
+            return real
+        return real & _fit(self.policy_mask.to(torch.bool), length, False, left=False)
 
     @property
     def request_tensor(self) -> torch.Tensor:

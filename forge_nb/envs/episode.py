@@ -1,0 +1,93 @@
+"""multi_turn_episode: an episode function that plays a group of trajectories against an environment service.
+
+``run.episode_fn = multi_turn_episode(env)`` (``env`` an :class:`~forge_nb.envs.EnvPool` service) makes the
+run's rollout loops play episodes of several turns instead of single prompt -> completion groups; see the
+package docstring for the exchange. Each trajectory gets at most ``run.config.max_res_tokens`` tokens after
+its first observation (actions and observations together) and each action at most ``turn_tokens``. The
+policy is sent token ids, so every turn sees exactly the tokens it was trained on, and the engine's prefix
+cache can reuse the conversation so far.
+
+A trajectory whose environment call fails mid-way (its replica died, the environment raised) is kept in the
+group quarantined, with the reason: it is counted in the run's ledger and never learned from. A failure
+before the first action (reset) fails the group, as a failing generate does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from forge_nb.controller.episodes import add_ref_logprobs
+from forge_nb.rl import assign_advantages
+from forge_nb.rl.trajectory import Trajectory
+from forge_nb.rl.types import Episode
+
+__all__ = ["multi_turn_episode"]
+
+EpisodeFn = Callable[[Any, dict[str, Any]], Awaitable[list[Episode]]]
+
+
+@functools.cache
+def _tokenizer(model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
+def multi_turn_episode(env: Any, *, max_turns: int = 8, turn_tokens: int | None = None) -> EpisodeFn:
+    """An episode function (``async (run, sample) -> group``) playing ``run.config.group_size`` trajectories
+    from one seed (``sample["seed"]`` if the task gives one, else a fresh one) for up to ``max_turns`` turns."""
+    if max_turns < 1:
+        raise ValueError(f"multi_turn_episode(max_turns={max_turns}): an episode needs at least one turn")
+    if turn_tokens is not None and turn_tokens < 1:
+        raise ValueError(f"multi_turn_episode(turn_tokens={turn_tokens}): an action needs at least one token")
+
+    async def episode(run: Any, sample: dict[str, Any]) -> list[Episode]:
+        cfg = run.config
+        seed = sample.get("seed", random.getrandbits(31))
+        trajectories = await asyncio.gather(*(
+            play(env, run, seed, max_turns=max_turns, turn_tokens=turn_tokens or cfg.max_res_tokens)
+            for _ in range(cfg.group_size)))
+        group = [t.to_episode(pad_id=run.pad_id, request_len=cfg.max_req_tokens, target=seed) for t in trajectories]
+        await add_ref_logprobs(run, group)
+        assign_advantages(group, method=cfg.advantage)
+        return group
+
+    episode.__name__ = episode.__qualname__ = "multi_turn_episode"
+    return episode
+
+
+async def play(env: Any, run: Any, seed: int, *, max_turns: int, turn_tokens: int) -> Trajectory:
+    """One trajectory: reset, then act and step until the environment is done, the turns are used up or
+    the trajectory has no room left for another action."""
+    tokenizer = _tokenizer(run.model)
+    tid = uuid.uuid4().hex
+    sampling = {k: v for k, v in run.sampling_overrides.items() if k != "n"}
+    async with env.session():  # the trajectory's environment object lives on one replica
+        first = await env.reset.route(tid, seed)
+        trajectory = Trajectory(prompt=first, prompt_ids=tokenizer(first)["input_ids"],
+                                max_tokens=run.config.max_res_tokens)
+        try:
+            while len(trajectory.turns) < max_turns and not trajectory.done and trajectory.room > 0:
+                (action,) = await run.policy.generate.route(
+                    trajectory.context_ids, **{**sampling, "n": 1, "max_tokens": min(turn_tokens, trajectory.room)})
+                trajectory.act(action.text, action.token_ids.tolist(),
+                               None if action.logprobs is None else action.logprobs.tolist(), action.generator_version)
+                try:
+                    result = await env.step.route(tid, action.text)
+                except Exception as e:  # the environment, or its replica: this trajectory cannot go on
+                    trajectory.dropped = f"environment step failed at turn {len(trajectory.turns)}: {e}"[:500]
+                    break
+                observation = str(result.observation)
+                trajectory.observe(observation, tokenizer(observation, add_special_tokens=False)["input_ids"],
+                                   result.reward, result.done, result.info)
+        finally:
+            try:
+                await env.close.route(tid)
+            except Exception:  # a replica that died took the environment object with it
+                pass
+    return trajectory

@@ -1,0 +1,128 @@
+"""Multi-turn episodes: a real vLLM generator service plays trajectories against a real environment service.
+
+One engine serves the module (the tiny model, built here). The run the episode function reads is a plain
+namespace with the attributes it uses, so these tests exercise the episode function and the services, not
+a whole run's loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import torch
+
+from forge_nb.actors.generator import Generator
+from forge_nb.envs import EchoEnv, EnvPool, multi_turn_episode
+from forge_nb.models import TinyModelConfig, build_tiny_model
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.heavy]
+
+ALPHABET = TinyModelConfig().alphabet
+
+
+def ids(text: str) -> list[int]:
+    return [ALPHABET.index(ch) + 2 for ch in text]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def policy(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from forge_nb import runtime
+
+    model = build_tiny_model(tmp_path_factory.mktemp("multi-turn") / "tiny")
+    runtime.ensure_started()
+    service = await Generator.options(num_replicas=1).as_service(
+        model=str(model), sampling_params={"n": 1, "max_tokens": 8, "temperature": 1.0})
+    try:
+        yield SimpleNamespace(service=service, model=str(model))
+    finally:
+        await service.shutdown()
+
+
+def fake_run(policy: Any, group_size: int = 4, max_res_tokens: int = 24) -> SimpleNamespace:
+    """What an episode function reads of a Run."""
+    config = SimpleNamespace(group_size=group_size, max_req_tokens=4, max_res_tokens=max_res_tokens,
+                             advantage="grpo")
+    return SimpleNamespace(config=config, policy=policy.service, model=policy.model, pad_id=0, ref_model=None,
+                           sampling_overrides={})
+
+
+@pytest.mark.timeout(300)  # includes the module's engine start-up
+async def test_token_id_prompts_reach_the_engine_as_they_are(policy: Any) -> None:
+    (c,) = await policy.service.generate.route(ids("abca"), n=1)
+    assert c.prompt is None and c.prompt_ids.tolist() == ids("abca")
+    (t,) = await policy.service.generate.route(torch.tensor(ids("ab")), n=1)
+    assert t.prompt_ids.tolist() == ids("ab")
+    for bad in ([], ["a"], torch.ones(2)):
+        with pytest.raises(Exception, match="a string or token ids"):
+            await policy.service.generate.route(bad)
+
+
+@pytest.mark.timeout(180)
+async def test_a_group_plays_whole_trajectories_trained_on_the_policy_s_tokens_only(policy: Any) -> None:
+    env = await EnvPool.options(num_replicas=2).as_service(EchoEnv, turns=3, chars=3)
+    try:
+        play = multi_turn_episode(env, max_turns=5, turn_tokens=3)
+        group = await play(fake_run(policy), {"seed": 7})
+        assert len(group) == 4
+        letters = EchoEnv(turns=3)
+        first = letters.reset(7)
+        for ep in group:
+            turns = ep.completion.metadata["turns"]
+            assert len(turns) == 3 and ep.completion.stop_reason == "done"  # EchoEnv ends after 3 turns
+            assert [t["observation"] for t in turns] == [*letters.letters[1:], ""]
+            assert ep.completion.prompt_ids.tolist() == ids(first) and ep.target == 7
+            mask, logprobs = ep.policy_mask, ep.completion.logprobs
+            tokens = ep.completion.token_ids.tolist()
+            pos = 0
+            for n, turn in enumerate(turns):
+                action = turn["action"]
+                k = int(mask[pos:].long().cumprod(0).sum())  # the action: the policy's tokens from here on
+                assert 1 <= k <= 3
+                assert (logprobs[pos:pos + k] <= 0).all() and torch.isfinite(logprobs[pos:pos + k]).all()
+                expected = EchoEnv(turns=3, chars=3)
+                expected.reset(7)
+                for earlier in turns[:n]:
+                    expected.step(earlier["action"])
+                step = expected.step(action)
+                assert turn["reward"] == pytest.approx(step.reward)  # what the service's env object said
+                pos += k
+                obs = ids(turn["observation"])
+                assert tokens[pos:pos + len(obs)] == obs and not mask[pos:pos + len(obs)].any()
+                assert (logprobs[pos:pos + len(obs)] == 0).all()
+                pos += len(obs)
+            assert pos == len(tokens)
+            assert ep.reward == pytest.approx(sum(t["reward"] for t in turns)) and ep.quarantine is None
+        assert sum(ep.advantage for ep in group) == pytest.approx(0.0, abs=1e-5)  # GRPO over whole trajectories
+        opened = [await r.actor.open_trajectories.call_one() for r in env.replicas]
+        assert opened == [0, 0], "finished trajectories left environment objects behind"
+    finally:
+        await env.shutdown()
+
+
+@pytest.mark.timeout(180)
+async def test_an_environment_replica_killed_mid_trajectory_drops_its_trajectories_with_the_reason(
+        policy: Any) -> None:
+    from tests.actors_for_tests import SlowEchoEnv
+
+    env = await EnvPool.options(num_replicas=2).as_service(SlowEchoEnv, delay_s=0.4, turns=6, chars=2)
+    try:
+        play = asyncio.ensure_future(multi_turn_episode(env, max_turns=6, turn_tokens=2)(
+            fake_run(policy, group_size=4), {"seed": 3}))
+        await asyncio.sleep(1.5)  # every trajectory is a turn or two in
+        assert not play.done()
+        os.kill(env.replicas[0].mesh.pids[0], signal.SIGKILL)
+        group = await play
+        dropped = [ep for ep in group if ep.quarantine]
+        finished = [ep for ep in group if not ep.quarantine]
+        assert dropped and finished, [ep.quarantine for ep in group]
+        assert all(ep.quarantine.startswith("environment step failed at turn") for ep in dropped)
+        assert all(len(ep.completion.metadata["turns"]) == 6 for ep in finished)
+        assert all(ep.advantage == 0.0 for ep in dropped)  # never learned from
+    finally:
+        await env.shutdown()
