@@ -191,11 +191,6 @@ def _held_gpus() -> dict[str, list[int]]:
     return {m.name: m.gpu_ids for m in _meshes.values() if m.state == "running" and m.gpu_ids}
 
 
-def free_gpus() -> list[int]:
-    """The visible GPUs that no running mesh of this kernel holds."""
-    return _gpus.free(_held_gpus())
-
-
 def check_gpus(procs: int, name: str) -> None:
     """Raise ResourceError unless ``procs`` GPUs are free for ``name``: before anything is spawned."""
     _gpus.check(procs, name, _held_gpus())
@@ -449,7 +444,7 @@ async def _watch_pids() -> None:
                     if rank not in mesh._reaped and (not same_process(pid, mesh.starts[rank]) or _stopped.hung(pid))]
             if dead:  # a stopped (hung) proc is killed with its group; a dead one's children live on there
                 mesh._reaped.update(dead)  # once: later, the pid and then the group's id may name another's
-                kill_groups([mesh.pgids[r] for r in dead if r < len(mesh.pgids)], mesh.leaders())
+                kill_groups([mesh.pgids[r] for r in dead], mesh.leaders())
                 mesh._record(Failure(mesh=mesh.name, actor_mesh="", ranks=dead, message=(
                     f"process(es) {[mesh.pids[r] for r in dead]} of mesh {mesh.name!r} exited or stayed "
                     f"stopped (SIGSTOP) for {STOPPED_HANG_S:g} s")))
