@@ -15,6 +15,7 @@ before the first action (reset) fails the group, as a failing generate does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import random
 import uuid
@@ -66,15 +67,15 @@ async def play(env: Any, run: Any, seed: int, *, max_turns: int, turn_tokens: in
     the trajectory has no room left for another action."""
     tokenizer = _tokenizer(run.model)
     tid = uuid.uuid4().hex
-    sampling = {k: v for k, v in run.sampling_overrides.items() if k != "n"}
     async with env.session():  # the trajectory's environment object lives on one replica
         first = await env.reset.route(tid, seed)
         trajectory = Trajectory(prompt=first, prompt_ids=tokenizer(first)["input_ids"],
                                 max_tokens=run.config.max_res_tokens)
         try:
             while len(trajectory.turns) < max_turns and not trajectory.done and trajectory.room > 0:
+                limit = min(turn_tokens, trajectory.room)
                 (action,) = await run.policy.generate.route(
-                    trajectory.context_ids, **{**sampling, "n": 1, "max_tokens": min(turn_tokens, trajectory.room)})
+                    trajectory.context_ids, **{**run.sampling_overrides, "n": 1, "max_tokens": limit})
                 trajectory.act(action.text, action.token_ids.tolist(),
                                None if action.logprobs is None else action.logprobs.tolist(), action.generator_version)
                 try:
@@ -86,8 +87,6 @@ async def play(env: Any, run: Any, seed: int, *, max_turns: int, turn_tokens: in
                 trajectory.observe(observation, tokenizer(observation, add_special_tokens=False)["input_ids"],
                                    result.reward, result.done, result.info)
         finally:
-            try:
+            with contextlib.suppress(Exception):  # a replica that died took the environment object with it
                 await env.close.route(tid)
-            except Exception:  # a replica that died took the environment object with it
-                pass
     return trajectory

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from monarch.actor import endpoint
 
+from forge_nb._monarch_compat import await_maybe
 from forge_nb.actors.coder import StepResult
 from forge_nb.service.actor import ForgeActor
 
@@ -20,10 +20,6 @@ class TextEnv(Protocol):
     def reset(self, seed: int | None = None) -> str: ...
 
     def step(self, action: str) -> StepResult | tuple[str, float, bool]: ...
-
-
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
 
 
 class EnvPool(ForgeActor):
@@ -48,7 +44,7 @@ class EnvPool(ForgeActor):
             raise RuntimeError(f"EnvPool holds {self.max_open} open trajectories: close() finished ones "
                                "(multi_turn_episode does), or raise max_open")
         env = self.envs[trajectory] = self.factory(**self.kwargs)
-        return await _maybe_await(env.reset(seed))
+        return await await_maybe(env.reset(seed))
 
     @endpoint
     async def step(self, trajectory: str, action: str) -> StepResult:
@@ -57,7 +53,7 @@ class EnvPool(ForgeActor):
         except KeyError:
             raise KeyError(f"trajectory {trajectory!r} is not open on this replica (was its replica restarted?); "
                            "call reset() first") from None
-        result = await _maybe_await(env.step(action))
+        result = await await_maybe(env.step(action))
         if isinstance(result, StepResult):
             return result
         observation, reward, done, *info = result  # the documents' (observation, reward, done)
@@ -68,7 +64,7 @@ class EnvPool(ForgeActor):
     async def close(self, trajectory: str) -> None:
         env = self.envs.pop(trajectory, None)
         if env is not None and hasattr(env, "close"):
-            await _maybe_await(env.close())
+            await await_maybe(env.close())
 
     @endpoint
     async def open_trajectories(self) -> int:
