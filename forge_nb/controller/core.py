@@ -298,15 +298,18 @@ class Controller(SupervisedLoop):
         """Between steps: park (``training_idle`` set, so ``stop()`` may cancel the loop) until the run
         is running; from then on a step may be in flight, so ``stop()`` waits for it instead. A trainer
         that died meanwhile rewinds the run first (False: start over); otherwise the queued hot changes
-        are applied and the step may begin (True)."""
+        are applied and the step may begin (True), unless the run was paused meanwhile (False: park again).
+        A ``resume(); pause()`` in one cell wakes the loop after ``_running`` was cleared again: it is
+        re-checked, so no step begins after ``pause()`` returned."""
         self.training_idle.set()
-        await self._running.wait()
+        while not self._running.is_set():
+            await self._running.wait()
         self.training_idle.clear()
         if self._trainer_failures() != self._trainer_failures_seen:
             await self.recover_trainer("the trainer's process died between steps")
             return False
         await self.hot.apply()
-        return True
+        return self._running.is_set()
 
     async def _train_one_step(self, episodes: list[Episode], wait_s: float) -> bool:
         """train_step -> WeightSync.publish, with the step's metrics recorded; False when the step was lost

@@ -74,6 +74,17 @@ async def test_pause_parks_every_loop_and_resume_goes_on(run):
     assert run.ledger()["balanced"] and run.ledger()["in_step"] == 0
 
 
+async def test_resume_then_pause_in_one_cell_starts_no_step(run):
+    """``resume(); pause()`` with no await between wakes the parked loop after the pause: no step begins."""
+    await run.step(1)  # parked between steps, with a batch waiting in the buffer
+    parked = run.current_step
+    run.resume()
+    run.pause()
+    await asyncio.sleep(0.5)  # the loop wakes at once; a step it began would be in flight by now
+    await run._ctl.no_step_in_flight()
+    assert run.current_step == parked and run.state == "paused"
+
+
 async def test_async_rollouts_run_ahead_by_at_most_max_policy_age_plus_one_batches(run):
     run.set(max_policy_age=1)
     await run.apply_changes()

@@ -74,6 +74,14 @@ async def test_health_grid_lists_every_replica_of_the_run_with_its_pids_and_vers
         d.close()
 
 
+def _seen(run, d, at: int) -> str:
+    """What the run and the dashboard held when a wait ran out: the assertion's message."""
+    return (f"state {run.state}, step {run.current_step} (from {at}), buffer {len(run.replay_buffer)}, "
+            f"error {run.error}, "
+            f"dashboard errors {d.errors.messages}, message {d.controls.message.value}, "
+            f"last events {run.metrics.events[-6:]}")
+
+
 async def test_buttons_and_inputs_drive_the_run(run) -> None:
     d = Dashboard(run, poll_interval=0.05)
     try:
@@ -99,7 +107,7 @@ async def test_buttons_and_inputs_drive_the_run(run) -> None:
         d.controls.step_n.value = 2
         at = run.current_step
         b["step"].click()
-        assert await _until(lambda: run.current_step == at + 2 and run.state == "paused")
+        assert await _until(lambda: run.current_step == at + 2 and run.state == "paused"), _seen(run, d, at)
         assert run.hparams["lr"] == pytest.approx(2e-3) and run.metrics.last("lr") == pytest.approx(2e-3)
 
         run.set(max_norm=0.5)  # changed elsewhere (a magic): the input follows
