@@ -7,6 +7,9 @@ its first observation (actions and observations together) and each action at mos
 policy is sent token ids, so every turn sees exactly the tokens it was trained on, and the engine's prefix
 cache can reuse the conversation so far.
 
+With ``tools`` (:class:`~forge_nb.envs.tools.Tools`), an action that calls a tool is answered by the tool's
+result, and the environment sees only the other actions.
+
 A trajectory whose environment call fails mid-way (its replica died, the environment raised) is kept in the
 group quarantined, with the reason: it is counted in the run's ledger and never learned from. A failure
 before the first action (reset) fails the group, as a failing generate does.
@@ -23,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from forge_nb.controller.episodes import add_ref_logprobs
+from forge_nb.envs.tools import Tools
 from forge_nb.rl import assign_advantages
 from forge_nb.rl.trajectory import Trajectory
 from forge_nb.rl.types import Episode
@@ -39,9 +43,11 @@ def _tokenizer(model: str) -> Any:
     return AutoTokenizer.from_pretrained(model)
 
 
-def multi_turn_episode(env: Any, *, max_turns: int = 8, turn_tokens: int | None = None) -> EpisodeFn:
+def multi_turn_episode(env: Any, *, max_turns: int = 8, turn_tokens: int | None = None,
+                       tools: Tools | None = None) -> EpisodeFn:
     """An episode function (``async (run, sample) -> group``) playing ``run.config.group_size`` trajectories
-    from one seed (``sample["seed"]`` if the task gives one, else a fresh one) for up to ``max_turns`` turns."""
+    from one seed (``sample["seed"]`` if the task gives one, else a fresh one) for up to ``max_turns`` turns;
+    with ``tools``, an action that calls a tool is answered by the tool instead of the environment."""
     if max_turns < 1:
         raise ValueError(f"multi_turn_episode(max_turns={max_turns}): an episode needs at least one turn")
     if turn_tokens is not None and turn_tokens < 1:
@@ -51,7 +57,7 @@ def multi_turn_episode(env: Any, *, max_turns: int = 8, turn_tokens: int | None 
         cfg = run.config
         seed = sample.get("seed", random.getrandbits(31))
         trajectories = await asyncio.gather(*(
-            play(env, run, seed, max_turns=max_turns, turn_tokens=turn_tokens or cfg.max_res_tokens)
+            play(env, run, seed, max_turns=max_turns, turn_tokens=turn_tokens or cfg.max_res_tokens, tools=tools)
             for _ in range(cfg.group_size)))
         group = [t.to_episode(pad_id=run.pad_id, request_len=cfg.max_req_tokens, target=seed) for t in trajectories]
         await add_ref_logprobs(run, group)
@@ -62,7 +68,8 @@ def multi_turn_episode(env: Any, *, max_turns: int = 8, turn_tokens: int | None 
     return episode
 
 
-async def play(env: Any, run: Any, seed: int, *, max_turns: int, turn_tokens: int) -> Trajectory:
+async def play(env: Any, run: Any, seed: int, *, max_turns: int, turn_tokens: int,
+               tools: Tools | None = None) -> Trajectory:
     """One trajectory: reset, then act and step until the environment is done, the turns are used up or
     the trajectory has no room left for another action."""
     tokenizer = _tokenizer(run.model)
@@ -78,14 +85,21 @@ async def play(env: Any, run: Any, seed: int, *, max_turns: int, turn_tokens: in
                     trajectory.context_ids, **{**run.sampling_overrides, "n": 1, "max_tokens": limit})
                 trajectory.act(action.text, action.token_ids.tolist(),
                                None if action.logprobs is None else action.logprobs.tolist(), action.generator_version)
-                try:
-                    result = await env.step.route(tid, action.text)
-                except Exception as e:  # the environment, or its replica: this trajectory cannot go on
-                    trajectory.dropped = f"environment step failed at turn {len(trajectory.turns)}: {e}"[:500]
-                    break
-                observation = str(result.observation)
+                call = tools.parse(action.text) if tools is not None else None
+                if call is not None:  # the tool answers; the environment never sees the call
+                    answer = await tools.call(call)
+                    observation, reward, finished = tools.format(answer), 0.0, False
+                    info = {"tool": answer.call.name, "tool_ok": answer.ok}
+                else:
+                    try:
+                        result = await env.step.route(tid, action.text)
+                    except Exception as e:  # the environment, or its replica: this trajectory cannot go on
+                        trajectory.dropped = f"environment step failed at turn {len(trajectory.turns)}: {e}"[:500]
+                        break
+                    observation, reward, finished = str(result.observation), result.reward, result.done
+                    info = result.info
                 trajectory.observe(observation, tokenizer(observation, add_special_tokens=False)["input_ids"],
-                                   result.reward, result.done, result.info)
+                                   reward, finished, info)
         finally:
             with contextlib.suppress(Exception):  # a replica that died took the environment object with it
                 await env.close.route(tid)

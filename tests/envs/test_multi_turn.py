@@ -123,3 +123,39 @@ async def test_an_environment_replica_killed_mid_trajectory_drops_its_trajectori
         assert all(ep.advantage == 0.0 for ep in dropped)  # never learned from
     finally:
         await env.shutdown()
+
+
+@pytest.mark.timeout(180)
+async def test_tool_calls_are_answered_by_the_sandboxed_coder_and_never_reach_the_environment(policy: Any) -> None:
+    """The tiny model writes no JSON, so a parser of its own makes every action that starts with "a" a call
+    of the python tool: which turns are calls is up to the sampled policy, what happens to them is not."""
+    from forge_nb.actors.coder import SandboxedPythonCoder
+    from forge_nb.envs.tools import ToolCall, Tools, python_tool
+
+    def starts_with_a(action: str) -> ToolCall | None:
+        return ToolCall("python", {"code": f"print({action!r}.upper())"}) if action.startswith("a") else None
+
+    coder = await SandboxedPythonCoder.options(num_replicas=1).as_service(timeout_s=5.0)
+    env = await EnvPool.options(num_replicas=1).as_service(EchoEnv, turns=3, chars=2)
+    try:
+        tools = Tools({"python": python_tool(coder)}, syntax="simple", parse=starts_with_a)
+        play = multi_turn_episode(env, max_turns=6, turn_tokens=2, tools=tools)
+        groups = [await play(fake_run(policy, group_size=4, max_res_tokens=40), {"seed": s}) for s in range(3)]
+        turns = [ep.completion.metadata["turns"] for group in groups for ep in group]
+        calls = [t for ts in turns for t in ts if "tool" in t.get("info", {})]
+        assert calls, "no action started with 'a' in 12 trajectories"
+        for t in calls:  # the tool's output is the next observation, with no reward
+            assert t["action"].startswith("a") and t["info"]["tool_ok"]
+            assert t["observation"] == t["action"].upper() + "\n" and t["reward"] == 0.0
+        for ts in turns:  # the environment saw the other actions only: it ends after its 3 steps
+            env_turns = [t for t in ts if "tool" not in t.get("info", {})]
+            assert len(env_turns) == 3 or len(ts) == 6
+            assert all(not t["action"].startswith("a") for t in env_turns)
+        from forge_nb.controller.episodes import turn_metrics
+
+        metrics = turn_metrics([ep for group in groups for ep in group])
+        assert metrics["tools/success"] == 1.0 and metrics["tools/calls"] == pytest.approx(len(calls) / 12)
+        assert metrics["turns/mean"] == pytest.approx(sum(map(len, turns)) / 12)
+    finally:
+        await env.shutdown()
+        await coder.shutdown()
