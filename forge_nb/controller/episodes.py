@@ -66,17 +66,42 @@ def episode_metrics(episodes: list[Episode], version: int) -> dict[str, float]:
     for name in sorted({name for e in episodes for name in e.rewards}):
         values = [e.rewards[name] for e in episodes if name in e.rewards]
         out[f"reward/{name}"] = sum(values) / len(values)
-    lengths = [len(e.completion.token_ids) for e in episodes if e.completion is not None]
+    lengths = [_policy_tokens(e) for e in episodes if e.completion is not None]
     out.update({k: v for k, v in summarize(lengths, "response_len").items() if k.endswith(("mean", "max"))})
     ages = [version - (e.policy_version or 0) for e in episodes]
     out.update({k: v for k, v in summarize(ages, "policy_age").items() if k.endswith(("mean", "max"))})
+    return out | turn_metrics(episodes)
+
+
+def _policy_tokens(episode: Episode) -> int:
+    """Response tokens the policy wrote (a multi-turn episode's observations are not its own)."""
+    if episode.policy_mask is not None:
+        return int(episode.policy_mask.sum())
+    return len(episode.completion.token_ids)
+
+
+def turn_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """Of multi-turn episodes (``completion.metadata["turns"]``): turns per episode, tool calls per episode
+    and the share of them that succeeded; nothing for single-turn batches."""
+    turns = [e.completion.metadata["turns"] for e in episodes
+             if e.completion is not None and "turns" in (e.completion.metadata or {})]
+    if not turns:
+        return {}
+    calls = [t["info"]["tool_ok"] for ts in turns for t in ts if "tool_ok" in t.get("info", {})]
+    out = {"turns/mean": sum(map(len, turns)) / len(turns), "tools/calls": len(calls) / len(turns)}
+    if calls:
+        out["tools/success"] = sum(calls) / len(calls)
     return out
 
 
 def episode_row(episode: Episode) -> dict[str, Any]:
-    """What ``run.episodes()`` and the explorer show of an accepted episode."""
+    """What ``run.episodes()`` and the explorer show of an accepted episode; a multi-turn one also has
+    ``turns``: each turn's action, observation (the environment's or a tool's), reward and info."""
     completion = episode.completion
-    return {"episode_id": episode.episode_id, "prompt": completion.prompt if completion else None,
-            "response": completion.text if completion else None, "target": episode.target,
-            "reward": episode.reward, "advantage": episode.advantage, "version": episode.policy_version,
-            "quarantine": episode.quarantine}
+    row = {"episode_id": episode.episode_id, "prompt": completion.prompt if completion else None,
+           "response": completion.text if completion else None, "target": episode.target,
+           "reward": episode.reward, "advantage": episode.advantage, "version": episode.policy_version,
+           "quarantine": episode.quarantine}
+    if completion is not None and "turns" in (completion.metadata or {}):
+        row["turns"] = completion.metadata["turns"]
+    return row

@@ -17,7 +17,7 @@ Magic                                                  What it does
 %forge_set KEY=VALUE ...                               hyperparameters for the next step (lr, temperature, ...)
 %forge_status                                          services, replicas, loops, step, version, last values;
                                                        with several live runs, one line per run
-%forge_episodes [-n K] [--version V] [--min-reward R]  recent episodes as a table
+%forge_episodes [-n K] [--version V] [--min-reward R]  recent episodes as a table (--turns: turn by turn)
 %forge_logs [SERVICE[i]] [-n N] [--level L]           what the processes wrote (vLLM, monarch, torch): to
                                                        files in the run directory, not to the cells
 %forge_dashboard [--side]                              the live dashboard (forge_nb.widgets); --side: in a

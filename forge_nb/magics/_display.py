@@ -115,7 +115,37 @@ EPISODE_COLUMNS = ("episode_id", "version", "reward", "advantage", "prompt", "re
 
 
 def episodes_table(rows: Sequence[dict[str, Any]]) -> Table:
-    return Table(rows, EPISODE_COLUMNS, title=f"{len(rows)} episode(s), newest last")
+    """One line per episode; multi-turn ones show their number of turns (``--turns`` shows each turn)."""
+    if not any("turns" in r for r in rows):
+        return Table(rows, EPISODE_COLUMNS, title=f"{len(rows)} episode(s), newest last")
+    counted = [{**r, "turns": len(r["turns"]) if "turns" in r else None} for r in rows]
+    return Table(counted, (*EPISODE_COLUMNS[:4], "turns", *EPISODE_COLUMNS[4:]),
+                 title=f"{len(rows)} episode(s), newest last (%forge_episodes --turns: turn by turn)")
+
+
+TURN_COLUMNS = ("turn", "action", "observation", "tool", "reward")
+
+
+def turns_report(rows: Sequence[dict[str, Any]]) -> Report:
+    """Each episode turn by turn: the policy's action, what answered it (the environment, or a tool with
+    whether the call succeeded) and the turn's reward."""
+    parts: list[str | Table] = []
+    for r in rows:
+        head = (f"episode {r['episode_id']}: version {r['version']}, reward {_fmt(r['reward'])}, "
+                f"prompt {_fmt(r['prompt'])}" + (f", quarantined: {r['quarantine']}" if r.get("quarantine") else ""))
+        if "turns" not in r:
+            parts.append(head + " (single turn: " + _fmt(r["response"]) + ")")
+            continue
+        turns = [{"turn": i, "action": t["action"], "observation": t["observation"], "reward": t["reward"],
+                  "tool": _tool(t.get("info", {}))} for i, t in enumerate(r["turns"], 1)]
+        parts.append(Table(turns, TURN_COLUMNS, title=head))
+    return Report(parts)
+
+
+def _tool(info: dict[str, Any]) -> str | None:
+    if "tool" not in info:
+        return None
+    return f"{info['tool'] or '?'} {'ok' if info.get('tool_ok') else 'failed'}"
 
 
 #: Per-step values worth a glance; the rest are in ``run.metrics.frame()``.

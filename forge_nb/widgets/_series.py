@@ -42,6 +42,8 @@ PANELS: tuple[Panel, ...] = (
     Panel("policy age", ("policy_age/mean",), 5, 1),
     Panel("tokens/s", ("tokens_per_s/generate", "tokens_per_s/train"), 5, 2),
     Panel("step time (s)", ("time/step_s", "time/step"), 6, 1),
+    Panel("turns per episode", ("turns/mean",), 6, 2, "no values: single-turn episodes (see forge_nb.envs)"),
+    Panel("tool-call success", ("tools/success",), 7, 1, "no values: no tool was called"),
 )
 REWARD_FUNCTIONS = 1  #: the panel of the per-function reward lines ("reward/<function>")
 BAND = ("reward/max", "reward/min")  # upper first: the lower trace fills "tonexty" up to it

@@ -1,10 +1,10 @@
 """Explorer: recent episodes filtered by policy version and reward range, and one prompt across versions.
 
-Reads ``run.episodes(n=, version=, min_reward=, max_reward=)`` (dicts with prompt, response, target,
-reward, advantage, version, episode_id). The table shows the filtered episodes; below it, one
-prompt's completions sit side by side, a column per policy version, so a change in behaviour
-between versions is visible at a glance. With *follow* on, both refresh when the run's version
-changes (checked on the dashboard's poll tick, only while the explorer is open: a collapsed one
+Reads ``run.episodes(n=, version=, min_reward=, max_reward=)`` (dicts with prompt, response, target, reward,
+advantage, version, episode_id; a multi-turn episode's ``turns`` are shown turn by turn). The table shows
+the filtered episodes; below it, one prompt's completions sit side by side, a column per policy version, so
+a change in behaviour between versions is visible at a glance. With *follow* on, both refresh when the run's
+version changes (checked on the dashboard's poll tick, only while the explorer is open: a collapsed one
 costs nothing); editing a filter refreshes at once.
 """
 
@@ -42,13 +42,27 @@ def render_episodes(episodes: list[Episode]) -> str:
         "id", "version", "reward", "advantage", "prompt", "response", "target"))
     rows = []
     for e in episodes:
+        response = _turns(e["turns"]) if "turns" in e else _text(e.get("response"))
         cells = [html.escape(str(e.get("episode_id", ""))), _num(e.get("version")), _num(e.get("reward")),
-                 _num(e.get("advantage")), _text(e.get("prompt"), 200), _text(e.get("response")),
-                 _text(e.get("target"), 100)]
+                 _num(e.get("advantage")), _text(e.get("prompt"), 200), response, _text(e.get("target"), 100)]
         rows.append("<tr>" + "".join(f"<td style='vertical-align:top;padding:2px 6px'>{c}</td>"
                                      for c in cells) + "</tr>")
     return (f"<div class='forge-episodes' style='max-height:360px;overflow:auto'><table "
             f"style='border-collapse:collapse;font-size:12px'><tr>{head}</tr>{''.join(rows)}</table></div>")
+
+
+def _turns(turns: list[dict[str, Any]]) -> str:
+    """A multi-turn episode's response, turn by turn: the policy's action, then what answered it (the
+    environment, or a tool, marked ok or failed) and the turn's reward."""
+    lines = []
+    for i, t in enumerate(turns, 1):
+        info = t.get("info", {})
+        source = (f"tool {html.escape(str(info['tool']))} {'ok' if info.get('tool_ok') else 'failed'}"
+                  if "tool" in info else "env")
+        lines.append(f"<div class='forge-turn'><b>{i}</b> &#9654; {_text(t.get('action'), 200)} "
+                     f"<span style='color:#666'>&#9664; {source}: {_text(t.get('observation'), 200)}</span> "
+                     f"<i>r={_num(t.get('reward'))}</i></div>")
+    return "".join(lines)
 
 
 def render_compare(episodes: list[Episode], prompt: str | None, max_versions: int = 6) -> str:
