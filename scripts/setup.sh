@@ -30,7 +30,7 @@ else
   "${pip[@]}" --upgrade pip setuptools wheel
   # The CPU torch first, so that nothing below can pull a multi-GB CUDA build in its place.
   "${pip[@]}" "torch==2.13.0"
-  "${pip[@]}" -e ".[$extras,rl,notebook,dev]"
+  "${pip[@]}" -e ".[$extras,rl,envs,notebook,dev]"
   "${pip[@]}" --no-deps "torchstore==0.1.2"
   $venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   echo "$want" > "$stamp"

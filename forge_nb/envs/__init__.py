@@ -17,14 +17,15 @@ once, so each trajectory's state lives in its own environment object, found by t
 calls of one trajectory stick to one replica through ``env.session()``. An environment is a plain object
 with ``reset(seed) -> observation`` and ``step(action) -> StepResult`` (sync or async), the shape of
 gymnasium-style text environments, so adapters for libraries are small (see ``forge_nb.envs.toy`` for
-one written here). Considered: an actor per trajectory (a process each: far too heavy for short episodes)
-and passing the state back and forth (what ``verifiers`` does; not what the documents' ``reset``/``step``
-look like).
+one written here, and ``forge_nb.envs.adapters`` for reasoning-gym tasks and TextArena games).
+Considered: an actor per trajectory (a process each: far too heavy for short episodes) and passing the
+state back and forth (what ``verifiers`` did; not what the documents' ``reset``/``step`` look like).
 """
 
 from forge_nb.actors.coder import StepResult
+from forge_nb.envs.adapters import ReasoningGymEnv, TextArenaEnv
 from forge_nb.envs.episode import multi_turn_episode
 from forge_nb.envs.pool import EnvPool, TextEnv
 from forge_nb.envs.toy import EchoEnv
 
-__all__ = ["EchoEnv", "EnvPool", "StepResult", "TextEnv", "multi_turn_episode"]
+__all__ = ["EchoEnv", "EnvPool", "ReasoningGymEnv", "StepResult", "TextArenaEnv", "TextEnv", "multi_turn_episode"]
