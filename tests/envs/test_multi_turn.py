@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import string
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,6 +25,10 @@ from forge_nb.models import TinyModelConfig, build_tiny_model
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.heavy]
 
 ALPHABET = TinyModelConfig().alphabet
+#: The module's model knows every printable character (the library environments write English), the
+#: default alphabet first so that its letters keep their ids, and room for their longer prompts.
+WIDE = TinyModelConfig(alphabet=ALPHABET + "".join(c for c in string.printable if c not in ALPHABET),
+                       max_position_embeddings=1024)
 
 
 def ids(text: str) -> list[int]:
@@ -34,7 +39,7 @@ def ids(text: str) -> list[int]:
 async def policy(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from forge_nb import runtime
 
-    model = build_tiny_model(tmp_path_factory.mktemp("multi-turn") / "tiny")
+    model = build_tiny_model(tmp_path_factory.mktemp("multi-turn") / "tiny", WIDE)
     runtime.ensure_started()
     service = await Generator.options(num_replicas=1).as_service(
         model=str(model), sampling_params={"n": 1, "max_tokens": 8, "temperature": 1.0})
@@ -127,30 +132,31 @@ async def test_an_environment_replica_killed_mid_trajectory_drops_its_trajectori
 
 @pytest.mark.timeout(180)
 async def test_tool_calls_are_answered_by_the_sandboxed_coder_and_never_reach_the_environment(policy: Any) -> None:
-    """The tiny model writes no JSON, so a parser of its own makes every action that starts with "a" a call
-    of the python tool: which turns are calls is up to the sampled policy, what happens to them is not."""
+    """The tiny model writes no JSON, so a parser of its own makes every action that starts with a letter or
+    digit a call of the python tool: which turns are calls is up to the sampled policy, what happens to them
+    is not."""
     from forge_nb.actors.coder import SandboxedPythonCoder
     from forge_nb.envs.tools import ToolCall, Tools, python_tool
 
-    def starts_with_a(action: str) -> ToolCall | None:
-        return ToolCall("python", {"code": f"print({action!r}.upper())"}) if action.startswith("a") else None
+    def alnum_first(action: str) -> ToolCall | None:
+        return ToolCall("python", {"code": f"print({action!r}.upper())"}) if action[:1].isalnum() else None
 
     coder = await SandboxedPythonCoder.options(num_replicas=1).as_service(timeout_s=5.0)
     env = await EnvPool.options(num_replicas=1).as_service(EchoEnv, turns=3, chars=2)
     try:
-        tools = Tools({"python": python_tool(coder)}, syntax="simple", parse=starts_with_a)
+        tools = Tools({"python": python_tool(coder)}, syntax="simple", parse=alnum_first)
         play = multi_turn_episode(env, max_turns=6, turn_tokens=2, tools=tools)
         groups = [await play(fake_run(policy, group_size=4, max_res_tokens=40), {"seed": s}) for s in range(3)]
         turns = [ep.completion.metadata["turns"] for group in groups for ep in group]
         calls = [t for ts in turns for t in ts if "tool" in t.get("info", {})]
-        assert calls, "no action started with 'a' in 12 trajectories"
+        assert calls, "no action started with a letter or digit in 12 trajectories"
         for t in calls:  # the tool's output is the next observation, with no reward
-            assert t["action"].startswith("a") and t["info"]["tool_ok"]
-            assert t["observation"] == t["action"].upper() + "\n" and t["reward"] == 0.0
+            assert t["action"][:1].isalnum() and t["info"]["tool_ok"]
+            assert t["observation"] == t["action"].upper().strip() + "\n" and t["reward"] == 0.0  # output stripped
         for ts in turns:  # the environment saw the other actions only: it ends after its 3 steps
             env_turns = [t for t in ts if "tool" not in t.get("info", {})]
             assert len(env_turns) == 3 or len(ts) == 6
-            assert all(not t["action"].startswith("a") for t in env_turns)
+            assert all(not t["action"][:1].isalnum() for t in env_turns)
         from forge_nb.controller.episodes import turn_metrics
 
         metrics = turn_metrics([ep for group in groups for ep in group])
@@ -159,3 +165,34 @@ async def test_tool_calls_are_answered_by_the_sandboxed_coder_and_never_reach_th
     finally:
         await env.shutdown()
         await coder.shutdown()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", ["reasoning-gym", "textarena"])
+async def test_library_environments_play_whole_episodes_with_the_policy(policy: Any, name: str) -> None:
+    """The adapters' environments served by EnvPool, played by the real (untrained) policy: every trajectory
+    runs until the environment ends it or its turns run out, and is trained as one episode."""
+    from forge_nb.envs import ReasoningGymEnv, TextArenaEnv
+
+    if name == "reasoning-gym":
+        env = await EnvPool.options(num_replicas=2).as_service(ReasoningGymEnv, dataset="basic_arithmetic",
+                                                                size=50, attempts=2)
+        max_turns, said = 2, "That is not right. Try again."
+    else:
+        env = await EnvPool.options(num_replicas=2).as_service(TextArenaEnv, env_id="GuessTheNumber-v0")
+        max_turns, said = 3, ""  # the game's own words: "higher", "lower", or why the move was invalid
+    try:
+        play = multi_turn_episode(env, max_turns=max_turns, turn_tokens=6)
+        group = await play(fake_run(policy, group_size=3, max_res_tokens=400), {"seed": 11})
+        prompts = {ep.completion.prompt for ep in group}
+        assert len(prompts) == 1 and len(next(iter(prompts))) > 50  # one seed: the same task for the group
+        for ep in group:
+            turns = ep.completion.metadata["turns"]
+            assert ep.quarantine is None and 1 <= len(turns) <= max_turns
+            assert 0.0 <= ep.reward <= 1.0 and ep.policy_mask.sum() >= len(turns)
+            if len(turns) > 1:  # the environment answered the first action and went on
+                assert turns[0]["observation"].strip() and said in turns[0]["observation"], turns[0]
+        opened = [await r.actor.open_trajectories.call_one() for r in env.replicas]
+        assert opened == [0, 0]
+    finally:
+        await env.shutdown()
