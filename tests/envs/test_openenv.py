@@ -20,6 +20,7 @@ from openenv.core.env_server.types import Action, Observation, State
 from forge_nb._procs import pid_alive
 from forge_nb.envs import EnvPool, OpenEnvEnv, StepResult
 from forge_nb.envs.openenv_env import render_observation
+from tests.envs.test_adapters import Bisect
 from tests.openenv_envs import (
     AsyncBoardEnvironment,
     BoardObservation,
@@ -36,22 +37,6 @@ from tests.openenv_envs import (
 )
 
 on_module_loop = pytest.mark.asyncio(loop_scope="module")
-
-
-class Bisect:
-    """A guessing player: binary search on the "higher" / "lower" hints in the observation text."""
-
-    def __init__(self, lo: int = 1, hi: int = 20):
-        self.lo, self.hi, self.guess = lo, hi, None
-
-    def __call__(self, observation: str) -> str:
-        if self.guess is not None:
-            if "higher" in observation:
-                self.lo = self.guess + 1
-            elif "lower" in observation:
-                self.hi = self.guess - 1
-        self.guess = (self.lo + self.hi) // 2
-        return str(self.guess)
 
 
 async def play_local(env: OpenEnvEnv, seed: int | None, player: Callable[[str], str],

@@ -32,16 +32,22 @@ def stream_lines(nb: dict) -> list[str]:
     return lines
 
 
-def test_the_quickstart_notebook_ends_well_with_quiet_cells(tmp_path, monkeypatch):
-    monkeypatch.chdir(ROOT)
-    result = _runner().execute(ROOT / "example_notebooks" / "01_quickstart.py", tmp_path / "outputs", steps=None,
-                               timeout=900)
+def run_as_written(name: str, tmp_path: Path) -> tuple[dict, dict, list[str]]:
+    """Execute ``example_notebooks/<name>`` with its own parameters; assert that no cell raised and that the
+    cells stayed quiet; return the runner's result, the executed notebook and the lines the cells wrote."""
+    result = _runner().execute(ROOT / "example_notebooks" / name, tmp_path / "outputs", steps=None, timeout=900)
     nb = json.loads(Path(result["notebook"]).read_text())
     errors = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
     assert not errors, errors[0]
     lines = stream_lines(nb)
     assert len(lines) <= MAX_STREAM_LINES, "\n".join(lines)
+    return result, nb, lines
+
+
+def test_the_quickstart_notebook_ends_well_with_quiet_cells(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result, nb, lines = run_as_written("01_quickstart.py", tmp_path)
     rows = [json.loads(line) for line in (Path(result["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     assert len([r for r in rows if "reward/mean" in r]) >= 250
     assert result["final_reward"] >= 0.9, result["final_reward"]  # the mean of the last 50 steps
