@@ -59,8 +59,9 @@ def _turns(turns: list[dict[str, Any]]) -> str:
         info = t.get("info", {})
         source = (f"tool {html.escape(str(info['tool']))} {'ok' if info.get('tool_ok') else 'failed'}"
                   if "tool" in info else "env")
+        answer = _text(t["observation"], 200) if t.get("observation") else "<i>(end)</i>"
         lines.append(f"<div class='forge-turn'><b>{i}</b> &#9654; {_text(t.get('action'), 200)} "
-                     f"<span style='color:#666'>&#9664; {source}: {_text(t.get('observation'), 200)}</span> "
+                     f"<span style='color:#666'>&#9664; {source}: {answer}</span> "
                      f"<i>r={_num(t.get('reward'))}</i></div>")
     return "".join(lines)
 
