@@ -74,7 +74,9 @@ async def play(env: Any, run: Any, seed: int, *, max_turns: int, turn_tokens: in
     the trajectory has no room left for another action."""
     tokenizer = _tokenizer(run.model)
     tid = uuid.uuid4().hex
-    async with env.session():  # the trajectory's environment object lives on one replica
+    # the trajectory's environment object lives on one replica; its generations go to one policy replica
+    # too, whose prefix cache holds the conversation so far (it moves if that replica dies)
+    async with env.session(), run.policy.session():
         first = await env.reset.route(tid, seed)
         trajectory = Trajectory(prompt=first, prompt_ids=tokenizer(first)["input_ids"],
                                 max_tokens=run.config.max_res_tokens)

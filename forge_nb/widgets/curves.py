@@ -45,6 +45,8 @@ import traitlets
 from forge_nb.widgets._series import REWARD_FUNCTIONS, CurveData, Row, Trace
 from forge_nb.widgets._throttle import Throttle
 
+#: The dashboard's seven rows of panels: ~88 px of plot each (the reward row 1.6x), what six rows had at 860 px.
+DASHBOARD_HEIGHT = 1000
 CURVES_JS = pathlib.Path(__file__).with_name("curves.js")  #: the page half, in both hosts
 VENDOR = pathlib.Path(__file__).with_name("vendor")  #: uPlot 1.6.32 (npm ``uplot``), its LICENSE, our CSS
 #: seconds between the page's redraws for new points, in both hosts: at 1 s the uPlot curves cost 2-4% of
@@ -71,7 +73,7 @@ class CurvesView(anywidget.AnyWidget):
     traces = traitlets.List().tag(sync=True)  #: [{key, panel, kind, name, color, width, dash, smooth}]
     marks = traitlets.List().tag(sync=True)  #: [[step, "set" | "failure", label]]
     mark_styles = traitlets.Dict().tag(sync=True)  #: kind -> {name, color, symbol, y}
-    height = traitlets.Int(860).tag(sync=True)  #: pixels
+    height = traitlets.Int(DASHBOARD_HEIGHT).tag(sync=True)  #: pixels
     #: seconds between redraws for new points: the page keeps every point it is sent, and draws them
     #: at most this often (hovering and resizing draw at once)
     redraw_interval = traitlets.Float(REDRAW_INTERVAL).tag(sync=True)

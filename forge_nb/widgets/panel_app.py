@@ -33,7 +33,7 @@ from forge_nb.widgets.controls import (
     run_summary,
     shown_text,
 )
-from forge_nb.widgets.curves import Curves, panel_curves_view
+from forge_nb.widgets.curves import DASHBOARD_HEIGHT, Curves, panel_curves_view
 from forge_nb.widgets.explorer import _bound, render_compare, render_episodes
 from forge_nb.widgets.health import render_health, snapshot
 
@@ -66,7 +66,7 @@ class PanelDashboard:
         self.hparams_row = pn.Row()
         self.health = pn.pane.HTML(render_health({}, None), sizing_mode="stretch_width")
         # The notebook's canvas curves; plotly cost the browser ~40% of two cores (bench/RESULTS.md).
-        self.curves = Curves(view=panel_curves_view()(height=860, sizing_mode="stretch_width"),
+        self.curves = Curves(view=panel_curves_view()(height=DASHBOARD_HEIGHT, sizing_mode="stretch_width"),
                              on_error=lambda e: self._report("curves", e))
         self.plot = self.curves.widget
         self.version = pn.widgets.Select(label="version", options={"all": None}, width=120)

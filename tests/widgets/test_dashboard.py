@@ -15,6 +15,7 @@ import pytest
 
 from forge_nb.metrics import MetricsStore
 from forge_nb.widgets import Dashboard
+from forge_nb.widgets._series import PANELS
 from forge_nb.widgets._throttle import Throttle
 from forge_nb.widgets.curves import Curves
 from tests.waiting import waiter
@@ -209,7 +210,7 @@ async def test_band_and_markers_for_hot_changes_and_failures() -> None:
         assert list(figure.data[names.index("reward mean")].x) == [1, 2, 3, 4, 5]
         lines = {(s.x0, s.line.color) for s in figure.layout.shapes}
         assert (4, "#7b1fa2") in lines and (5, "#d62728") in lines
-        assert len(figure.layout.shapes) == 2 * 10  # a line per marked event in each panel
+        assert len(figure.layout.shapes) == 2 * len(PANELS)  # a line per marked event in each panel
     finally:
         curves.close()
 
