@@ -18,7 +18,7 @@ from forge_nb.envs import EchoEnv, EnvPool, multi_turn_episode
 from forge_nb.recipes import multi_turn_echo
 
 env = await EnvPool.options(num_replicas=2).as_service(EchoEnv, turns=3, chars=2)
-run = await forge_nb.spawn(multi_turn_echo())  # the quickstart's run, with 12 response tokens
+run = await forge_nb.spawn(multi_turn_echo())  # the quickstart's run: groups of 8, 12 response tokens
 run.episode_fn = multi_turn_episode(env, max_turns=3, turn_tokens=2)
 
 # %%
