@@ -25,7 +25,7 @@ run.episode_fn = multi_turn_episode(env, max_turns=3, turn_tokens=2)
 rows = await run.step(STEPS)
 rewards = [r["reward/mean"] for r in rows]
 print(f"mean reward: first 10 steps {sum(rewards[:10]) / len(rewards[:10]):.2f}, "
-      f"last 10 steps {sum(rewards[-10:]) / len(rewards[-10:]):.2f}")
+      f"last 25 steps {sum(rewards[-25:]) / len(rewards[-25:]):.2f}")
 
 # %% [markdown]
 # Each episode turn by turn: the policy's action, the environment's answer, the turn's reward. The
