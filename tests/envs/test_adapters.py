@@ -243,6 +243,12 @@ def test_games_print_nothing_into_the_cell(capsys: pytest.CaptureFixture[str]) -
     assert (out, err) == ("", "")
 
 
+def bisecting() -> Callable[[str, list[StepResult]], str]:
+    """A fresh Bisect player in the shape ``play`` calls (the steps so far are not needed)."""
+    player = Bisect()
+    return lambda observation, _done: player(observation)
+
+
 # -- through EnvPool services ----------------------------------------------------------------------------
 async def play(env: Any, seed: int, player: Callable[[str, list[StepResult]], str],
                max_steps: int = 20) -> tuple[str, list[StepResult]]:
@@ -308,10 +314,6 @@ async def test_guess_the_number_games_through_an_env_pool_service() -> None:
     runtime.ensure_started()
     env = await EnvPool.options(num_replicas=2).as_service(TextArenaEnv, env_id="GuessTheNumber-v0")
     try:
-        def bisecting() -> Callable[[str, list[StepResult]], str]:
-            player = Bisect()
-            return lambda observation, _done: player(observation)
-
         seeds = [0, 0, 1, 2, 3, 3]
         played = await asyncio.gather(*(play(env, s, bisecting()) for s in seeds))
         for first, results in played:

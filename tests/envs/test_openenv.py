@@ -9,7 +9,6 @@ import logging
 import random
 import re
 import sys
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +19,7 @@ from openenv.core.env_server.types import Action, Observation, State
 from forge_nb._procs import pid_alive
 from forge_nb.envs import EnvPool, OpenEnvEnv, StepResult
 from forge_nb.envs.openenv_env import render_observation
-from tests.envs.test_adapters import Bisect
+from tests.envs.test_adapters import Bisect, bisecting, play
 from tests.openenv_envs import (
     AsyncBoardEnvironment,
     BoardObservation,
@@ -233,19 +232,6 @@ class MoveObservationLike(Observation):
 
 
 # -- through an EnvPool service --------------------------------------------------------------------------
-async def play(env: Any, seed: int, player: Callable[[str], str], max_steps: int = 20) -> tuple[str, list[StepResult]]:
-    """One trajectory against the service, as multi_turn_episode plays it (a session, then close)."""
-    tid = uuid.uuid4().hex
-    async with env.session():
-        observation = first = await env.reset.route(tid, seed)
-        results: list[StepResult] = []
-        try:
-            while not (results and results[-1].done) and len(results) < max_steps:
-                results.append(await env.step.route(tid, player(observation)))
-                observation = results[-1].observation
-        finally:
-            await env.close.route(tid)
-    return first, results
 
 
 @on_module_loop
@@ -259,7 +245,7 @@ async def test_guessing_games_through_an_env_pool_service() -> None:
     pids = [p for r in env.replicas for p in r.mesh.pids]
     try:
         seeds = [0, 0, 1, 2, 3, 3, 4, 5]
-        played = await asyncio.gather(*(play(env, s, Bisect()) for s in seeds))
+        played = await asyncio.gather(*(play(env, s, bisecting()) for s in seeds))
         for seed, (first, results) in zip(seeds, played, strict=True):
             secret = random.Random(seed).randint(1, 20)  # the replicas seeded the game with the trajectory's seed
             assert first == "Guess a number between 1 and 20.\n"
