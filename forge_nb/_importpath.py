@@ -1,4 +1,5 @@
-"""``package.module:Name`` paths, as configs name a loss, a task or an actor class: imported, or a clear error."""
+"""``package.module:Name`` paths, as configs name a loss, a task or an actor class, and optional packages:
+imported, or a clear error."""
 
 from __future__ import annotations
 
@@ -22,3 +23,12 @@ def import_path(path: str, *, label: str, where: str = "here") -> Any:
         raise ValueError(f"{label}={path!r}: cannot import it {where} ({e}); name an object in an importable "
                          "module (package.module:Name), or pass the object itself") from e
     return found
+
+
+def require(module: str, *, missing: str) -> Any:
+    """The module, imported; when it is not installed, ImportError with ``missing`` (what needs it and the
+    command that installs it) and the reason."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"{missing} ({e})") from e

@@ -14,11 +14,11 @@ only here; a missing one is an ImportError that says what to install. ``run.shut
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 from typing import Any
 
+from forge_nb._importpath import require
 from forge_nb.metrics import MetricsStore, Row
 
 __all__ = ["EXPORTERS", "Exporter", "export"]
@@ -109,8 +109,5 @@ def export(store: MetricsStore, kind: str, *, run_dir: Path | None, run_name: st
 
 
 def _require(module: str, package: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise ImportError(f"exporting metrics to {package} needs the {package!r} package: "
-                          f"pip install {package}  ({e})") from None
+    return require(module, missing=f"exporting metrics to {package} needs the {package!r} package: "
+                                   f"pip install {package} ")

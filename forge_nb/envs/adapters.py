@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import importlib
 import io
 import logging
 import random
@@ -48,6 +47,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from forge_nb._importpath import require
 from forge_nb.actors.coder import StepResult
 
 __all__ = ["ReasoningGymEnv", "TextArenaEnv", "clean_action"]
@@ -64,10 +64,7 @@ def clean_action(action: str) -> str:
 
 
 def _require(module: str, package: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise ImportError(f"{package} is needed for this environment: {INSTALL_HINT} ({e})") from e
+    return require(module, missing=f"{package} is needed for this environment: {INSTALL_HINT}")
 
 
 @contextlib.contextmanager
