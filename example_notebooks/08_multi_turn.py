@@ -58,3 +58,19 @@ print(tools.format(await tools.call(call)))
 await run.shutdown()
 await env.shutdown()
 await coder.shutdown()
+
+# %% [markdown]
+# ## On GPUs: a hub model in its chat template
+#
+# The same episode function trains a chat model on a real game. Its conversation is framed by the model's
+# chat template (the game's messages as user turns, the guesses as the assistant's, a system prompt),
+# while the actions stay the tokens the policy generated. `guess_the_number_qwen3` is the recipe:
+#
+# ```python
+# from forge_nb.envs import TextArenaEnv
+# from forge_nb.recipes import GUESS_EPISODE, guess_the_number_qwen3
+#
+# env = await EnvPool.options(num_replicas=2).as_service(TextArenaEnv, env_id="GuessTheNumber-v0")
+# run = await forge_nb.spawn(guess_the_number_qwen3("Qwen/Qwen3-1.7B"))
+# run.episode_fn = multi_turn_episode(env, **GUESS_EPISODE)
+# ```

@@ -43,6 +43,18 @@ def test_quickstart_recipe_is_valid_and_cpu_only():
     assert from_dict(cfg.to_dict()) == cfg
 
 
+def test_the_multi_turn_gpu_recipe_fits_its_episodes():
+    """GuessTheNumber's 10 guesses of at most 32 tokens, with the hints and chat framing between them, fit the
+    recipe's response budget; the episode settings are ones multi_turn_episode takes."""
+    from forge_nb.envs import multi_turn_episode
+    from forge_nb.recipes import GUESS_EPISODE, guess_the_number_qwen3
+
+    cfg = guess_the_number_qwen3()
+    assert cfg.model == "Qwen/Qwen3-1.7B" and cfg.generator.with_gpus and cfg.trainer.with_gpus
+    assert GUESS_EPISODE["max_turns"] * (GUESS_EPISODE["turn_tokens"] + 40) <= cfg.max_res_tokens
+    assert from_dict(cfg.to_dict()) == cfg and callable(multi_turn_episode(object(), **GUESS_EPISODE))
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [

@@ -8,7 +8,7 @@ The picture (one trajectory; a GRPO group runs ``group_size`` of them from the s
       loop until done / max_turns / no room:
         generate(context token ids) ─────────────────────────────────────────────>  one action
         step(tid, action) ────────────────────>  env.step(action)
-        <── observation, reward, done           (tokenized in the kernel, appended to the context)
+        <── observation, reward, done           (framed and tokenized in the kernel: envs.chat)
       close(tid) ─────────────────────────────>  the env object is dropped
       -> Trajectory -> Episode: the policy's tokens trained, the environment's masked (rl.trajectory)
 

@@ -5,7 +5,9 @@ run's rollout loops play episodes of several turns instead of single prompt -> c
 package docstring for the exchange. Each trajectory gets at most ``run.config.max_res_tokens`` tokens after
 its first observation (actions and observations together) and each action at most ``turn_tokens``. The
 policy is sent token ids, so every turn sees exactly the tokens it was trained on, and the engine's prefix
-cache can reuse the conversation so far.
+cache can reuse the conversation so far. A chat model gets the conversation in its chat template's shape
+(the observations as user messages, a system prompt if given; ``forge_nb.envs.chat``), a tiny local model
+the text as it is.
 
 With ``tools`` (:class:`~forge_nb.envs.tools.Tools`), an action that calls a tool is answered by the tool's
 result, and the environment sees only the other actions.
@@ -26,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from forge_nb.controller.episodes import add_ref_logprobs
+from forge_nb.envs.chat import Framing
 from forge_nb.envs.tools import Tools
 from forge_nb.rl import assign_advantages
 from forge_nb.rl.trajectory import Trajectory
@@ -44,20 +47,32 @@ def _tokenizer(model: str) -> Any:
 
 
 def multi_turn_episode(env: Any, *, max_turns: int = 8, turn_tokens: int | None = None,
-                       tools: Tools | None = None) -> EpisodeFn:
+                       tools: Tools | None = None, chat: bool | None = None, system_prompt: str | None = None,
+                       chat_template_kwargs: dict[str, Any] | None = None) -> EpisodeFn:
     """An episode function (``async (run, sample) -> group``) playing ``run.config.group_size`` trajectories
     from one seed (``sample["seed"]`` if the task gives one, else a fresh one) for up to ``max_turns`` turns;
-    with ``tools``, an action that calls a tool is answered by the tool instead of the environment."""
+    with ``tools``, an action that calls a tool is answered by the tool instead of the environment.
+
+    ``chat`` (None: the model's chat template if it frames messages; True: require one; False: raw text),
+    ``system_prompt`` and ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}`` for Qwen3) say how
+    the conversation is framed: :class:`~forge_nb.envs.chat.Framing`."""
     if max_turns < 1:
         raise ValueError(f"multi_turn_episode(max_turns={max_turns}): an episode needs at least one turn")
     if turn_tokens is not None and turn_tokens < 1:
         raise ValueError(f"multi_turn_episode(turn_tokens={turn_tokens}): an action needs at least one token")
+    if system_prompt is not None and chat is False:
+        raise ValueError("multi_turn_episode(system_prompt=..., chat=False): a system prompt needs chat framing")
+    framings: dict[str, Framing] = {}  # per model: the probe of its template runs once
 
     async def episode(run: Any, sample: dict[str, Any]) -> list[Episode]:
         cfg = run.config
         seed = sample.get("seed", random.getrandbits(31))
+        if run.model not in framings:
+            framings[run.model] = Framing(_tokenizer(run.model), chat=chat, system_prompt=system_prompt,
+                                          template_kwargs=chat_template_kwargs)
         trajectories = await asyncio.gather(*(
-            play(env, run, seed, max_turns=max_turns, turn_tokens=turn_tokens or cfg.max_res_tokens, tools=tools)
+            play(env, run, seed, max_turns=max_turns, turn_tokens=turn_tokens or cfg.max_res_tokens, tools=tools,
+                 framing=framings[run.model])
             for _ in range(cfg.group_size)))
         group = [t.to_episode(pad_id=run.pad_id, request_len=cfg.max_req_tokens, target=seed) for t in trajectories]
         await add_ref_logprobs(run, group)
@@ -69,16 +84,16 @@ def multi_turn_episode(env: Any, *, max_turns: int = 8, turn_tokens: int | None 
 
 
 async def play(env: Any, run: Any, seed: int, *, max_turns: int, turn_tokens: int,
-               tools: Tools | None = None) -> Trajectory:
+               tools: Tools | None = None, framing: Framing | None = None) -> Trajectory:
     """One trajectory: reset, then act and step until the environment is done, the turns are used up or
     the trajectory has no room left for another action."""
-    tokenizer = _tokenizer(run.model)
+    framing = framing or Framing(_tokenizer(run.model))
     tid = uuid.uuid4().hex
     # the trajectory's environment object lives on one replica; its generations go to one policy replica
     # too, whose prefix cache holds the conversation so far (it moves if that replica dies)
     async with env.session(), run.policy.session():
         first = await env.reset.route(tid, seed)
-        trajectory = Trajectory(prompt=first, prompt_ids=tokenizer(first)["input_ids"],
+        trajectory = Trajectory(prompt=first, prompt_ids=framing.prompt_ids(first),
                                 max_tokens=run.config.max_res_tokens)
         try:
             while len(trajectory.turns) < max_turns and not trajectory.done and trajectory.room > 0:
@@ -90,7 +105,8 @@ async def play(env: Any, run: Any, seed: int, *, max_turns: int, turn_tokens: in
                 call = tools.parse(action.text) if tools is not None else None
                 if call is not None:  # the tool answers; the environment never sees the call
                     answer = await tools.call(call)
-                    observation, reward, finished = tools.format(answer), 0.0, False
+                    observation = tools.content(answer) if framing.chat else tools.format(answer)
+                    reward, finished = 0.0, False
                     info = {"tool": answer.call.name, "tool_ok": answer.ok}
                 else:
                     try:
@@ -100,8 +116,8 @@ async def play(env: Any, run: Any, seed: int, *, max_turns: int, turn_tokens: in
                         break
                     observation, reward, finished = str(result.observation), result.reward, result.done
                     info = result.info
-                trajectory.observe(observation, tokenizer(observation, add_special_tokens=False)["input_ids"],
-                                   reward, finished, info)
+                ids = framing.observation_ids(trajectory.turns[-1].action_ids, observation, tool=call is not None)
+                trajectory.observe(observation, ids, reward, finished, info)
         finally:
             with contextlib.suppress(Exception):  # a replica that died took the environment object with it
                 await env.close.route(tid)

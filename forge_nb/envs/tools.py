@@ -116,9 +116,13 @@ class Tools:
             return ToolResult(call, False, f"{type(e).__name__}: {e}"[: self.max_output])
         return ToolResult(call, True, str(output)[: self.max_output])
 
+    def content(self, result: ToolResult) -> str:
+        """A result as the content of a chat's tool message (the chat template frames it)."""
+        return result.output if result.ok else f"error: {result.output}"
+
     def format(self, result: ToolResult) -> str:
-        """The observation that carries a result back to the policy."""
-        text = result.output if result.ok else f"error: {result.output}"
+        """The observation that carries a result back to a policy that reads raw text."""
+        text = self.content(result)
         return f"<tool_response>\n{text}\n</tool_response>\n" if self.syntax == "hermes" else f"{text}\n"
 
 

@@ -1,14 +1,24 @@
-"""The CPU multi-turn example: the quickstart's tiny model and services, playing EchoEnv (``forge_nb.envs``)."""
+"""Multi-turn recipes: EchoEnv on CPU (the quickstart's tiny model), and Qwen3 playing a TextArena game on GPUs."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from forge_nb.config import RunConfig
+from forge_nb.config import GeneratorConfig, LoopConfig, RunConfig, TrainerConfig
 from forge_nb.recipes.quickstart import quickstart
 
 #: EchoEnv's game in the example: 3 turns, each answered with the letter twice (notebook 08, the bench).
 ECHO = {"turns": 3, "chars": 2}
+
+#: How :func:`guess_the_number_qwen3`'s episodes are played (``multi_turn_episode(env, **GUESS_EPISODE)``):
+#: TextArena's GuessTheNumber-v0 (1 to 20, 10 guesses, "higher"/"lower" after each) framed by Qwen3's chat
+#: template with its thinking off, so each turn is one short answer.
+GUESS_EPISODE: dict[str, Any] = {
+    "max_turns": 10,
+    "turn_tokens": 32,
+    "system_prompt": "You are playing a guessing game. Answer each turn with one guess in square brackets, like [7].",
+    "chat_template_kwargs": {"enable_thinking": False},
+}
 
 
 def multi_turn_echo(**overrides: Any) -> RunConfig:
@@ -28,3 +38,30 @@ def multi_turn_echo(**overrides: Any) -> RunConfig:
     quickstart's docstring tells the same story); eight samples of each letter make that rarer.
     """
     return quickstart(**({"name": "multi-turn", "max_res_tokens": 12, "group_size": 8} | overrides))
+
+
+def guess_the_number_qwen3(model: str = "Qwen/Qwen3-1.7B", **overrides: Any) -> RunConfig:
+    """Qwen3 learns TextArena's GuessTheNumber on GPUs: a real multi-turn task with a hub model::
+
+        env = await EnvPool.options(num_replicas=2).as_service(TextArenaEnv, env_id="GuessTheNumber-v0")
+        run = await forge_nb.spawn(guess_the_number_qwen3())
+        run.episode_fn = multi_turn_episode(env, **GUESS_EPISODE)
+
+    The conversation is in Qwen3's chat template (the game's messages as user turns, the guesses as the
+    assistant's; ``forge_nb.envs.chat``). A game earns 1 for a win and otherwise how close the last guess
+    was, so an untrained model's binary search that runs out of turns still has a gradient. Response
+    budget: 10 guesses of at most 32 tokens and the game's short hints between them fit in 1024 tokens.
+    The rest follows the GSM8K recipe (``gsm8k_qwen3``): groups of 8, lr 1e-6, bf16 trainer, one generator
+    and the trainer each on a GPU. Not yet run on a GPU here: the lent GPU machines have no vLLM and no
+    hub access (README, "GPU machines").
+    """
+    fields: dict[str, Any] = dict(
+        name="guess-the-number", model=model, group_size=8, max_req_tokens=256, max_res_tokens=1024,
+        batch_size=16, max_policy_age=1,
+        generator=GeneratorConfig(num_replicas=1, with_gpus=True, sampling_params={"temperature": 1.0}),
+        trainer=TrainerConfig(with_gpus=True, lr=1e-6, loss="grpo", loss_config={"beta": 0.0},
+                              extra={"training": {"dtype": "bfloat16"}}),
+        loop=LoopConfig(rollout_loops=4, checkpoint_every=50),
+    )
+    fields.update(overrides)
+    return RunConfig(**fields)

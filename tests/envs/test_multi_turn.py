@@ -8,6 +8,7 @@ a whole run's loops.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import string
@@ -103,6 +104,43 @@ async def test_a_group_plays_whole_trajectories_trained_on_the_policy_s_tokens_o
         assert sum(ep.advantage for ep in group) == pytest.approx(0.0, abs=1e-5)  # GRPO over whole trajectories
         opened = [await r.actor.open_trajectories.call_one() for r in env.replicas]
         assert opened == [0, 0], "finished trajectories left environment objects behind"
+    finally:
+        await env.shutdown()
+
+
+@pytest.mark.timeout(180)
+async def test_a_chat_model_plays_its_turns_in_its_chat_template_s_shape(policy: Any, tmp_path: Any) -> None:
+    """The kernel frames the conversation with the model's chat template (here one written for the tiny
+    model: role lines, <eos> ending a message) and the engine generates from those token ids: the whole
+    trajectory, the policy's actions as generated, reads as the template renders the conversation."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(policy.model)
+    tok.chat_template = ("{% for m in messages %}[{{ m.role }}]\n{{ m.content }}<eos>\n{% endfor %}"
+                         "{% if add_generation_prompt %}[{{ 'assistant' }}]\n{% endif %}")
+    tok.save_pretrained(tmp_path)  # the kernel's tokenizer; the engine keeps the model's own (same ids)
+    env = await EnvPool.options(num_replicas=1).as_service(EchoEnv, turns=3, chars=2)
+    try:
+        play = multi_turn_episode(env, max_turns=3, turn_tokens=2, system_prompt="Echo twice.")
+        run = fake_run(policy, max_res_tokens=200)
+        group = await play(SimpleNamespace(**{**vars(run), "model": str(tmp_path)}), {"seed": 5})
+        for ep in group:
+            ids, mask = ep.completion.token_ids.tolist(), ep.policy_mask.tolist()
+            actions = [[ids[i] for i, _ in run] for trained, run in itertools.groupby(enumerate(mask), lambda x: x[1])
+                       if trained]  # the policy's tokens, action by action: the runs of the mask
+            turns = ep.completion.metadata["turns"]
+            assert len(actions) == len(turns) == 3
+            conversation = [{"role": "system", "content": "Echo twice."},
+                            {"role": "user", "content": ep.completion.prompt}]
+            for action, turn in zip(actions, turns, strict=True):
+                conversation.append({"role": "assistant",
+                                     "content": tok.decode(action, skip_special_tokens=False).removesuffix("<eos>")})
+                if turn["observation"]:
+                    conversation.append({"role": "user", "content": turn["observation"]})
+            whole = tok.decode(ep.completion.prompt_ids.tolist() + ids, skip_special_tokens=False)
+            rendered = tok.apply_chat_template(conversation, tokenize=False)
+            assert rendered in (whole + "\n", whole + "<eos>\n"), (whole, rendered)  # the last action is open
+            assert whole.startswith("[system]\nEcho twice.<eos>\n[user]\n") and "[assistant]\n" in whole
     finally:
         await env.shutdown()
 
