@@ -18,6 +18,8 @@ _EXPORTS = {
     "meshes": "forge_nb.runtime",
     "stop_all": "forge_nb.runtime",
     "end_process": "forge_nb.runtime",
+    "use_job": "forge_nb.cluster",
+    "release_job": "forge_nb.cluster",
     "spawn": "forge_nb.spawning",
     "resume": "forge_nb.spawning",
     "Run": "forge_nb.run",
@@ -55,7 +57,7 @@ __all__ = sorted([*_EXPORTS, "load_ipython_extension", "unload_ipython_extension
 
 # Modules that import monarch: forge_nb starts its runtime first, because monarch reads its
 # supervision settings when it is imported (see forge_nb.runtime).
-_USES_MONARCH = ("forge_nb.service", "forge_nb.actors", "forge_nb.spawning", "forge_nb.run")
+_USES_MONARCH = ("forge_nb.cluster", "forge_nb.service", "forge_nb.actors", "forge_nb.spawning", "forge_nb.run")
 
 
 def __getattr__(name: str) -> Any:

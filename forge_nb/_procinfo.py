@@ -1,14 +1,34 @@
-"""A one-endpoint actor the runtime spawns on every mesh to learn its pids (imports monarch)."""
+"""A small actor the runtime spawns on every mesh (its pids) and on every job host (the host's probe)."""
 
 import os
+import socket
+from pathlib import Path
 
 from monarch.actor import Actor, endpoint
 
 
+def machine() -> tuple[str, str, int]:
+    """Which machine and pid namespace this process is in: (hostname, boot id, pid namespace inode).
+
+    Two processes with the same answer can see, signal and wait for each other's pids; the hostname alone
+    does not say that (containers on one machine share none of it but may share a name)."""
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    return (socket.gethostname(), boot.read_text().strip() if boot.exists() else "",
+            os.stat("/proc/self/ns/pid").st_ino if os.path.exists("/proc/self/ns/pid") else 0)
+
+
 class ProcInfo(Actor):
-    """Answers with its pid so the kernel can account for, and if need be kill, every proc."""
+    """Answers with its pid, so the kernel can account for, and if need be kill, every proc; on a job's
+    host it is also the host's probe (``forge_nb.cluster``)."""
 
     @endpoint
     async def pid(self) -> tuple[int, int]:
         """(pid, process group): the group also holds whatever this proc starts (e.g. vLLM's engine)."""
         return os.getpid(), os.getpgid(0)
+
+    @endpoint
+    async def host(self) -> tuple[tuple[str, str, int], int]:
+        """(:func:`machine`, the CUDA devices this host's processes can see)."""
+        from forge_nb._gpus import visible
+
+        return machine(), visible()

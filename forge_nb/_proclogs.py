@@ -71,7 +71,11 @@ def bootstrap(env: dict[str, str], log_file: str | None) -> None:
     os.environ.update(env)
     if log_file is None:
         return
-    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:  # on another host of a job the folder may not exist yet; if it cannot be made, monarch keeps the output
+        os.makedirs(os.path.dirname(log_file), mode=0o700, exist_ok=True)
+        fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError:
+        return
     for stream, target in ((sys.stdout, 1), (sys.stderr, 2)):
         stream.flush()
         os.dup2(fd, target)

@@ -12,10 +12,9 @@ controller: every mesh it spawns is recorded here, so that
   monarch, and in any case a watchdog task on the kernel's loop checks the recorded pids every
   ``WATCHDOG_PERIOD_S``, so detection never depends on import order.
 * nothing outlives the kernel. Spawned procs are children of the kernel with PR_SET_PDEATHSIG, so a
-  killed kernel takes them along; on a clean exit or restart an ``atexit`` handler kills whatever
-  is still running (``stop()`` through monarch needs an event loop that may be gone by then).
-  A program whose exit status matters ends through :func:`end_process`, which skips monarch's own
-  exit-time teardown (it can turn a passing run into exit status 1; see there).
+  killed kernel takes them along; on a clean exit an ``atexit`` handler kills whatever is still running.
+  (A job's hosts, ``forge_nb.cluster``, are the job's: its meshes are placed there, and their pids are
+  watched only where they are this machine's.) :func:`end_process` skips monarch's exit-time teardown.
 
 Importing this module has no side effects; :func:`ensure_started` does the work, once.
 
@@ -27,10 +26,8 @@ watchdog when no mesh is left. What a lease does not cover: the process-wide sta
 life of the kernel (monarch cannot be un-imported, and its late failure reports still need our
 hook), and meshes spawned without a lease (``%spawn``, tests) are the spawner's to stop.
 
-It is longer than most modules (near 500 lines) because it is one concept: the kernel's registry of
-meshes and everything that keeps that registry true (spawn, stop, the fault hook, the pid watchdog,
-exit). What needs no registry lives beside it: process mechanics (pids, groups, the reaper) in
-``_procs``, GPU accounting in ``_gpus`` (given which GPUs the registry's meshes hold).
+One concept, hence near 500 lines: the kernel's registry of meshes and what keeps it true. Beside it:
+process mechanics in ``_procs``, GPU accounting in ``_gpus``, job hosts and placement in ``cluster``.
 """
 
 from __future__ import annotations
@@ -51,8 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from forge_nb import _gpus
-from forge_nb._gpus import ResourceError
+from forge_nb import _gpus, cluster
+from forge_nb._gpus import ResourceError  # noqa: F401  (runtime.ResourceError, as before)
 from forge_nb._monarch_compat import await_maybe, private_log_dir
 from forge_nb._proclogs import bootstrap, default_log_dir
 from forge_nb._procs import (
@@ -108,11 +105,10 @@ class MeshInfo:
     owner: str | None
     failures: int
     age_s: float
+    host: str = "kernel"
 
 
-# ---------------------------------------------------------------------------------------------
-# Start-up, once per process
-
+# -- Start-up, once per process --------------------------------------------------------------------
 
 _started = False
 _start_lock = threading.Lock()
@@ -143,9 +139,7 @@ def ensure_started() -> None:
         _started = True
 
 
-# ---------------------------------------------------------------------------------------------
-# Leases
-
+# -- Leases ----------------------------------------------------------------------------------------
 
 async def _lease_start() -> None:
     ensure_started()
@@ -180,31 +174,34 @@ def lease_holders() -> frozenset[str]:
     return _leases.holders
 
 
-# ---------------------------------------------------------------------------------------------
-# GPUs (the accounting lives in _gpus; the registry says who holds which)
-
+# -- GPUs (the accounting lives in _gpus; the registry says who holds which) -----------------------
 
 visible_gpus = _gpus.visible
 
 
-def _held_gpus() -> dict[str, list[int]]:
-    return {m.name: m.gpu_ids for m in _meshes.values() if m.state == "running" and m.gpu_ids}
+def _held_gpus() -> dict[str, list[int]]:  # on the kernel's host
+    return {m.name: m.gpu_ids for m in _meshes.values() if m.state == "running" and m.gpu_ids and m.host == "kernel"}
 
 
 def check_gpus(procs: int, name: str) -> None:
-    """Raise ResourceError unless ``procs`` GPUs are free for ``name``: before anything is spawned."""
-    _gpus.check(procs, name, _held_gpus())
+    """Raise ResourceError unless ``procs`` GPUs are free for ``name`` (on the job's hosts if one is in use)."""
+    job = cluster.current()
+    if job is None:
+        _gpus.check(procs, name, _held_gpus())
+    else:
+        job.check_gpus(procs, name, [(m.host, m.owner, m.gpu_ids) for m in meshes()])
 
 
-# ---------------------------------------------------------------------------------------------
-# Meshes
-
+# -- Meshes ----------------------------------------------------------------------------------------
 
 class Mesh:
     """A process mesh this kernel spawned, with its pids, state, GPUs and failures."""
 
-    def __init__(self, name: str, procs: int, with_gpus: bool, gpu_ids: list[int], owner: str | None):
+    def __init__(self, name: str, procs: int, with_gpus: bool, gpu_ids: list[int], owner: str | None,
+                 host: str = "kernel", local: bool = True):
         self.name, self.procs, self.with_gpus, self.gpu_ids, self.owner = name, procs, with_gpus, gpu_ids, owner
+        self.host = host  # "kernel", or the job's host it runs on (forge_nb.cluster)
+        self.local = local  # its pids are this machine's: the watchdog and kills may use them
         self.log_path: Path | None = None  # where its procs' stdout and stderr go
         self.proc_mesh: Any = None
         self.pids: list[int] = []
@@ -239,7 +236,10 @@ class Mesh:
         self._listeners.append(callback)
 
     def alive_pids(self) -> list[int]:
-        """The procs still running (a pid that now names another process is not one of them)."""
+        """The procs still running (a pid that now names another process is not one of them); [] for a
+        mesh on another machine, whose pids name nothing here."""
+        if not self.local:
+            return []
         return [p for p, start in zip(self.pids, self.starts, strict=True) if same_process(p, start)]
 
     def leaders(self) -> dict[int, int | None]:
@@ -257,6 +257,7 @@ class Mesh:
             owner=self.owner,
             failures=len(self.failures),
             age_s=round(time.time() - self.created, 1),
+            host=self.host,
         )
 
     async def stop(self, timeout: float = 10.0) -> None:
@@ -264,8 +265,9 @@ class Mesh:
         if self.state == "stopped":
             return
         self.state = "stopped"
-        try:
-            await asyncio.wait_for(await_maybe(self.proc_mesh.stop()), timeout)
+        try:  # on a lost host there is nothing to stop, and monarch would wait for it until `timeout`
+            if cluster.lost(self.host) is None:
+                await asyncio.wait_for(await_maybe(self.proc_mesh.stop()), timeout)
         except Exception as e:  # a mesh with a dead proc may refuse a clean stop
             logger.debug("mesh %s did not stop cleanly: %s", self.name, e)
         kill_pids(self.alive_pids(), grace=2.0)
@@ -282,6 +284,7 @@ class Mesh:
             return  # monarch and the watchdog both report a death; keep the first
         self.failures.append(failure)
         self.state = "failed"
+        cluster.note_failure(self.host)
         for listener in list(self._listeners):
             try:
                 listener(failure)
@@ -310,41 +313,41 @@ async def spawn_mesh(
     procs: int = 1,
     with_gpus: bool = False,
     *,
-    hosts: int | None = None,
+    hosts: int | str | None = None,
     env: dict[str, str] | None = None,
     owner: str | None = None,
     log_dir: str | Path | None = None,
 ) -> Mesh:
-    """Spawn ``procs`` processes on this host as a monarch ProcMesh and record it.
+    """Spawn ``procs`` processes as a monarch ProcMesh and record it: on the kernel's host, or on a host of
+    the job in use (``forge_nb.use_job``; ``hosts`` names one of its host meshes, or "kernel").
 
-    ``with_gpus`` gives the mesh ``procs`` free GPUs (each proc sees them all through
+    ``with_gpus`` gives the mesh ``procs`` free GPUs of its host (each proc sees them all through
     ``CUDA_VISIBLE_DEVICES``; rank r uses ``cuda:r``). Validation happens before anything is spawned.
     The procs' output goes to ``<log_dir>/<name>.log`` (default: ``_proclogs.default_log_dir()``).
     """
     if not isinstance(procs, int) or isinstance(procs, bool) or procs < 1:
         raise ValueError(f"procs={procs!r}: a mesh needs at least one process (procs >= 1)")
-    if hosts not in (None, 1):
-        raise ResourceError(
-            f"hosts={hosts} was asked for, but forge_nb spawns meshes on the kernel's host only; "
-            "run the kernel on a monarch HostMesh from a launcher for multi-host jobs"
-        )
     ensure_started()
     from monarch.actor import this_host
 
     name = _unique_name(name)
-    gpu_ids = _gpus.check(procs, f"mesh {name!r}", _held_gpus()) if with_gpus else []
+    running = [(m.host, m.owner, m.gpu_ids) for m in meshes()]
+    host, gpu_ids = cluster.where(name, hosts, procs=procs, with_gpus=with_gpus, owner=owner, meshes=running)
+    if host is None and with_gpus:
+        gpu_ids = _gpus.check(procs, f"mesh {name!r}", _held_gpus())
     proc_env = dict(env or {})
+    proc_env["FORGE_NB_HOST"] = host.name if host is not None else cluster.KERNEL
     if with_gpus:
         proc_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
     else:
         proc_env.setdefault("CUDA_VISIBLE_DEVICES", "")
-    mesh = Mesh(name, procs, with_gpus, gpu_ids, owner)
+    mesh = Mesh(name, procs, with_gpus, gpu_ids, owner, *((host.name, host.local) if host else ()))
     Path(log_dir or default_log_dir()).mkdir(parents=True, exist_ok=True)
     mesh.log_path = Path(log_dir or default_log_dir()) / f"{name}.log"  # the procs' output, not the cell
     mesh._loop = asyncio.get_running_loop()
     _meshes[name] = mesh
     try:
-        mesh.proc_mesh = this_host().spawn_procs(
+        mesh.proc_mesh = (this_host() if host is None else host.mesh).spawn_procs(
             per_host={"procs": procs},
             name=name,
             bootstrap=functools.partial(bootstrap, proc_env, str(mesh.log_path)),
@@ -352,11 +355,13 @@ async def spawn_mesh(
         from forge_nb._procinfo import ProcInfo
 
         info = mesh.spawn("procinfo", ProcInfo)
-        pids = await info.pid.call()
+        pids = await cluster.unless_lost(mesh.host, info.pid.call(), f"mesh {name!r} started")
         ranked = [value for _, value in sorted(pids.items(), key=lambda kv: kv[0].rank)]
-        mesh.pids, mesh.pgids, mesh.starts = ([pid for pid, _ in ranked], [pgid for _, pgid in ranked],
-                                              [started(pid) for pid, _ in ranked])
-        mesh._reaper = start_reaper(mesh.pgids, leaders=mesh.leaders())
+        mesh.pids = [pid for pid, _ in ranked]
+        if mesh.local:  # elsewhere a pid names nothing here: monarch and the host's probe watch those
+            mesh.pgids, mesh.starts = [pgid for _, pgid in ranked], [started(pid) for pid, _ in ranked]
+        if host is None:  # the kernel's children die with it; a job's processes belong to the job
+            mesh._reaper = start_reaper(mesh.pgids, leaders=mesh.leaders())
         _start_watchdog(mesh._loop)
     except BaseException:
         await mesh.stop(timeout=5)
@@ -389,9 +394,7 @@ def _release(mesh: Mesh) -> None:
         _actor_mesh_owner.pop(actor_name, None)
 
 
-# ---------------------------------------------------------------------------------------------
-# Faults
-
+# -- Faults ----------------------------------------------------------------------------------------
 
 def _fault_hook(failure: Any) -> None:
     """Replaces monarch's hook: record the failure for the mesh's owner; never raise."""
@@ -434,12 +437,20 @@ _stopped = StoppedWatch(STOPPED_HANG_S)
 
 
 async def _watch_pids() -> None:
-    """Record a failure for any running mesh whose recorded proc has exited; ends with the meshes."""
+    """Record a failure for any running mesh whose recorded proc has exited, or whose job host was lost;
+    ends with the meshes."""
     while True:
         running = [m for m in list(_meshes.values()) if m.state in ("running", "failed") and m.pids]
         if not running:
             return
         for mesh in running:
+            lost = cluster.lost(mesh.host)
+            if lost is not None and len(mesh._reaped) < mesh.procs:
+                mesh._reaped.update(range(mesh.procs))
+                mesh._record(Failure(mesh=mesh.name, actor_mesh="", ranks=list(range(mesh.procs)),
+                                     message=f"host {mesh.host} of mesh {mesh.name!r} is lost: {lost}"))
+            if not mesh.local:
+                continue
             dead = [rank for rank, pid in enumerate(mesh.pids)
                     if rank not in mesh._reaped and (not same_process(pid, mesh.starts[rank]) or _stopped.hung(pid))]
             if dead:  # a stopped (hung) proc is killed with its group; a dead one's children live on there

@@ -77,6 +77,11 @@ class Worker(ForgeActor):
         return os.getpid()
 
     @endpoint
+    async def where(self) -> tuple[str | None, int, int]:
+        """(the job host forge_nb placed this proc on, its pid, its session: a ProcessJob host's worker)."""
+        return os.environ.get("FORGE_NB_HOST"), os.getpid(), os.getsid(0)
+
+    @endpoint
     async def work(self, request_id: int, delay: float = 0.0) -> int:
         import asyncio
 

@@ -64,8 +64,10 @@ async def test_gpus_beyond_the_machine_are_refused_before_spawning(runtime):
 
 
 async def test_multi_host_is_refused_with_advice(runtime):
-    with pytest.raises(runtime.ResourceError, match="kernel's host only"):
+    with pytest.raises(runtime.ResourceError, match="span several hosts are not supported yet"):
         await runtime.spawn_mesh("far", hosts=2)
+    with pytest.raises(ValueError, match="no job is in use"):
+        await runtime.spawn_mesh("far", hosts="generators")
 
 
 async def test_sigkill_is_recorded_for_the_owner_and_the_survivor_answers(runtime):

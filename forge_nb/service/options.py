@@ -33,8 +33,9 @@ class Options:
     """Give each replica ``procs`` GPUs; an error on a machine without enough of them."""
     num_replicas: int = 1
     """Replicas of a service (``as_service``); an actor has one."""
-    hosts: int | None = None
-    """Hosts per replica; forge_nb spawns on the kernel's host only (None or 1)."""
+    hosts: int | str | None = None
+    """Where each replica runs: None or 1 (TorchForge's hosts per replica: one host; a job's host chosen by
+    ``forge_nb.cluster`` when one is in use), the name of one of the job's host meshes, or "kernel"."""
     mesh_name: str | None = None
     """Base name of the replicas' meshes; defaults to the class name in lower case."""
     max_restarts: int = 3

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge_nb import runtime
+from forge_nb import cluster, runtime
 from forge_nb.runtime import ResourceError
 from forge_nb.service.errors import ActorStartFailed, NoHealthyReplica, ReplicaDied
 from forge_nb.service.options import ActorClass, Options
@@ -92,6 +92,7 @@ class Service:
         GPUs for every replica are checked first. The service leases the runtime, and a class that moves
         weights (``needs_store``) leases the kernel's torchstore too (starting it if it is down: the
         documents' code never starts it itself), both until ``shutdown``."""
+        cluster.check(options.hosts, actor_cls.__name__)
         if options.with_gpus:
             runtime.check_gpus(options.procs * options.num_replicas,
                                f"{actor_cls.__name__} ({options.num_replicas} replica(s) x {options.procs} procs)")

@@ -1,0 +1,100 @@
+"""Services on the hosts of a monarch job: ProcessJob simulates three hosts on this machine (one worker
+process each), and forge_nb places, watches, respawns and releases what runs on them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from forge_nb import cluster as clusters
+from forge_nb._procs import pid_alive
+from tests.actors_for_tests import Worker
+from tests.waiting import waiter
+
+pytestmark = pytest.mark.timeout(240)
+
+FAST = dict(restart_backoff=0.1, route_wait_timeout=60.0)
+_until = waiter(timeout=60.0, interval=0.1)
+
+
+def _worker_of(sid: int) -> bool:
+    """Is ``sid`` a ProcessJob host's worker (monarch's ``run_worker_loop_forever``)?"""
+    return b"run_worker_loop_forever" in Path(f"/proc/{sid}/cmdline").read_bytes()
+
+
+@pytest.fixture
+async def job(runtime, tmp_path):
+    from monarch.job import ProcessJob
+
+    cluster = await clusters.use_job(ProcessJob({"trainer": 1, "generators": 2}), log_dir=tmp_path)
+    try:
+        yield cluster
+    finally:
+        await runtime.stop_all(timeout=10)
+        workers = [os.getsid(h.probe_pid) for h in cluster.hosts if h.lost is None]
+        await clusters.release_job()
+        assert clusters.current() is None
+        assert await _until(lambda: not any(pid_alive(p) for p in workers)), "the job's workers live on"
+
+
+async def test_replicas_spread_over_the_job_s_hosts_and_run_under_their_workers(runtime, job):
+    assert [h.name for h in job.hosts] == ["trainer[0]", "generators[0]", "generators[1]"]
+    assert all(h.local and h.lost is None and h.gpus == runtime.visible_gpus() for h in job.hosts)
+    gens = await Worker.options(num_replicas=2, hosts="generators", **FAST).as_service()
+    anywhere = await Worker.options(num_replicas=3, **FAST).as_service()
+    try:
+        assert sorted(r.mesh.host for r in gens.replicas) == ["generators[0]", "generators[1]"]
+        assert sorted(r.mesh.host for r in anywhere.replicas) == ["generators[0]", "generators[1]", "trainer[0]"]
+        for svc in (gens, anywhere):
+            for replica, (host, pid, sid) in zip(svc.replicas, await svc.where.fanout(), strict=True):
+                assert host == replica.mesh.host and pid == replica.mesh.pids[0]
+                assert _worker_of(sid) and sid != os.getpid()  # a child of the host's worker, not the kernel's
+        sessions = {host: sid for host, _, sid in await anywhere.where.fanout()}
+        assert len(set(sessions.values())) == 3  # three hosts, three workers
+        with pytest.raises(ValueError, match=r"Worker: hosts='gpus' is not a host mesh of the job; it has \["):
+            await Worker.options(hosts="gpus").as_service()
+    finally:
+        await gens.shutdown()
+        await anywhere.shutdown()
+
+
+async def test_a_host_that_dies_takes_its_replicas_and_they_respawn_on_the_hosts_left(runtime, job):
+    gens = await Worker.options(num_replicas=2, hosts="generators", **FAST).as_service()
+    try:
+        where = {host: sid for host, _, sid in await gens.where.fanout()}
+        requests = [asyncio.ensure_future(gens.work.route(i, 0.3)) for i in range(30)]
+        await asyncio.sleep(0.5)
+        os.kill(where["generators[1]"], signal.SIGKILL)  # the host's worker, and so the host, dies
+        answers = await asyncio.gather(*requests)  # each answered, by a replica on the host left if need be
+        assert len(answers) == 30
+        assert await _until(lambda: job.host("generators[1]").lost is not None), "the probe did not notice"
+        assert job.host("generators[1]").lost.startswith("its probe")
+        assert await _until(lambda: all(r.state == "healthy" for r in gens.replicas)), [r.state for r in gens.replicas]
+        assert [r.mesh.host for r in gens.replicas] == ["generators[0]", "generators[0]"]
+        assert sum(r.restarts for r in gens.replicas) == 1
+        assert {host for host, _, _ in await gens.where.fanout()} == {"generators[0]"}
+        more = await runtime.spawn_mesh("more", hosts="generators")  # placement passes over the lost host
+        assert more.host == "generators[0]"
+    finally:
+        await gens.shutdown()
+
+
+
+def test_placement_spreads_a_service_counts_gpus_per_host_and_says_why_no_host_fits():
+    hosts = [clusters.Host(name=f"g[{i}]", group="g", mesh=None, gpus=2) for i in range(2)]
+    job = clusters.Cluster(None, [*hosts, clusters.Host(name="t[0]", group="t", mesh=None, gpus=1)])
+    running = [("g[0]", "svc", [0]), ("g[0]", "other", [])]
+    assert job.place("a", group=None, procs=1, with_gpus=False, owner="svc", meshes=running).name == "g[1]"
+    assert job.place("a", group=None, procs=1, with_gpus=False, owner="x", meshes=running).name == "g[1]"
+    assert job.place("a", group="g", procs=2, with_gpus=True, owner="x", meshes=running).name == "g[1]"
+    assert job.gpu_ids(hosts[0], 1, running) == [1]
+    hosts[1].lost = "its probe failed"
+    why = r"g\[0\] has 1 of 2 GPUs free; g\[1\] is lost \(its probe failed\)"
+    with pytest.raises(clusters.ResourceError, match=why):
+        job.place("a", group="g", procs=2, with_gpus=True, owner="x", meshes=running)
+    with pytest.raises(clusters.ResourceError, match=r"asks for 4 GPU\(s\) but the job's live hosts have 2 free"):
+        job.check_gpus(4, "svc", running)
