@@ -43,6 +43,13 @@ def shm_root() -> Path:
     return Path(os.environ.get("FORGE_NB_SHM_DIR", "/dev/shm/forge_nb"))
 
 
+def host_id() -> str:
+    """The host this process reads and writes shared memory on: the job host forge_nb placed it on
+    (``FORGE_NB_HOST``, "kernel" for the kernel's own) on this machine. Hosts of a ``ProcessJob`` share one
+    machine's /dev/shm, but each is a host of its own here, as it would be on a cluster."""
+    return f"{os.environ.get('FORGE_NB_HOST', 'kernel')}@{socket.gethostname()}"
+
+
 def remove_orphaned_shm() -> list[str]:
     """Delete shared-memory weight files whose writer process is gone (a killed kernel or trainer)."""
     from forge_nb._procs import remove_left_by_dead
@@ -97,7 +104,7 @@ def write_shm(state_dict: dict[str, torch.Tensor], key: str, dtype: torch.dtype 
         os.replace(tmp, path)
     finally:
         os.close(fd)
-    return {"host": socket.gethostname(), "path": str(path), "entries": entries}
+    return {"host": host_id(), "path": str(path), "entries": entries}
 
 
 # This process's mappings of shared-memory files, by inode, kept while the file exists: a push into (or
@@ -280,10 +287,10 @@ def _views(buffer: torch.Tensor, manifest: dict[str, Any]) -> dict[str, torch.Te
 
 
 def _same_host(manifest: dict[str, Any]) -> None:
-    if manifest["host"] != socket.gethostname():
+    if manifest["host"] != host_id():
         raise RuntimeError(
             f"policy weights were pushed to shared memory on host {manifest['host']!r}, but this is "
-            f"{socket.gethostname()!r}; push with transport='torchstore' for readers on other hosts")
+            f"{host_id()!r}; push with transport='shm+torchstore' for readers on other hosts")
 
 
 def read_shm(manifest: dict[str, Any]) -> dict[str, torch.Tensor]:

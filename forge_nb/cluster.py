@@ -207,6 +207,16 @@ def check(hosts: int | str | None, name: str) -> None:
                              f"(or hosts={KERNEL!r} for the kernel's host)")
 
 
+def env(host: Host | None) -> dict[str, str]:
+    """What a process learns of where it runs: its host (``FORGE_NB_HOST``; weights use it to tell same-host
+    readers from others) and, while a job is in use, how many hosts its peers may be on, the kernel's
+    included (``FORGE_NB_JOB_HOSTS``: more than one, and the weights it pushes go through torchstore too)."""
+    out = {"FORGE_NB_HOST": KERNEL if host is None else host.name}
+    if _current is not None:
+        out["FORGE_NB_JOB_HOSTS"] = str(len(_current.hosts) + 1)
+    return out
+
+
 def note_failure(host: str) -> None:
     """A mesh on ``host`` failed (the runtime says so): placement avoids the host for a while."""
     for h in _current.hosts if _current is not None else ():

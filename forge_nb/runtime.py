@@ -336,7 +336,7 @@ async def spawn_mesh(
     if host is None and with_gpus:
         gpu_ids = _gpus.check(procs, f"mesh {name!r}", _held_gpus())
     proc_env = dict(env or {})
-    proc_env["FORGE_NB_HOST"] = host.name if host is not None else cluster.KERNEL
+    proc_env.update(cluster.env(host))
     if with_gpus:
         proc_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
     else:

@@ -139,10 +139,11 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
                    **cfg.generator.engine_args}
     starts: dict[str, Any] = {
         "policy": Generator.options(num_replicas=cfg.generator.num_replicas, procs=cfg.generator.procs,
-                                    with_gpus=cfg.generator.with_gpus, mesh_name=f"{cfg.name}-policy", log_dir=logs)
+                                    with_gpus=cfg.generator.with_gpus, hosts=cfg.generator.hosts,
+                                    mesh_name=f"{cfg.name}-policy", log_dir=logs)
         .as_service(model=model, engine_args=engine_args, sampling_params=sampling,
                     weights_namespace=sync.namespace),
-        "trainer": RLTrainer.options(procs=cfg.trainer.procs, with_gpus=cfg.trainer.with_gpus,
+        "trainer": RLTrainer.options(procs=cfg.trainer.procs, with_gpus=cfg.trainer.with_gpus, hosts=cfg.trainer.hosts,
                                      mesh_name=f"{cfg.name}-trainer", log_dir=logs)
         .as_actor(model=model, pad_id=pad_id, **trainer_actor_kwargs(
             cfg, checkpoint_folder=str(directory.checkpoints), weights_namespace=sync.namespace)),
@@ -153,6 +154,7 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
         ref_training = {"temperature": cfg.sampling().temperature, **ref.extra.get("training", {})}
         starts["ref_model"] = ReferenceModel.options(
             num_replicas=ref.num_replicas, procs=ref.procs, with_gpus=with_gpus, mesh_name=f"{cfg.name}-ref",
+            hosts=cfg.trainer.hosts if ref.hosts is None else ref.hosts,
             log_dir=logs,
         ).as_service(model=model, **{**ref.extra, "training": ref_training})
     services = await _start_all(starts, progress)

@@ -12,9 +12,14 @@ Two transports behind the same calls (``push_state_dict``, ``load_state_dict``/`
 
 * ``"torchstore"``: torchstore's state-dict path; every tensor travels as monarch messages (~0.25 GB/s
   on these machines, no RDMA NIC). Works across hosts.
-* ``"shm"`` (the default when writer and readers share a host, which is every forge_nb run today):
-  one file per version under ``/dev/shm``, and only a small manifest (``<key>/__shm__``) in
-  torchstore; see ``forge_nb._weights_shm``. ``bench/weight_sync.py`` measures both.
+* ``"shm"`` (the default on one host): one file per version under ``/dev/shm``, and only a small
+  manifest (``<key>/__shm__``) in torchstore; see ``forge_nb._weights_shm``. ``bench/weight_sync.py``
+  measures both.
+* ``"shm+torchstore"`` (the default in a process placed on a job's host when the job has several,
+  ``forge_nb.cluster``): both. Readers on the writer's host map its file; on any other host the first
+  reader of a version fetches it through torchstore once and lays it out in that host's shared memory,
+  where the host's other readers map it (:func:`_host_copy`; a host keeps only the newest version it
+  copied). Which host a process is on: ``_weights_shm.host_id()``.
 
 The store's life. The kernel's torchstore (a controller and one storage volume process) is started
 either directly, ``await initialize_store()`` (tests, benches, a notebook's own cells) and stopped by
@@ -33,7 +38,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
+import json
+import os
 import re
 import weakref
 from pathlib import Path
@@ -47,6 +55,7 @@ from forge_nb._weights_shm import (
     LoadedVersion,
     _pinned,  # noqa: F401  (this process's page-locked and kept mappings: tests look at them here)
     _reader_maps,  # noqa: F401
+    host_id,
     read_shm,
     remove_orphaned_shm,
     remove_spares,
@@ -225,14 +234,17 @@ async def push_state_dict(state_dict: dict[str, torch.Tensor], version: int, tra
     key = weights_key(version, namespace)
     if transport == "auto":
         transport = "shm" if shm_root().parent.is_dir() else "torchstore"
+        if transport == "shm" and int(os.environ.get("FORGE_NB_JOB_HOSTS", "1")) > 1:
+            transport = "shm+torchstore"  # readers may be on the job's other hosts
+    if transport not in ("shm", "torchstore", "shm+torchstore"):
+        raise ValueError(f"transport={transport!r}: use 'auto', 'shm', 'torchstore' or 'shm+torchstore'")
     ts = _ts()
-    if transport == "shm":
-        manifest = write_shm(state_dict, key, dtype)
-        await ts.put(f"{key}/{SHM_MANIFEST}", manifest)
-    elif transport == "torchstore":
+    if "torchstore" in transport:  # before the manifest: a reader that sees the manifest finds the tensors too
         await ts.put_state_dict({k: v.detach().to(stored_dtype(v, dtype)) for k, v in state_dict.items()}, key)
-    else:
-        raise ValueError(f"transport={transport!r}: use 'auto', 'shm' or 'torchstore'")
+    if "shm" in transport:
+        manifest = write_shm(state_dict, key, dtype)
+        manifest["torchstore"] = "torchstore" in transport
+        await ts.put(f"{key}/{SHM_MANIFEST}", manifest)
 
 
 async def load_state_dict(version: int, *, namespace: str = PREFIX) -> dict[str, torch.Tensor]:
@@ -264,11 +276,44 @@ async def _fetch(version: int, namespace: str) -> tuple[dict[str, Any] | None, d
     ts = _ts()
     try:
         if await ts.exists(f"{key}/{SHM_MANIFEST}"):
-            return await ts.get(f"{key}/{SHM_MANIFEST}"), {}
+            manifest = await ts.get(f"{key}/{SHM_MANIFEST}")
+            if manifest["host"] == host_id() or not manifest.get("torchstore"):
+                return manifest, {}  # not pushed for other hosts: reading it says so (_same_host)
+            return await _host_copy(key, namespace), {}
         return None, await ts.get_state_dict(key)
     except Exception as e:
         have = await stored_versions(namespace=namespace)
         raise KeyError(f"{namespace} version {version} is not in torchstore (stored: {have or 'none'})") from e
+
+
+async def _host_copy(key: str, namespace: str) -> dict[str, Any]:
+    """The manifest of this host's copy of ``key``, pushed on another host: the first reader here fetches
+    it through torchstore and lays it out in shared memory (under a lock on the folder, so once per host);
+    the others wait for it and map it. Older copies of the namespace on this host are removed then. The
+    copy's files are named after the reader that made them, so they go when it does (remove_orphaned_shm)."""
+    root = shm_root()
+    root.mkdir(parents=True, exist_ok=True)
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", host_id())
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+        for made in root.glob(f"*-{key}@{host}.json"):
+            manifest = json.loads(made.read_text())
+            if Path(manifest["path"]).exists():
+                return manifest
+        manifest = write_shm(await _ts().get_state_dict(key), f"{key}@{host}")
+        manifest["fetched_by"] = os.getpid()
+        local = root / f"{os.getpid()}-{key}@{host}.json"
+        local.with_suffix(".tmp").write_text(json.dumps(manifest))
+        local.with_suffix(".tmp").replace(local)
+        for old in root.glob(f"*-{namespace}.v*@{host}.json"):  # this host needs the newest only
+            if old != local:
+                with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+                    Path(json.loads(old.read_text())["path"]).unlink(missing_ok=True)
+                old.unlink(missing_ok=True)
+        return manifest
+    finally:
+        os.close(fd)  # the lock goes with it
 
 
 def _parse(key: str) -> tuple[str, int]:

@@ -4,6 +4,7 @@ process each), and forge_nb places, watches, respawns and releases what runs on 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from pathlib import Path
@@ -98,3 +99,39 @@ def test_placement_spreads_a_service_counts_gpus_per_host_and_says_why_no_host_f
         job.place("a", group="g", procs=2, with_gpus=True, owner="x", meshes=running)
     with pytest.raises(clusters.ResourceError, match=r"asks for 4 GPU\(s\) but the job's live hosts have 2 free"):
         job.check_gpus(4, "svc", running)
+
+
+async def test_a_run_trains_across_hosts_and_each_host_fetches_a_version_once(runtime, job, tmp_path):
+    """Trainer on one host, three generator replicas on two others (two share a host): steps train, and each
+    version reaches the generators' hosts through torchstore once per host, shared there in shared memory."""
+    import socket
+
+    import forge_nb
+    from forge_nb import weights
+    from forge_nb.config import GeneratorConfig, TrainerConfig
+    from tests.controller.conftest import light_config
+    from tests.light_actors import LightGenerator, LightTrainer
+
+    cfg = light_config(str(tmp_path), "across", generator=GeneratorConfig(num_replicas=3, hosts="generators"),
+                       trainer=TrainerConfig(lr=0.1, loss="grpo", loss_config={"beta": 0.0}, hosts="trainer"))
+    run = await forge_nb.spawn(cfg, progress=False, actors={"policy": LightGenerator, "trainer": LightTrainer})
+    try:
+        assert run.trainer.replicas[0].mesh.host == "trainer[0]"
+        placed = [r.mesh.host for r in run.policy.replicas]
+        assert sorted(placed) == ["generators[0]", "generators[0]", "generators[1]"]
+        rows = await run.step(3)
+        assert [r["step"] for r in rows] == [1, 2, 3] and all(r["reward/mean"] >= 0 for r in rows)
+        version = run.version
+        assert version >= 3 and await run.policy.get_version.fanout() == [version] * 3
+        root, ns = weights.shm_root(), run.weights_namespace
+        copies = {}
+        for host in ("generators_0_", "generators_1_"):  # the host ids, made file-name safe
+            made = list(root.glob(f"*-{ns}.v{version}@{host}_{socket.gethostname()}.json"))
+            assert len(made) == 1, (host, sorted(p.name for p in root.iterdir()))  # one copy of the version per host ...
+            copies[host] = json.loads(made[0].read_text())["fetched_by"]
+        pids = {h: [r.mesh.pids[0] for r in run.policy.replicas if r.mesh.host == h] for h in set(placed)}
+        assert copies["generators_0_"] in pids["generators[0]"]  # ... made by one of that host's replicas
+        assert copies["generators_1_"] in pids["generators[1]"]
+        assert not list(root.glob(f"*-{ns}.v{version}@trainer*"))  # the trainer's host reads its own file
+    finally:
+        await run.shutdown()

@@ -26,6 +26,13 @@ def _positive_int(obj: Any, *names: str, minimum: int = 1) -> None:
             raise ValueError(f"{type(obj).__name__}.{name}={value!r}: must be an integer >= {minimum}")
 
 
+def _hosts(obj: Any) -> None:
+    hosts = obj.hosts
+    if not (hosts is None or hosts == 1 and not isinstance(hosts, bool) or isinstance(hosts, str) and hosts):
+        raise ValueError(f"{type(obj).__name__}.hosts={hosts!r}: a replica runs on one host: None or 1, or the "
+                         "name of one of the job's host meshes (or 'kernel')")
+
+
 def greedy_check(group_size: int, temperature: float) -> None:
     """Temperature 0 (greedy) and groups of one answer go together; a ValueError naming the fix otherwise."""
     if temperature == 0 and group_size > 1:
@@ -45,6 +52,9 @@ class GeneratorConfig:
     num_replicas: int = 1
     procs: int = 1
     with_gpus: bool = False
+    hosts: int | str | None = None
+    """Where replicas run when a monarch job is in use (``forge_nb.use_job``): None or 1 (a host placement
+    picks; replicas spread), the name of one of the job's host meshes, or "kernel"."""
     engine_args: dict[str, Any] = field(default_factory=dict)
     """vLLM engine arguments; ``model`` defaults to the run's model."""
     sampling_params: dict[str, Any] = field(default_factory=lambda: {"temperature": 1.0, "top_p": 1.0},
@@ -54,6 +64,7 @@ class GeneratorConfig:
 
     def __post_init__(self) -> None:
         _positive_int(self, "num_replicas", "procs")
+        _hosts(self)
         try:
             SamplingConfig.of(self.sampling_params)
         except ValueError as e:
@@ -66,6 +77,8 @@ class TrainerConfig:
 
     procs: int = 1
     with_gpus: bool = False
+    hosts: int | str | None = None
+    """As ``GeneratorConfig.hosts``."""
     lr: float = hot(1e-5, "trainer", section="optimizer")
     weight_decay: float = hot(0.0, "trainer", section="optimizer")
     max_norm: float = hot(1.0, "trainer", section="training")
@@ -82,6 +95,7 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         _positive_int(self, "procs")
+        _hosts(self)
         if isinstance(self.lr, bool) or not (isinstance(self.lr, int | float) and self.lr > 0):
             raise ValueError(f"TrainerConfig.lr={self.lr!r}: must be a positive number (e.g. 1e-5)")
         for name in ("weight_decay", "max_norm"):
@@ -164,12 +178,15 @@ class ReferenceConfig:
     procs: int = 1
     with_gpus: bool | None = None
     """None: placed like the trainer."""
+    hosts: int | str | None = None
+    """None: on the trainer's ``hosts``."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Passed to ``ReferenceModel`` unchanged: its ``training`` section (dtype, engine, temperature) and
     torchforge's ref_model sections it accepts."""
 
     def __post_init__(self) -> None:
         _positive_int(self, "num_replicas", "procs")
+        _hosts(self)
         unknown = set(self.extra) - REFERENCE_SECTIONS
         if unknown:
             raise ValueError(f"ReferenceConfig.extra has unknown section(s) {sorted(unknown)}; "

@@ -124,13 +124,13 @@ class _Reader(TrainerSections):
         for group, entries in (("services", s), ("actors", a)):
             for name, value in entries.items():
                 where = f"{group}.{name}"
-                keys = ("procs", "with_gpus", "mesh_name") + (("num_replicas",) if group == "services" else ())
+                keys = ("procs", "with_gpus", "mesh_name", "hosts") + (("num_replicas",) if group == "services" else ())
                 entry = section(value, where, keys)
                 if "mesh_name" in entry:  # forge_nb names meshes <run>-<section>
                     same(f"{where}.mesh_name", entry.pop("mesh_name"), name,
                          "forge_nb names each mesh after its section")
                 if name in _IN_PROCESS:
-                    for key, expected in (("procs", 1), ("num_replicas", 1), ("with_gpus", False)):
+                    for key, expected in (("procs", 1), ("num_replicas", 1), ("with_gpus", False), ("hosts", 1)):
                         if key in entry:
                             same(f"{where}.{key}", entry[key], expected, f"forge_nb runs the {name} in the "
                                  "controller process (STYLE: no process for trivial work)")
