@@ -27,6 +27,31 @@ class ProcInfo(Actor):
         return os.getpid(), os.getpgid(0)
 
     @endpoint
+    async def reap_siblings(self, grace_s: float = 3.0) -> list[int]:
+        """Kill every other process its parent (the host's monarch worker) started, with their process
+        groups, and return their pids: the meshes a controller that died left on this host. Refuses when its
+        parent is the caller's own process (there the siblings are that kernel's meshes)."""
+        from forge_nb._procs import kill_groups, kill_pids, stat_fields
+
+        parent = os.getppid()
+        siblings = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != os.getpid():
+                try:
+                    fields = stat_fields(entry)
+                except OSError:
+                    continue
+                if int(fields[1]) == parent:  # stat fields after the name: state, ppid, pgrp, ...
+                    siblings.append((int(entry), int(fields[2])))
+        kill_pids([pid for pid, _ in siblings], grace=grace_s)
+        kill_groups([group for pid, group in siblings if group == pid])
+        return sorted(pid for pid, _ in siblings)
+
+    @endpoint
+    async def parent(self) -> int:
+        return os.getppid()
+
+    @endpoint
     async def host(self) -> tuple[tuple[str, str, int], int]:
         """(:func:`machine`, the CUDA devices this host's processes can see)."""
         from forge_nb._gpus import visible

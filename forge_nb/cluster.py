@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -76,6 +77,8 @@ class Host:
     dead host is found out by its probe only seconds later."""
     probe: Any = field(default=None, repr=False)
     probe_pid: int | None = None
+    reaped: list[int] = field(default_factory=list)
+    """Processes an earlier controller left on the host, ended when this kernel attached (``use_job``)."""
     probe_mesh: Any = field(default=None, repr=False)
 
 
@@ -85,6 +88,7 @@ class Cluster:
     def __init__(self, job: Any, hosts: list[Host]):
         self.job, self.hosts = job, hosts
         self.groups = sorted({h.group for h in hosts})
+        self.cached_path: str | None = None  #: where the job is saved for a later kernel (use_job(path))
         self._watch: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
@@ -243,17 +247,29 @@ def lost(host: str) -> str | None:
     return next((h.lost for h in _current.hosts if h.name == host), None) if _current is not None else None
 
 
-async def use_job(job: Any, *, cached_path: str | None = None, log_dir: str | Path | None = None) -> Cluster:
+async def use_job(job: Any, *, cached_path: str | None = None, log_dir: str | Path | None = None,
+                  reap: bool = True) -> Cluster:
     """Place the meshes spawned from now on on ``job``'s hosts (a ``monarch.job`` job: ``ProcessJob``,
-    ``SlurmJob``, ``KubernetesJob``, ...). Brings the job up if it is not (``job.state(cached_path)``;
-    with ``cached_path``, a job saved there by an earlier kernel is re-attached to), starts a probe on each
-    host and learns its GPUs and whether its pids are local. Meshes already running stay where they are."""
+    ``SlurmJob``, ``KubernetesJob``, ...). Brings the job up if it is not (``job.state(cached_path)``, which
+    saves it there); a path instead of a job re-attaches to the job an earlier kernel saved there
+    (monarch's ``job_load``). Starts a probe on each host, learns its GPUs and whether its pids are local,
+    and (``reap``) ends what a controller that died left running on the hosts: a job has one controller.
+    Meshes already running stay where they are."""
     global _current
     from forge_nb._procinfo import ProcInfo, machine
     from forge_nb._proclogs import bootstrap, default_log_dir
 
     if _current is not None:
         raise RuntimeError(f"a job is already in use ({_current}); `await forge_nb.release_job()` first")
+    if isinstance(job, str | Path):
+        from monarch.job import job_load
+
+        cached_path = str(cached_path or job)
+        try:
+            job = job_load(str(job))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no job was saved at {str(job)!r}; use_job(job, cached_path=...) saves "
+                                    "one") from None
     state = await asyncio.to_thread(job.state, cached_path)
     logs = Path(log_dir or default_log_dir())
     logs.mkdir(parents=True, exist_ok=True)
@@ -274,10 +290,16 @@ async def use_job(job: Any, *, cached_path: str | None = None, log_dir: str | Pa
                 raise ResourceError(f"host {h.name} of the job did not answer its probe: {e}") from e
             h.local = tuple(where) == kernel
             h.probe_pid = (await h.probe.pid.call_one())[0]
+            if reap and not (h.local and await h.probe.parent.call_one() == os.getpid()):
+                h.reaped = await h.probe.reap_siblings.call_one()
+                if h.reaped:
+                    logger.warning("host %s: ended %d process(es) an earlier controller left: %s", h.name,
+                                   len(h.reaped), h.reaped)
     except BaseException:
         await Cluster(job, hosts).close(kill_job=False)
         raise
     cluster = Cluster(job, hosts)
+    cluster.cached_path = cached_path
     cluster._watch = asyncio.get_running_loop().create_task(cluster._watch_probes(), name="forge_nb.cluster.probes")
     _current = cluster
     logger.info("using %s", cluster)

@@ -8,12 +8,13 @@ shut down and the error names the service and says what went wrong: nothing spaw
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import shutil
 from pathlib import Path
 from typing import Any
 
-from forge_nb import runtime, weights
+from forge_nb import cluster, runtime, weights
 from forge_nb._importpath import import_path
 from forge_nb._leftovers import remove_leftovers
 from forge_nb.config import (
@@ -33,6 +34,8 @@ from forge_nb.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 
+JOB_FILE = "job.json"  #: in a run directory: where the job its services ran on is saved (use_job's cached_path)
+
 
 async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[str, Any] | None = None,
                 episode_fn: EpisodeFn | None = None, progress: bool = True,
@@ -41,18 +44,18 @@ async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[s
 
     ``actors`` replaces the class of a service ("policy", "trainer", "ref_model") by another
     ForgeActor with the same endpoints and constructor keywords, e.g. your own generator."""
-    unknown = set(actors or {}) - {"policy", "trainer", "ref_model"}
-    if unknown:
-        raise ValueError(f"actors={sorted(unknown)}: the services whose class can be replaced are 'policy', "
-                         "'trainer' and 'ref_model'")
+    actors = _actor_classes(actors)
     cfg = config if isinstance(config, RunConfig) else from_yaml(config)
     if overrides:
         cfg = apply_overrides(cfg, overrides)
     _check_gpus(cfg)
     existed = cfg.run_dir is not None and Path(cfg.run_dir).exists()
     directory = RunDir.create(cfg.to_dict(), cfg.name, cfg.run_dir)
+    job = cluster.current()
+    if job is not None and job.cached_path:  # resume() in a new kernel re-attaches to it
+        (directory.path / JOB_FILE).write_text(json.dumps({"cached_path": str(Path(job.cached_path).resolve())}))
     try:
-        run = await _bring_up(cfg, directory, episode_fn, progress, actors or {})
+        run = await _bring_up(cfg, directory, episode_fn, progress, actors)
     except BaseException:
         if not existed:  # a run that never started leaves no directory behind (one given that existed stays)
             shutil.rmtree(directory.path, ignore_errors=True)
@@ -62,16 +65,24 @@ async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[s
     return run
 
 
-async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progress: bool = True) -> Run:
-    """Respawn the services of a run directory and continue from its last complete checkpoint.
+async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progress: bool = True,
+                 actors: dict[str, type] | None = None) -> Run:
+    """Respawn the services of a run directory and continue from its last complete checkpoint (on the
+    hosts of the job it ran on, re-attached if this kernel uses none: ``forge_nb.cluster``).
 
     The trainer loads its latest complete checkpoint, the generators load those weights, the replay
     buffer and hot changes come back from the snapshot, and the metric history stays. Steps recorded
-    after the checkpoint are shown as a "rewind" event: they are trained again.
+    after the checkpoint are shown as a "rewind" event: they are trained again. ``actors`` as for
+    :func:`spawn` (the classes the run was spawned with).
     """
     directory = RunDir.open(path)
     cfg = from_dict({**directory.config, "run_dir": str(directory.path)})
-    run = await _bring_up(cfg, directory, episode_fn, progress, {})
+    saved = directory.path / JOB_FILE
+    if cluster.current() is None and saved.exists():  # the run was on a job's hosts: back to them
+        cached = json.loads(saved.read_text())["cached_path"]
+        logger.info("resume %s: re-attaching to the job saved at %s", directory.path, cached)
+        await cluster.use_job(cached, log_dir=directory.logs)
+    run = await _bring_up(cfg, directory, episode_fn, progress, _actor_classes(actors))
     state = directory.load_state()
     if state is None:
         run._ctl.step = run.metrics.step  # step numbers go on; the weights start again
@@ -93,6 +104,14 @@ async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progr
     else:
         run.metrics.event("resume", from_step=run.current_step, version=run.version)
     return run
+
+
+def _actor_classes(actors: dict[str, type] | None) -> dict[str, type]:
+    unknown = set(actors or {}) - {"policy", "trainer", "ref_model"}
+    if unknown:
+        raise ValueError(f"actors={sorted(unknown)}: the services whose class can be replaced are 'policy', "
+                         "'trainer' and 'ref_model'")
+    return dict(actors or {})
 
 
 def _check_gpus(cfg: RunConfig) -> None:

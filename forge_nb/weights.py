@@ -140,7 +140,8 @@ async def initialize_store() -> bool:
             return False  # already running
         except Exception:
             ts.reset_client()
-        _store_mesh = await runtime.spawn_mesh("torchstore", 1, owner="torchstore")
+        # on the kernel's host, whatever job is in use: its controller runs in the kernel
+        _store_mesh = await runtime.spawn_mesh("torchstore", 1, owner="torchstore", hosts="kernel")
         await ts.initialize(mesh=_store_mesh.proc_mesh)
         return True
 

@@ -32,12 +32,14 @@ async def job(runtime, tmp_path):
     from monarch.job import ProcessJob
 
     cluster = await clusters.use_job(ProcessJob({"trainer": 1, "generators": 2}), log_dir=tmp_path)
+    workers = [os.getsid(h.probe_pid) for h in cluster.hosts]  # each host's worker leads the host's session
     try:
         yield cluster
     finally:
-        await runtime.stop_all(timeout=10)
-        workers = [os.getsid(h.probe_pid) for h in cluster.hosts if h.lost is None]
-        await clusters.release_job()
+        try:
+            await runtime.stop_all(timeout=10)
+        finally:
+            await clusters.release_job()
         assert clusters.current() is None
         assert await _until(lambda: not any(pid_alive(p) for p in workers)), "the job's workers live on"
 

@@ -7,7 +7,9 @@ Magic                                                  What it does
   [--procs P] [--gpus] [--set KEY=VALUE ...]           quickstart, module:function, a .yaml path or a
   [--actor SERVICE=CLASS ...] [-o VAR]                 RunConfig variable; binds run (or VAR) and, where
                                                        free, policy, trainer, ref_model
-%forge_spawn --procs N [--gpus] [--hosts 1] -o NAME    a bare process mesh for your own actors
+%forge_spawn --procs N [--gpus] [--hosts H] -o NAME    a bare process mesh for your own actors
+%forge_cluster [JOB | --processes M=N ... | --attach P]  put what spawns next on a monarch job's hosts (SLURM,
+  [--release]                                          Kubernetes, ProcessJob); no argument: show the hosts
 %%forge_config [-o VAR]                                the cell's YAML as a validated RunConfig
 %forge_attach PATH [-o VAR]                            bring back a run from its directory (new kernel)
 %forge_run [--steps N]                                 start the loops in the background (N steps, then pause)
@@ -23,7 +25,8 @@ Magic                                                  What it does
 %forge_dashboard [--side]                              the live dashboard (forge_nb.widgets); --side: in a
                                                        JupyterLab side panel that stays in view
 %forge_meshes                                          every process mesh the kernel holds
-%forge_shutdown [--name N | --all]                     stop loops, services and meshes; check no process is left
+%forge_shutdown [--name N | --all]                     stop loops, services and meshes; check no process is left;
+                                                       release the job's hosts (%forge_cluster)
 %forge_help                                            this table
 =====================================================  =========================================================
 
@@ -71,6 +74,7 @@ def load_ipython_extension(ipython: Any) -> None:
     """Register the %forge_* magics and the transformer that awaits them; start forge_nb's runtime."""
     from forge_nb import runtime
     from forge_nb.magics._await import await_forge_magics
+    from forge_nb.magics._cluster import ClusterMagics
     from forge_nb.magics._control import ControlMagics
     from forge_nb.magics._runs import Runs
     from forge_nb.magics._spawn import SpawnMagics
@@ -78,7 +82,8 @@ def load_ipython_extension(ipython: Any) -> None:
     # Before anything imports monarch, so its supervision env applies (see forge_nb.runtime).
     runtime.ensure_started()
     runs = Runs.of(ipython)
-    ipython.register_magics(SpawnMagics(ipython, runs), ControlMagics(ipython, runs, help_text()))
+    ipython.register_magics(SpawnMagics(ipython, runs), ControlMagics(ipython, runs, help_text()),
+                            ClusterMagics(ipython))
     if await_forge_magics not in ipython.input_transformers_post:
         ipython.input_transformers_post.append(await_forge_magics)
 

@@ -34,7 +34,8 @@ class SpawnMagics(Magics):
     @argument("--replicas", type=int, help="generator replicas (generator.num_replicas)")
     @argument("--procs", type=int, help="procs per generator replica (generator.procs); a bare mesh's procs")
     @argument("--gpus", action="store_true", help="give the generator and trainer (or the bare mesh) GPUs")
-    @argument("--hosts", type=int, help="hosts of a bare mesh (only 1: the kernel's host)")
+    @argument("--hosts", help="where a bare mesh runs: 1 (anywhere), a host mesh of the job in use "
+                              "(%%forge_cluster), or kernel")
     @argument("--set", dest="sets", nargs="+", action="append", default=[], metavar="KEY=VALUE",
               help="config overrides with dotted keys, e.g. --set trainer.lr=1e-5 loop.rollout_loops=2")
     @argument("--actor", dest="actors", nargs="+", action="append", default=[], metavar="SERVICE=CLASS",
@@ -68,8 +69,8 @@ class SpawnMagics(Magics):
             self.runs.check_variable(var or name)
             return self._spawn_mesh(name, args.procs, args.gpus, args.hosts, var or name)
         if args.hosts is not None:
-            raise UsageError("--hosts applies to a bare mesh (%forge_spawn --procs N --hosts 1 -o NAME); a run's "
-                             "services spawn on the kernel's host")
+            raise UsageError("--hosts applies to a bare mesh (%forge_spawn --procs N --hosts H -o NAME); a run's "
+                             "services are placed by their config (--set generator.hosts=generators)")
         if args.gpus:
             _require_gpus()
         cfg = _parse.resolve_config(args.recipe, self.shell.user_ns)
@@ -85,15 +86,17 @@ class SpawnMagics(Magics):
         run = await _spawning().spawn(cfg, progress=True, actors=actors or None)
         self._bind(run, var)
 
-    async def _spawn_mesh(self, name: str, procs: int, gpus: bool, hosts: int | None, var: str) -> None:
+    async def _spawn_mesh(self, name: str, procs: int, gpus: bool, hosts: str | None, var: str) -> None:
         from forge_nb import runtime
 
         try:
-            mesh = await runtime.spawn_mesh(name, procs, gpus, hosts=hosts, owner="user")
+            mesh = await runtime.spawn_mesh(name, procs, gpus, owner="user",
+                                            hosts=int(hosts) if hosts is not None and hosts.isdigit() else hosts)
         except (ValueError, runtime.ResourceError) as e:
             raise UsageError(str(e)) from None
         self.shell.user_ns[var] = mesh
-        print(f"mesh {mesh.name!r}: {mesh.procs} proc(s), pids {mesh.pids}; bound to `{var}`. "
+        where = "" if mesh.host == "kernel" else f" on host {mesh.host}"
+        print(f"mesh {mesh.name!r}: {mesh.procs} proc(s){where}, pids {mesh.pids}; bound to `{var}`. "
               f"{var}.spawn('name', ActorClass) puts an actor on it; %forge_meshes lists meshes")
 
     @magic_arguments()
@@ -196,7 +199,7 @@ class SpawnMagics(Magics):
         return self._shutdown(None)
 
     async def _shutdown(self, only: Any) -> None:
-        from forge_nb import runtime
+        from forge_nb import cluster, runtime
 
         runs = [only] if only is not None else self.runs.live()
         pids = _run_pids(only) if only is not None else [p for m in runtime.meshes() for p in m.pids]
@@ -210,6 +213,10 @@ class SpawnMagics(Magics):
             if only is None:
                 await runtime.stop_all()
         left = await _wait_gone(pids, EXIT_WAIT_S)
+        if only is None and cluster.current() is not None:  # held SLURM nodes would stay held otherwise
+            hosts = len(cluster.current().hosts)
+            await cluster.release_job()
+            print(f"released the job's {hosts} host(s)")
         what = (f"run {only.name!r}" if only is not None else
                 f"{len(runs)} run(s) and {meshes} mesh(es)")
         if left:

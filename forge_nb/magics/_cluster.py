@@ -1,0 +1,100 @@
+"""%forge_cluster: where the run's processes go, the kernel's host or a monarch job's hosts (forge_nb.cluster)."""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from forge_nb.magics import _parse
+
+#: Where ``%forge_cluster`` saves the job unless told (monarch's own default), so a new kernel re-attaches.
+DEFAULT_SAVE = ".monarch/job_state.pkl"
+
+
+@magics_class
+class ClusterMagics(Magics):
+    @magic_arguments()
+    @argument("job", nargs="?", help="a variable holding a monarch job (SlurmJob, KubernetesJob, ProcessJob, ...)")
+    @argument("--processes", nargs="+", metavar="MESH=HOSTS",
+              help="a ProcessJob: hosts simulated on this machine, e.g. --processes trainer=1 generators=2")
+    @argument("--attach", metavar="PATH", help="the job an earlier kernel saved at PATH (re-attach after a restart)")
+    @argument("--save", metavar="PATH", default=DEFAULT_SAVE,
+              help=f"where the job is saved for a later kernel (default {DEFAULT_SAVE})")
+    @argument("--release", action="store_true", help="release the job's hosts (after %%forge_shutdown)")
+    @line_magic
+    def forge_cluster(self, line: str) -> Coroutine[Any, Any, None]:
+        """Place the processes spawned from now on on a monarch job's hosts, or show where they go.
+
+        Without arguments: the job's hosts (alive or lost, GPUs, meshes), or that everything runs on the
+        kernel's host. A run spawned afterwards puts its services there (``hosts:`` of a service in its config
+        names a host mesh of the job); ``%forge_shutdown`` releases the hosts."""
+        args = parse_argstring(self.forge_cluster, line)
+        given = [name for name, value in (("JOB", args.job), ("--processes", args.processes),
+                                          ("--attach", args.attach), ("--release", args.release)) if value]
+        if len(given) > 1:
+            raise UsageError(f"give one of JOB, --processes, --attach or --release, not {' and '.join(given)}")
+        if args.release:
+            return self._release()
+        if args.attach:
+            return self._use(args.attach, None)
+        if args.processes:
+            from monarch.job import ProcessJob
+
+            sizes = _parse.assignments(args.processes, example="trainer=1 generators=2")
+            bad = {k: v for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1}
+            if bad:
+                raise UsageError(f"--processes {bad}: each host mesh needs a whole number of hosts >= 1")
+            return self._use(ProcessJob(sizes), args.save)
+        if args.job:
+            job = self.shell.user_ns.get(args.job)
+            if job is None or not hasattr(job, "state"):
+                raise UsageError(f"{args.job!r} is not a variable holding a monarch job (monarch.job.SlurmJob(...), "
+                                 "ProcessJob(...), ...)")
+            return self._use(job, args.save)
+        return self._show()
+
+    async def _use(self, job: Any, save: str | None) -> None:
+        from forge_nb import cluster
+
+        if cluster.current() is not None:
+            raise UsageError(f"a job is in use already ({cluster.current()}); %forge_cluster --release first")
+        try:
+            used = await cluster.use_job(job, cached_path=save)
+        except FileNotFoundError as e:
+            raise UsageError(str(e)) from None
+        reaped = sum(len(h.reaped) for h in used.hosts)
+        print(f"{len(used.hosts)} host(s) of the job in use: {', '.join(h.name for h in used.hosts)}"
+              + (f"; ended {reaped} process(es) an earlier kernel left there" if reaped else "")
+              + (f"; saved at {used.cached_path} (%forge_cluster --attach {used.cached_path} after a restart)"
+                 if used.cached_path else ""))
+
+    async def _show(self) -> None:
+        from forge_nb import cluster, runtime
+
+        job = cluster.current()
+        if job is None:
+            print("no job in use: every process runs on the kernel's host (%forge_cluster --processes "
+                  "trainer=1 generators=2 simulates hosts; %forge_cluster JOB takes a monarch job)")
+            return
+        meshes = runtime.meshes()
+        for h in job.hosts:
+            names = [m.name for m in meshes if m.host == h.name]
+            state = "alive" if h.lost is None else f"LOST ({h.lost})"
+            print(f"{h.name:<16} {state:<8} gpus {h.gpus}  {'local pids' if h.local else 'remote'}  "
+                  f"meshes: {', '.join(names) or 'none'}")
+
+    async def _release(self) -> None:
+        from forge_nb import cluster, runtime
+
+        job = cluster.current()
+        if job is None:
+            raise UsageError("no job is in use")
+        on_job = [m.name for m in runtime.meshes() if m.host != cluster.KERNEL]
+        if on_job:
+            raise UsageError(f"meshes still run on the job's hosts ({', '.join(on_job)}); %forge_shutdown first")
+        await cluster.release_job()
+        print(f"released the job's {len(job.hosts)} host(s)")
