@@ -8,8 +8,8 @@ Magic                                                  What it does
   [--actor SERVICE=CLASS ...] [-o VAR]                 RunConfig variable; binds run (or VAR) and, where
                                                        free, policy, trainer, ref_model
 %forge_spawn --procs N [--gpus] [--hosts H] -o NAME    a bare process mesh for your own actors
-%forge_cluster [JOB | --processes M=N ... | --attach P]  put what spawns next on a monarch job's hosts (SLURM,
-  [--release]                                          Kubernetes, ProcessJob); no argument: show the hosts
+%forge_cluster [JOB | --processes M=N ...]             put what spawns next on a monarch job's hosts (SLURM,
+  [--attach PATH] [--release]                          Kubernetes, ProcessJob); no argument: show the hosts
 %%forge_config [-o VAR]                                the cell's YAML as a validated RunConfig
 %forge_attach PATH [-o VAR]                            bring back a run from its directory (new kernel)
 %forge_run [--steps N]                                 start the loops in the background (N steps, then pause)
