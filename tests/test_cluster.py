@@ -103,7 +103,7 @@ def test_placement_spreads_a_service_counts_gpus_per_host_and_says_why_no_host_f
         job.check_gpus(4, "svc", running)
 
 
-async def test_a_run_trains_across_hosts_and_each_host_fetches_a_version_once(runtime, job, tmp_path):
+async def test_a_run_trains_across_hosts_fetches_a_version_once_per_host_and_outlives_a_host(runtime, job, tmp_path):
     """Trainer on one host, three generator replicas on two others (two share a host): steps train, and each
     version reaches the generators' hosts through torchstore once per host, shared there in shared memory."""
     import socket
@@ -129,11 +129,21 @@ async def test_a_run_trains_across_hosts_and_each_host_fetches_a_version_once(ru
         copies = {}
         for host in ("generators_0_", "generators_1_"):  # the host ids, made file-name safe
             made = list(root.glob(f"*-{ns}.v{version}@{host}_{socket.gethostname()}.json"))
-            assert len(made) == 1, (host, sorted(p.name for p in root.iterdir()))  # one copy of the version per host ...
+            assert len(made) == 1, (host, sorted(p.name for p in root.iterdir()))  # one copy per host ...
             copies[host] = json.loads(made[0].read_text())["fetched_by"]
         pids = {h: [r.mesh.pids[0] for r in run.policy.replicas if r.mesh.host == h] for h in set(placed)}
         assert copies["generators_0_"] in pids["generators[0]"]  # ... made by one of that host's replicas
         assert copies["generators_1_"] in pids["generators[1]"]
         assert not list(root.glob(f"*-{ns}.v{version}@trainer*"))  # the trainer's host reads its own file
+
+        # a generators' host dies mid-run: its replica respawns on the other, training goes on, nothing is lost
+        os.kill(os.getsid(pids["generators[1]"][0]), signal.SIGKILL)  # the host's worker leads its session
+        rows = await run.step(4)
+        assert [r["step"] for r in rows] == [4, 5, 6, 7]
+        assert await _until(lambda: all(r.healthy for r in run.policy.replicas)), run.policy.status()
+        assert [r.mesh.host for r in run.policy.replicas] == ["generators[0]"] * 3
+        assert job.host("generators[1]").lost is not None
+        assert run.ledger()["balanced"], run.ledger()
+        assert await run.policy.get_version.fanout() == [run.version] * 3
     finally:
         await run.shutdown()
