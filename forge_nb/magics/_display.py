@@ -61,7 +61,7 @@ def _fmt(value: Any) -> str:
 
 # -- what each magic shows ---------------------------------------------------------------------------
 
-MESH_COLUMNS = ("name", "procs", "pids", "state", "gpus", "owner", "failures", "age_s")
+MESH_COLUMNS = ("name", "procs", "host", "pids", "state", "gpus", "owner", "failures", "age_s")
 
 
 def meshes_table(infos: Sequence[Any]) -> Table:
@@ -69,8 +69,8 @@ def meshes_table(infos: Sequence[Any]) -> Table:
     return Table(rows, MESH_COLUMNS, title=f"{len(rows)} mesh(es) held by this kernel")
 
 
-REPLICA_COLUMNS = ("service", "index", "state", "pids", "in_flight", "served", "failures", "restarts", "version",
-                   "latency_p50_ms", "last_error")
+REPLICA_COLUMNS = ("service", "index", "state", "host", "pids", "in_flight", "served", "failures", "restarts",
+                   "version", "latency_p50_ms", "last_error")
 
 
 def status_report(status: dict[str, Any]) -> Report:

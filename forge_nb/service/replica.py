@@ -61,6 +61,8 @@ class ReplicaStatus:
     latency_p95_ms: float | None
     last_error: str | None
     version: int | None
+    host: str = "kernel"
+    """The host its processes run on: "kernel", or a job's host (``forge_nb.cluster``)."""
 
 
 class Replica:
@@ -272,5 +274,5 @@ class Replica:
             pids=list(self.mesh.pids) if self.mesh else [], in_flight=self.in_flight,
             served=self.served, failures=self.failures, restarts=self.restarts,
             latency_p50_ms=pct(0.5), latency_p95_ms=pct(0.95), last_error=self.last_error,
-            version=self.version,
+            version=self.version, host=self.mesh.host if self.mesh else "kernel",
         )

@@ -21,7 +21,7 @@ import ipywidgets as w
 from forge_nb.widgets._throttle import Throttle
 
 FIELDS = ("service", "index", "state", "pids", "in_flight", "served", "failures", "restarts",
-          "latency_p50_ms", "latency_p95_ms", "last_error", "version")
+          "latency_p50_ms", "latency_p95_ms", "last_error", "version", "host")
 COLORS = {"healthy": "#2ca02c", "starting": "#1f77b4", "recovering": "#d62728", "failed": "#7f0000",
           "stopped": "#7f7f7f"}
 Snapshot = dict[str, list[dict[str, Any]]]
@@ -68,7 +68,8 @@ def render_health(snap: Snapshot, run_version: int | None) -> str:
                 _cell(f"{name}[{r['index']}]"),
                 f"<span style='background:{COLORS.get(state, '#999')};color:white;padding:1px 6px;"
                 f"border-radius:3px'>{html.escape(state)}</span>",
-                _cell(",".join(str(p) for p in r["pids"] or []) or None),
+                _cell(",".join(str(p) for p in r["pids"] or []) + (f" @{r['host']}" if r["host"] not in (None, "kernel")
+                                                                  else "") or None),
                 _cell(r["in_flight"]), _cell(r["served"]), _cell(r["failures"]), _cell(r["restarts"]),
                 _cell(r["latency_p50_ms"]), _cell(r["latency_p95_ms"]), _cell(lag),
                 f"<span title='{html.escape(error)}'>{html.escape(error[:60])}</span>",

@@ -179,7 +179,7 @@ def test_bare_mesh_is_listed_and_shutdown_leaves_no_process(ip, capsys):
     table = capsys.readouterr().out
     assert "1 mesh(es) held by this kernel" in table
     row = next(line for line in table.splitlines() if line.startswith("workers"))
-    assert row.split()[:5] == ["workers", "2", ",".join(map(str, mesh.pids)), "running", "-"]
+    assert row.split()[:6] == ["workers", "2", "kernel", ",".join(map(str, mesh.pids)), "running", "-"]
 
     assert ip.run_cell("%forge_shutdown").success
     out = capsys.readouterr().out
