@@ -19,13 +19,30 @@ when there is one: a trainer and its generators sharing a card), and the same ru
 * GPU copy: one device-to-device copy, the floor of a transport that never leaves the GPU (CUDA IPC).
 It ends with ``RESULT weight_sync_gpu_vs_staged <shm GB/s / staged-copy GB/s>`` instead.
 
+With ``--hosts N`` (N >= 2) it measures weight sync across the hosts of a monarch job instead: a
+``ProcessJob({"writer": 1, "readers": N - 1})`` (one worker process per simulated host, all on this
+machine) is taken into use (``forge_nb.cluster.use_job``), the pusher runs on ``writer[0]`` and pushes
+with ``transport="shm+torchstore"`` (what a push costs while a job spans several hosts), and in the
+same run, on the same bytes, rounds alternate between:
+* same host: ``--loaders`` loaders on the writer's host (``hosts="writer"``), which map the pusher's file;
+* cross host: ``--loaders`` loaders spread over the reader hosts (``hosts="readers"``, each reader host
+  gets some; ``--loaders`` must be at least N - 1), whose loads go through the per-host copy: the first
+  loader on a host fetches the version through torchstore and lays it out in that host's shared memory,
+  the others there map it.
+Push s, slowest load s and GB/s (bytes / (push + slowest load)) for each, median of ``--repeats`` after
+a warm-up round; it ends with ``RESULT weight_sync_cross_host_vs_same_host <cross GB/s / same GB/s>``
+and the two GB/s figures (``RESULT weight_sync_same_host_gbps``, ``RESULT weight_sync_cross_host_gbps``).
+The meshes are stopped, the store shut down and the job released even when the run fails. CPU only.
+
     .venv/bin/python bench/weight_sync.py [--mb 512] [--loaders 2] [--repeats 3] [--device cuda]
+    .venv/bin/python bench/weight_sync.py --hosts 3 [--mb 512] [--loaders 2] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -129,11 +146,98 @@ async def main(mb: int, loaders: int, repeats: int, device: str) -> None:
         print(f"RESULT weight_sync_gpu_vs_staged {gbps['shm'] / base['staged copy']:.3f}")
 
 
+def spread(loaders: int, hosts: int) -> list[int]:
+    """How many of ``loaders`` go to each of ``hosts`` hosts: as even as can be, the first ones get the rest."""
+    return [loaders // hosts + (i < loaders % hosts) for i in range(hosts)]
+
+
+async def main_hosts(hosts: int, mb: int, loaders: int, repeats: int) -> None:
+    """Same-host against cross-host weight sync on a ProcessJob of ``hosts`` simulated hosts (see above)."""
+    runtime.ensure_started()
+    from monarch.job import ProcessJob
+
+    from bench._weight_actors import Loader, Pusher
+    from forge_nb import cluster
+
+    transport = "shm+torchstore"
+    threads = max(1, (os.cpu_count() or 1) // loaders)
+    job = ProcessJob({"writer": 1, "readers": hosts - 1})
+
+    async def end_job() -> None:
+        if cluster.current() is not None:
+            await cluster.release_job()  # the job's hosts (ProcessJob's workers) end
+        else:
+            await asyncio.to_thread(job.kill)  # use_job failed midway: what it brought up ends
+
+    # every clean-up step runs, last registered first, even when the run or an earlier step fails:
+    # the meshes stop, then the store, the reader hosts' copies (named after loaders now gone) go, the job ends
+    async with contextlib.AsyncExitStack() as cleanup:
+        cleanup.push_async_callback(end_job)
+        await cluster.use_job(job)
+        cleanup.callback(weights.remove_orphaned_shm)
+        cleanup.push_async_callback(weights.shutdown_store)
+        await weights.initialize_store()  # on the kernel's host, as in a run
+
+        async def spawn(name: str, procs: int, group: str) -> runtime.Mesh:
+            mesh = await runtime.spawn_mesh(name, procs=procs, hosts=group)
+            cleanup.push_async_callback(mesh.stop)
+            return mesh
+
+        push_mesh = await spawn("bench-pusher", 1, "writer")
+        pusher = push_mesh.spawn("pusher", Pusher, mb, "cpu")
+        same_mesh = await spawn("bench-loaders-same", loaders, "writer")
+        cross = [await spawn("bench-loaders-cross", procs, "readers") for procs in spread(loaders, hosts - 1)]
+        # case -> the loader actor meshes whose loads it waits for (the slowest counts)
+        cases: dict[str, list[Any]] = {"same host": [same_mesh.spawn("loader", Loader, threads, "cpu")],
+                                       "cross host": [mesh.spawn("loader", Loader, threads, "cpu") for mesh in cross]}
+        where = {mesh.name: mesh.host for mesh in (push_mesh, same_mesh, *cross)}
+        readers = sorted(h.name for h in cluster.current().hosts if h.group == "readers")
+        if push_mesh.host != same_mesh.host or sorted(m.host for m in cross) != readers:
+            raise RuntimeError(f"the meshes were not placed as this bench needs: {where}")
+        nbytes = await pusher.nbytes.call_one()
+        results: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
+        version = 0
+        for repeat in range(1 + repeats):  # the first round is a warm-up, as a run's first push is
+            for name, loader_meshes in cases.items():  # alternate, so noise hits both alike
+                version += 1
+                push_s = await pusher.push.call_one(version, transport)
+                loads = await asyncio.gather(*(loader.load.call(version) for loader in loader_meshes))
+                load_s = max(v for answers in loads for _, v in answers.items())
+                await weights.drop_version(version)  # as a run does once every generator has the next one
+                if repeat:
+                    results[name].append((push_s, load_s))
+
+    print(f"state dict: {nbytes / 2**20:.0f} MiB bf16 on cpu, transport {transport}, ProcessJob with "
+          f"{hosts} hosts, {loaders} loaders per case ({threads} thread(s) each), median of {repeats}")
+    print("placed: " + ", ".join(f"{name} on {host}" for name, host in where.items()))
+    print(f"{'':18}{'push s':>9}{'load s':>9}{'GB/s':>9}")
+    gbps = {}
+    for name, rounds in results.items():
+        push_s = statistics.median(p for p, _ in rounds)
+        load_s = statistics.median(lo for _, lo in rounds)
+        gbps[name] = nbytes / (push_s + load_s) / 1e9
+        print(f"{name:18}{push_s:9.3f}{load_s:9.3f}{gbps[name]:9.2f}")
+    print(f"RESULT weight_sync_cross_host_vs_same_host {gbps['cross host'] / gbps['same host']:.3f}")
+    print(f"RESULT weight_sync_same_host_gbps {gbps['same host']:.2f}")
+    print(f"RESULT weight_sync_cross_host_gbps {gbps['cross host']:.2f}")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=512)
     ap.add_argument("--loaders", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--hosts", type=int, default=None,
+                    help="N >= 2: same-host against cross-host sync on a ProcessJob of N simulated hosts")
     args = ap.parse_args()
-    asyncio.run(main(args.mb, args.loaders, args.repeats, "cuda:0" if args.device == "cuda" else "cpu"))
+    if args.hosts is None:
+        asyncio.run(main(args.mb, args.loaders, args.repeats, "cuda:0" if args.device == "cuda" else "cpu"))
+    else:
+        if args.hosts < 2:
+            ap.error(f"--hosts {args.hosts}: a job across hosts needs N >= 2 (one writer host, N - 1 reader hosts)")
+        if args.loaders < args.hosts - 1:
+            ap.error(f"--loaders {args.loaders}: every one of the {args.hosts - 1} reader hosts needs a loader")
+        if args.device != "cpu":
+            ap.error("--hosts measures the CPU path only (no --device cuda)")
+        asyncio.run(main_hosts(args.hosts, args.mb, args.loaders, args.repeats))
