@@ -17,6 +17,30 @@ def machine() -> tuple[str, str, int]:
             os.stat("/proc/self/ns/pid").st_ino if os.path.exists("/proc/self/ns/pid") else 0)
 
 
+def _siblings() -> list[tuple[int, int]]:
+    """(pid, process group) of every other process this one's parent started."""
+    from forge_nb._procs import stat_fields
+
+    parent, found = os.getppid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                fields = stat_fields(entry)  # after the name: state, ppid, pgrp, ...
+            except OSError:
+                continue
+            if int(fields[1]) == parent:
+                found.append((int(entry), int(fields[2])))
+    return found
+
+
+def _end(processes: list[tuple[int, int]], grace_s: float) -> list[int]:
+    from forge_nb._procs import kill_groups, kill_pids
+
+    kill_pids([pid for pid, _ in processes], grace=grace_s)
+    kill_groups([group for pid, group in processes if group == pid])
+    return sorted(pid for pid, _ in processes)
+
+
 class ProcInfo(Actor):
     """Answers with its pid, so the kernel can account for, and if need be kill, every proc; on a job's
     host it is also the host's probe (``forge_nb.cluster``)."""
@@ -29,23 +53,14 @@ class ProcInfo(Actor):
     @endpoint
     async def reap_siblings(self, grace_s: float = 3.0) -> list[int]:
         """Kill every other process its parent (the host's monarch worker) started, with their process
-        groups, and return their pids: the meshes a controller that died left on this host. Refuses when its
-        parent is the caller's own process (there the siblings are that kernel's meshes)."""
-        from forge_nb._procs import kill_groups, kill_pids, stat_fields
+        groups, and return their pids: the meshes a controller that died left on this host."""
+        return _end(_siblings(), grace_s)
 
-        parent = os.getppid()
-        siblings = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and int(entry) != os.getpid():
-                try:
-                    fields = stat_fields(entry)
-                except OSError:
-                    continue
-                if int(fields[1]) == parent:  # stat fields after the name: state, ppid, pgrp, ...
-                    siblings.append((int(entry), int(fields[2])))
-        kill_pids([pid for pid, _ in siblings], grace=grace_s)
-        kill_groups([group for pid, group in siblings if group == pid])
-        return sorted(pid for pid, _ in siblings)
+    @endpoint
+    async def end(self, pids: list[int], grace_s: float = 3.0) -> list[int]:
+        """Kill those of ``pids`` that are still processes of this host's worker, with their process groups
+        (a mesh the kernel stopped, on a host where the kernel cannot signal), and return them."""
+        return _end([(pid, group) for pid, group in _siblings() if pid in set(pids)], grace_s)
 
     @endpoint
     async def parent(self) -> int:

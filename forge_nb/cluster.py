@@ -242,6 +242,19 @@ async def unless_lost(host: str, awaitable: Any, what: str) -> Any:
             raise ResourceError(f"host {host} was lost before {what}: {why}")
 
 
+async def end_on(host: str, pids: list[int]) -> list[int]:
+    """Have the probe of the job's ``host`` kill ``pids`` there (those still its worker's processes);
+    what it killed. Nothing on a lost host (gone with it) or the kernel's."""
+    found = [h for h in _current.hosts if h.name == host and h.lost is None] if _current is not None else []
+    if not found or not pids:
+        return []
+    try:
+        return await asyncio.wait_for(found[0].probe.end.call_one(pids), 30)
+    except Exception as e:  # the host went meanwhile; the probe's watch will say so
+        logger.warning("host %s: could not end processes %s: %s", host, pids, e)
+        return []
+
+
 def lost(host: str) -> str | None:
     """Why the job's host ``host`` is lost, or None (alive, or the kernel's host)."""
     return next((h.lost for h in _current.hosts if h.name == host), None) if _current is not None else None

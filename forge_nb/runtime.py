@@ -272,6 +272,8 @@ class Mesh:
             logger.debug("mesh %s did not stop cleanly: %s", self.name, e)
         kill_pids(self.alive_pids(), grace=2.0)
         kill_groups(self.pgids, self.leaders())  # what the procs started and left (vLLM engines and workers)
+        if not self.local:  # pids this machine cannot signal: the host's probe ends them there
+            await cluster.end_on(self.host, self.pids)
         stop_reaper(self._reaper)
         _release(self)
 
@@ -308,16 +310,9 @@ def _unique_name(name: str) -> str:
     return f"{name}-{i}"
 
 
-async def spawn_mesh(
-    name: str,
-    procs: int = 1,
-    with_gpus: bool = False,
-    *,
-    hosts: int | str | None = None,
-    env: dict[str, str] | None = None,
-    owner: str | None = None,
-    log_dir: str | Path | None = None,
-) -> Mesh:
+async def spawn_mesh(name: str, procs: int = 1, with_gpus: bool = False, *, hosts: int | str | None = None,
+                     env: dict[str, str] | None = None, owner: str | None = None,
+                     log_dir: str | Path | None = None) -> Mesh:
     """Spawn ``procs`` processes as a monarch ProcMesh and record it: on the kernel's host, or on a host of
     the job in use (``forge_nb.use_job``; ``hosts`` names one of its host meshes, or "kernel").
 

@@ -147,3 +147,16 @@ async def test_a_run_trains_across_hosts_fetches_a_version_once_per_host_and_out
         assert await run.policy.get_version.fanout() == [run.version] * 3
     finally:
         await run.shutdown()
+
+
+async def test_a_host_s_probe_ends_that_host_s_processes_and_no_other(runtime, job):
+    """How a mesh on a host whose pids the kernel cannot signal is cleaned up: the host's probe kills them."""
+    mesh = await runtime.spawn_mesh("far", procs=2, hosts="generators")
+    try:
+        other = [h for h in job.hosts if h.group == "generators" and h.name != mesh.host][0]
+        assert await clusters.end_on(other.name, mesh.pids) == []  # not that host's processes
+        assert await clusters.end_on(mesh.host, [os.getpid(), *mesh.pids]) == sorted(mesh.pids)  # never the kernel
+        assert not any(pid_alive(p) for p in mesh.pids)
+        assert await clusters.end_on("kernel", [os.getpid()]) == []
+    finally:
+        await mesh.stop()
