@@ -210,6 +210,17 @@ def test_a_misspelt_key_is_refused_by_its_dotted_name_with_what_is_accepted(text
         from_yaml(text + "\n")
 
 
+def test_services_hosts_place_a_run_on_a_job_s_host_meshes():
+    """TorchForge's ``services.<name>.hosts`` (a count, or here also a host mesh of the job in use)."""
+    cfg = from_yaml("services:\n  policy: {num_replicas: 2, hosts: generators}\n  ref_model: {hosts: 1}\n"
+                    "actors:\n  trainer: {hosts: trainer}\n  dataset: {hosts: 1}\n")
+    assert (cfg.generator.hosts, cfg.trainer.hosts, cfg.reference.hosts) == ("generators", "trainer", 1)
+    with pytest.raises(ValueError, match=r"GeneratorConfig.hosts=2: a replica runs on one host"):
+        from_yaml("services: {policy: {hosts: 2}}\n")
+    with pytest.raises(ValueError, match=r"actors\.dataset\.hosts"):
+        from_yaml("actors: {dataset: {hosts: data}}\n")
+
+
 REFUSED_VALUES = [
     ("trainer: {parallelism: {tensor_parallel_degree: 2}}", r"trainer\.parallelism\.tensor_parallel_degree=2: .*FSDP"),
     ("services: {reward_actor: {num_replicas: 2}}", r"services\.reward_actor\.num_replicas=2: .*controller process"),

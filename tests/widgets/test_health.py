@@ -81,3 +81,12 @@ def test_every_state_has_a_colour_of_its_own() -> None:
     for state in ("ready", "running", "paused", "stopped", "failed", "shut down"):
         html = render_status({"name": "r", "state": state, "step": 1, "version": 0, "error": None})
         assert f"background:{STATE_COLORS[state]}" in html and f"data-state='{state}'" in html
+
+
+def test_a_replica_on_a_job_s_host_shows_where_it_runs() -> None:
+    from forge_nb.widgets.health import render_health, status_dict
+
+    row = {"service": "policy", "index": 0, "state": "healthy", "pids": [41, 42], "version": 3}
+    there = render_health({"policy": [status_dict({**row, "host": "generators[1]"})]}, 3)
+    here = render_health({"policy": [status_dict({**row, "host": "kernel"})]}, 3)
+    assert "41,42 @generators[1]" in there and "41,42<" in here and "@" not in here
