@@ -73,6 +73,15 @@ def _copy_gbps(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor], repea
     return nbytes / statistics.median(times[1:]) / 1e9
 
 
+def medians(results: dict[str, list[tuple[float, float]]], nbytes: int) -> dict[str, tuple[float, float, float]]:
+    """Each case's median push s, median (slowest) load s, and GB/s = bytes / (push + load)."""
+    out = {}
+    for name, rounds in results.items():
+        push_s, load_s = statistics.median(p for p, _ in rounds), statistics.median(lo for _, lo in rounds)
+        out[name] = (push_s, load_s, nbytes / (push_s + load_s) / 1e9)
+    return out
+
+
 def baselines(mb: int, repeats: int, device: str) -> dict[str, float]:
     """GB/s of the plain copies a transport is measured against, in this process."""
     from bench._weight_actors import make_state_dict
@@ -132,10 +141,7 @@ async def main(mb: int, loaders: int, repeats: int, device: str) -> None:
     for name, gbps in base.items():
         print(f"{name:18}{'':>9}{'':>9}{gbps:9.2f}{gbps / base['memcpy']:11.3f}")
     gbps = {}
-    for name, rounds in results.items():
-        push_s = statistics.median(p for p, _ in rounds)
-        load_s = statistics.median(lo for _, lo in rounds)
-        gbps[name] = nbytes / (push_s + load_s) / 1e9
+    for name, (push_s, load_s, gbps[name]) in medians(results, nbytes).items():
         print(f"{name:18}{push_s:9.3f}{load_s:9.3f}{gbps[name]:9.2f}{gbps[name] / base['memcpy']:11.3f}")
     print(f"shm vs raw torchstore: {gbps['shm'] / gbps['torchstore']:.1f}x")
     if device == "cpu":
@@ -212,10 +218,7 @@ async def main_hosts(hosts: int, mb: int, loaders: int, repeats: int) -> None:
     print("placed: " + ", ".join(f"{name} on {host}" for name, host in where.items()))
     print(f"{'':18}{'push s':>9}{'load s':>9}{'GB/s':>9}")
     gbps = {}
-    for name, rounds in results.items():
-        push_s = statistics.median(p for p, _ in rounds)
-        load_s = statistics.median(lo for _, lo in rounds)
-        gbps[name] = nbytes / (push_s + load_s) / 1e9
+    for name, (push_s, load_s, gbps[name]) in medians(results, nbytes).items():
         print(f"{name:18}{push_s:9.3f}{load_s:9.3f}{gbps[name]:9.2f}")
     print(f"RESULT weight_sync_cross_host_vs_same_host {gbps['cross host'] / gbps['same host']:.3f}")
     print(f"RESULT weight_sync_same_host_gbps {gbps['same host']:.2f}")
