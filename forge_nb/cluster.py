@@ -144,18 +144,21 @@ class Cluster:
 
     async def _watch_probes(self) -> None:
         misses = {h.name: 0 for h in self.hosts}
-        while True:
+
+        async def probe(h: Host) -> None:
+            try:
+                await asyncio.wait_for(h.probe.pid.call_one(), PROBE_TIMEOUT_S)
+                misses[h.name] = 0
+            except TimeoutError:
+                misses[h.name] += 1
+                if misses[h.name] >= PROBE_MISSES:
+                    self._lose(h, f"its probe did not answer {PROBE_MISSES} times in {PROBE_TIMEOUT_S:g} s")
+            except Exception as e:  # monarch's supervision: the probe's process, or the host, is gone
+                self._lose(h, f"its probe failed: {str(e).splitlines()[0][:200]}")
+
+        while True:  # every host at once: one that hangs does not delay the others' checks
             await asyncio.sleep(PROBE_PERIOD_S)
-            for h in [h for h in self.hosts if h.lost is None]:
-                try:
-                    await asyncio.wait_for(h.probe.pid.call_one(), PROBE_TIMEOUT_S)
-                    misses[h.name] = 0
-                except TimeoutError:
-                    misses[h.name] += 1
-                    if misses[h.name] >= PROBE_MISSES:
-                        self._lose(h, f"its probe did not answer {PROBE_MISSES} times in {PROBE_TIMEOUT_S:g} s")
-                except Exception as e:  # monarch's supervision: the probe's process, or the host, is gone
-                    self._lose(h, f"its probe failed: {str(e).splitlines()[0][:200]}")
+            await asyncio.gather(*(probe(h) for h in self.hosts if h.lost is None))
 
     def _lose(self, host: Host, why: str) -> None:
         host.lost = why

@@ -71,6 +71,10 @@ MONARCH_ENV_DEFAULTS = {
     "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY": "1s",
     # Weight dicts travel as single messages; torchstore sets the same on import.
     "HYPERACTOR_CODEC_MAX_FRAME_LENGTH": "910737418240",
+    # A job's host that dies leaves messages queued to it; after this long monarch returns them, and a kernel
+    # handed back an undeliverable message exits (measured: 30 s, the default, after a ProcessJob host died
+    # mid-run, pytest was gone). The host's probe finds it lost within seconds (forge_nb.cluster).
+    "HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT": "7d",
 }
 
 MeshState = str  # "running" | "failed" | "stopped"

@@ -160,3 +160,47 @@ async def test_a_host_s_probe_ends_that_host_s_processes_and_no_other(runtime, j
         assert await clusters.end_on("kernel", [os.getpid()]) == []
     finally:
         await mesh.stop()
+
+
+KERNEL_AFTER_A_HOST_DIED = """
+import asyncio, os, signal, sys, tempfile
+import forge_nb
+from forge_nb import cluster, runtime
+runtime.ensure_started()  # before monarch is imported, as %load_ext forge_nb does in a kernel
+from forge_nb.config import GeneratorConfig
+from monarch.job import ProcessJob
+from tests.controller.conftest import light_config
+from tests.light_actors import LightGenerator, LightTrainer
+
+async def main():
+    job = await cluster.use_job(ProcessJob({"generators": 2}))
+    cfg = light_config(tempfile.mkdtemp(), "orphaned", generator=GeneratorConfig(num_replicas=2, hosts="generators"))
+    run = await forge_nb.spawn(cfg, progress=False, actors={"policy": LightGenerator, "trainer": LightTrainer})
+    await run.step(2)
+    victim = [r for r in run.policy.replicas if r.mesh.host == "generators[1]"][0]
+    os.kill(os.getsid(victim.mesh.pids[0]), signal.SIGKILL)
+    await run.step(2)
+    await run.shutdown()
+    await asyncio.sleep(40)  # monarch gives up on what was queued to the dead host after its delivery timeout
+    await cluster.release_job()
+    print("the kernel outlived the dead host", flush=True)
+    runtime.end_process(0)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_kernel_outlives_what_was_queued_to_a_dead_host(tmp_path):
+    """monarch returns the messages queued to a dead host once its delivery timeout passes, and a process handed
+    back an undeliverable message exits: with the default 30 s a kernel died 30 s after a ProcessJob host did
+    (the whole test suite with it). forge_nb sets the timeout far beyond a session (runtime.MONARCH_ENV_DEFAULTS)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    env.pop("HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT", None)  # forge_nb's default, as in a kernel
+    done = subprocess.run([sys.executable, "-c", KERNEL_AFTER_A_HOST_DIED], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0 and "the kernel outlived the dead host" in done.stdout, done.stderr[-3000:]
