@@ -48,7 +48,7 @@ from typing import Any
 from forge_nb._gpus import ResourceError
 from forge_nb._monarch_compat import await_maybe
 
-__all__ = ["KERNEL", "Cluster", "Host", "current", "lost", "release_job", "use_job", "where"]
+__all__ = ["KERNEL", "Cluster", "Host", "current", "lost", "one_host", "release_job", "use_job", "where"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,11 +95,14 @@ class Cluster:
         alive = [h.name for h in self.hosts if h.lost is None]
         return f"Cluster({type(self.job).__name__}, hosts={[h.name for h in self.hosts]}, alive={alive})"
 
+    def find(self, name: str) -> Host | None:
+        return next((h for h in self.hosts if h.name == name), None)
+
     def host(self, name: str) -> Host:
-        for h in self.hosts:
-            if h.name == name:
-                return h
-        raise KeyError(f"no host {name!r} in the job; its hosts are {[h.name for h in self.hosts]}")
+        found = self.find(name)
+        if found is None:
+            raise KeyError(f"no host {name!r} in the job; its hosts are {[h.name for h in self.hosts]}")
+        return found
 
     def place(self, name: str, *, group: str | None, procs: int, with_gpus: bool, owner: str | None,
               meshes: Iterable[tuple[str, str | None, list[int]]]) -> Host:
@@ -107,16 +110,16 @@ class Cluster:
         ResourceError, saying why each host was passed over, when none can take it."""
         meshes = list(meshes)
         passed: list[str] = []
-        fits: list[tuple[int, int, int, Host]] = []
+        fits: list[tuple[bool, int, int, int, Host]] = []
         for i, h in enumerate(self.hosts):
             if group is not None and h.group != group:
                 continue
             if h.lost is not None:
                 passed.append(f"{h.name} is lost ({h.lost})")
                 continue
-            held = sum(len(g) for host, _, g in meshes if host == h.name)
-            if with_gpus and h.gpus - held < procs:
-                passed.append(f"{h.name} has {h.gpus - held} of {h.gpus} GPUs free")
+            free = len(self.gpu_ids(h, h.gpus, meshes))
+            if with_gpus and free < procs:
+                passed.append(f"{h.name} has {free} of {h.gpus} GPUs free")
                 continue
             same = sum(1 for host, o, _ in meshes if host == h.name and owner is not None and o == owner)
             suspect = time.monotonic() - h.failed_at < SUSPECT_S
@@ -200,9 +203,14 @@ def where(name: str, hosts: int | str | None, *, procs: int, with_gpus: bool, ow
     return host, job.gpu_ids(host, procs, meshes) if with_gpus else []
 
 
+def one_host(hosts: Any) -> bool:
+    """Whether ``hosts`` is a placement's form: None or 1 (anywhere), or a host mesh's name (or "kernel")."""
+    return hosts is None or (hosts == 1 and not isinstance(hosts, bool)) or (isinstance(hosts, str) and bool(hosts))
+
+
 def check(hosts: int | str | None, name: str) -> None:
     """A clear error, before anything is spawned, unless ``hosts`` is a placement this kernel can make."""
-    if hosts not in (None, 1) and not isinstance(hosts, str):
+    if not one_host(hosts):
         raise ResourceError(f"{name}: hosts={hosts!r}: a mesh spans one host (None or 1), or names the job's "
                             "host mesh to run on; meshes that span several hosts are not supported yet")
     if isinstance(hosts, str) and hosts != KERNEL:
@@ -224,11 +232,16 @@ def env(host: Host | None) -> dict[str, str]:
     return out
 
 
+def _find(host: str) -> Host | None:
+    """The job's host named ``host``; None for the kernel's host, or when no job is in use."""
+    return _current.find(host) if _current is not None else None
+
+
 def note_failure(host: str) -> None:
     """A mesh on ``host`` failed (the runtime says so): placement avoids the host for a while."""
-    for h in _current.hosts if _current is not None else ():
-        if h.name == host:
-            h.failed_at = time.monotonic()
+    found = _find(host)
+    if found is not None:
+        found.failed_at = time.monotonic()
 
 
 async def unless_lost(host: str, awaitable: Any, what: str) -> Any:
@@ -248,11 +261,11 @@ async def unless_lost(host: str, awaitable: Any, what: str) -> Any:
 async def end_on(host: str, pids: list[int]) -> list[int]:
     """Have the probe of the job's ``host`` kill ``pids`` there (those still its worker's processes);
     what it killed. Nothing on a lost host (gone with it) or the kernel's."""
-    found = [h for h in _current.hosts if h.name == host and h.lost is None] if _current is not None else []
-    if not found or not pids:
+    found = _find(host)
+    if found is None or found.lost is not None or not pids:
         return []
     try:
-        return await asyncio.wait_for(found[0].probe.end.call_one(pids), 30)
+        return await asyncio.wait_for(found.probe.end.call_one(pids), 30)
     except Exception as e:  # the host went meanwhile; the probe's watch will say so
         logger.warning("host %s: could not end processes %s: %s", host, pids, e)
         return []
@@ -260,7 +273,8 @@ async def end_on(host: str, pids: list[int]) -> list[int]:
 
 def lost(host: str) -> str | None:
     """Why the job's host ``host`` is lost, or None (alive, or the kernel's host)."""
-    return next((h.lost for h in _current.hosts if h.name == host), None) if _current is not None else None
+    found = _find(host)
+    return None if found is None else found.lost
 
 
 async def use_job(job: Any, *, cached_path: str | None = None, log_dir: str | Path | None = None,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from forge_nb.cluster import one_host
 from forge_nb.config._hot import SamplingConfig, TaskKnobs, hot
 from forge_nb.models import TinyModelConfig
 
@@ -28,7 +29,7 @@ def _positive_int(obj: Any, *names: str, minimum: int = 1) -> None:
 
 def _hosts(obj: Any) -> None:
     hosts = obj.hosts
-    if not (hosts is None or hosts == 1 and not isinstance(hosts, bool) or isinstance(hosts, str) and hosts):
+    if not one_host(hosts):
         raise ValueError(f"{type(obj).__name__}.hosts={hosts!r}: a replica runs on one host: None or 1, or the "
                          "name of one of the job's host meshes (or 'kernel')")
 
