@@ -15,6 +15,7 @@ import asyncio
 import glob
 import os
 import sys
+import time
 from typing import Any
 
 import torch
@@ -41,6 +42,8 @@ class LightGenerator(ForgeActor):
                  generate_delay_s: float = 0.0):
         self.sampling = {"n": 4, "max_tokens": 4, "temperature": 1.0, **(sampling_params or {})}
         self.namespace, self.delay_s = weights_namespace, generate_delay_s
+        self.update_delay_s = float((engine_args or {}).get("update_delay_s", 0.0))  # a test's knob
+        self.update_spans: list[tuple[float, float]] = []  # (start, end) of each update, in time.time()
         self.logits = torch.zeros(int(self.sampling["max_tokens"]), len(ALPHABET))
         print(f"LightGenerator: ready in process {os.getpid()}", file=sys.stderr)  # as an engine's log would
         self.version = 0
@@ -63,10 +66,18 @@ class LightGenerator(ForgeActor):
 
     @endpoint
     async def update_weights(self, version: int) -> int:
+        start = time.time()
+        if self.update_delay_s:
+            await asyncio.sleep(self.update_delay_s)
         with await weights.open_version(version, namespace=self.namespace) as state_dict:
             self.logits.copy_(state_dict["logits"])
         self.version = version
+        self.update_spans.append((start, time.time()))
         return version
+
+    @endpoint
+    async def get_update_spans(self) -> list[tuple[float, float]]:
+        return self.update_spans
 
     @endpoint
     async def get_version(self) -> int:
@@ -106,6 +117,7 @@ class LightTrainer(ForgeActor):
     async def train_step(self, batch: Any) -> ForwardBackwardResult:
         if self.fail_at_step is not None and self.step + 1 == self.fail_at_step:
             raise RuntimeError(f"LightTrainer: asked to fail at step {self.fail_at_step}")
+        started_at = time.time()
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         length = min(self.logits.shape[0], batch.response.shape[1])
@@ -121,7 +133,8 @@ class LightTrainer(ForgeActor):
         self.step += 1
         loss = float(loss.detach())
         return ForwardBackwardResult(loss=loss, metrics={"loss": loss, "grad_norm": grad_norm,
-                                                                "lr": self.hp["lr"], "tokens": float(mask.sum())})
+                                                                "lr": self.hp["lr"], "tokens": float(mask.sum()),
+                                                                "started_at": started_at})
 
     @endpoint
     async def push_weights(self, version: int) -> dict[str, float]:

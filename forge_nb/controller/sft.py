@@ -29,7 +29,7 @@ class SupervisedLoop:
                 if not await self._step_boundary():
                     continue
                 if await self._sft_one_step():  # a step lost with the trainer's process is not counted
-                    self._step_budget_spent()
+                    await self._step_budget_spent()
         finally:
             self.training_idle.set()
 

@@ -1,0 +1,42 @@
+"""The generators load a version while the next step trains (async mode), never in sync mode, and a
+parked run's generators hold its version: light actors on real CPU meshes, the load slowed to 0.5 s."""
+
+from __future__ import annotations
+
+import pytest
+
+import forge_nb
+from forge_nb.config import GeneratorConfig
+from tests.controller.conftest import light_config
+from tests.light_actors import LightGenerator, LightTrainer
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
+
+LOAD_S = 0.5  # each generator's update_weights; a light train_step takes 0.3 s
+
+
+def began_during_a_load(rows: list[dict], spans: list[list[tuple[float, float]]]) -> list[int]:
+    """Steps whose train_step began while some generator was loading weights."""
+    return [r["step"] for r in rows if any(a < r["started_at"] < b for replica in spans for a, b in replica)]
+
+
+async def test_async_steps_train_while_generators_load_and_sync_steps_wait(tmp_path) -> None:
+    cfg = light_config(str(tmp_path), "overlap", max_policy_age=1,
+                       generator=GeneratorConfig(num_replicas=2, engine_args={"update_delay_s": LOAD_S}))
+    run = await forge_nb.spawn(cfg, progress=False, actors={"policy": LightGenerator, "trainer": LightTrainer})
+    try:
+        assert run.config.loop.mode == "async"
+        rows = await run.step(6)
+        # parked: every generator has the run's version, and only that version is left in the store
+        assert await run.policy.get_version.fanout() == [run.version] * 2 and run.version == 6
+        assert await forge_nb.weights.stored_versions(namespace=run.weights_namespace) == [run.version]
+        overlapped = began_during_a_load(rows, await run.policy.get_update_spans.fanout())
+        assert overlapped, f"no async step began while the generators loaded: {[r['started_at'] for r in rows]}"
+        assert all(r["policy_age/max"] <= 1 for r in rows)  # max_policy_age still holds
+
+        run.config.loop.mode = "sync"  # lockstep: a step begins only once every generator has the last version
+        rows = await run.step(4)
+        assert began_during_a_load(rows, await run.policy.get_update_spans.fanout()) == []
+        assert await run.policy.get_version.fanout() == [run.version] * 2 and run.version == 10
+    finally:
+        await run.shutdown()
