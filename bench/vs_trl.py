@@ -7,9 +7,10 @@ completions of at most 4 tokens a step at temperature 1.0 and no KL term:
 - **TRL** (`trl.GRPOTrainer`, installed by the ``bench`` extra): generation by transformers in the
   training process, no vLLM; groups of 8 (2 prompts a step), lr 3e-3 constant, beta 0 - the settings the
   issue measured it with.
-- **forge_nb**: `forge_nb.quickstart()` as shipped (two vLLM CPU generator replicas in their own
-  processes, the trainer actor, weights through torchstore; groups of 4, lr 7e-4, async), started in
-  the background as ``%forge_run`` does and stopped after ``--forge-steps`` steps.
+- **forge_nb**: `forge_nb.quickstart()` as shipped (a vLLM CPU generator service, its engine in processes of
+  its own, the trainer actor, weights through torchstore; groups of 4, lr 7e-4, async, the generators
+  loading each version while the next step trains), started in the background as ``%forge_run`` does and
+  stopped after ``--forge-steps`` steps.
 
 Each run is its own process, started by this script (the clock starts at its launch, so imports, model
 loading and spawning count), one seed after another with the order flipped each seed so that neither
@@ -22,7 +23,8 @@ from launch to the first step whose last-10 mean reward is >= 0.8. It prints, me
     RESULT quickstart_launch_to_first_step_s <forge_nb: launch to the first training step>
 
 and forge_nb's per-step breakdown (the controller's own ``time/*`` metrics, medians over the steady
-steps): waiting for a batch, the trainer's ``train_step``, pushing the weights, the generators' update.
+steps): waiting for a batch, the trainer's ``train_step``, pushing the weights, the generators' update (in
+async mode it overlaps the next step, so ``step`` is less than the sum), the whole step.
 A run that never reaches 0.8 in its budget counts as infinitely slow for that median.
 
     .venv/bin/pip install -e '.[bench]'

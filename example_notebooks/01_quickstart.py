@@ -1,7 +1,7 @@
 # %% [markdown]
 # # forge_nb quickstart: GRPO on a tiny model, on CPU, from cells
 #
-# This notebook spawns real Monarch process meshes from the kernel: two vLLM generator replicas
+# This notebook spawns real Monarch process meshes from the kernel: a vLLM generator service
 # (vLLM's CPU build) and a trainer, all serving a tiny Qwen3 that forge_nb builds locally. The toy
 # task: continue a letter pattern (`"c"` -> `"cccc"`), scored by the fraction of characters right.
 # An untrained model scores about 0.1; watch the reward rise on the dashboard while you keep working.
@@ -13,8 +13,8 @@
 STEPS = 250  # training steps for the %forge_step cell below
 
 # %% [markdown]
-# Spawn the run: two generator replicas and a trainer, each its own process mesh. The cell waits until
-# they are up (about 40 s) and binds `run`; the run directory is `runs/quickstart-<time>/`.
+# Spawn the run: a generator replica and a trainer, each its own process mesh. The cell waits until
+# they are up (about 30 s on two cores) and binds `run`; the run directory is `runs/quickstart-<time>/`.
 
 # %%
 %forge_spawn quickstart

@@ -15,7 +15,7 @@ import signal
 
 import forge_nb
 
-run = await forge_nb.spawn(forge_nb.quickstart(name="faults"))
+run = await forge_nb.spawn(forge_nb.quickstart(name="faults"), overrides={"generator.num_replicas": 2})
 try:
     from forge_nb.widgets import dashboard
 

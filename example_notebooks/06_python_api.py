@@ -14,7 +14,7 @@ import asyncio
 import forge_nb
 
 cfg = forge_nb.quickstart()  # the run directory: runs/quickstart-<time>/
-run = await forge_nb.spawn(cfg)  # two vLLM generator replicas, a trainer, torchstore
+run = await forge_nb.spawn(cfg)  # a vLLM generator service, a trainer, torchstore
 run
 
 # %% [markdown]

@@ -38,7 +38,7 @@ actors:
 
 def test_quickstart_recipe_is_valid_and_cpu_only():
     cfg = quickstart()
-    assert cfg.model == "tiny" and cfg.generator.num_replicas == 2
+    assert cfg.model == "tiny" and cfg.generator.num_replicas == 1 and cfg.loop.rollout_loops == 4
     assert not cfg.generator.with_gpus and not cfg.trainer.with_gpus
     assert from_dict(cfg.to_dict()) == cfg
 

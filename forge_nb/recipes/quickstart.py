@@ -1,4 +1,4 @@
-"""The CPU quickstart: a tiny Qwen3 built locally learns the toy task with GRPO on two generator replicas."""
+"""The CPU quickstart: a tiny Qwen3 built locally learns the toy task with GRPO on one vLLM generator service."""
 
 from __future__ import annotations
 
@@ -22,6 +22,12 @@ def quickstart(**overrides: Any) -> RunConfig:
     ``entropy_coef``) made it worse here: once most groups are solved their advantages are 0, the bonus is
     the only gradient left, Adam scales it up, and solved letters were knocked back to 0 (0.05 and 0.1 each
     left a letter unsolved on seed 0).
+
+    Why one generator replica and four rollout loops (``bench/vs_trl.py``, issue 24): on two cores a
+    replica is three processes (the actor, vLLM's EngineCore and its worker, the last two busy-waiting for a
+    second after every message) and a weight load each step; two replicas trained 8.0 steps/s, one 12.8
+    (same session, the generators loading while the next step trains). Four rollout loops keep four groups
+    in the one engine's batch. Replicas are one setting away: ``%forge_spawn quickstart --replicas 2``.
     """
     fields: dict[str, Any] = dict(
         name="quickstart",
@@ -34,10 +40,11 @@ def quickstart(**overrides: Any) -> RunConfig:
         batch_size=16,
         max_policy_age=1,
         # float32 like the trainer, so generator logprobs (the ratio's denominator) match its own.
-        generator=GeneratorConfig(num_replicas=2, engine_args={"dtype": "float32"},
+        # one replica: its engine batches every group (see above)
+        generator=GeneratorConfig(num_replicas=1, engine_args={"dtype": "float32"},
                                   sampling_params={"temperature": 1.0, "top_p": 1.0}),
         trainer=TrainerConfig(lr=7e-4, loss="grpo", loss_config={"beta": 0.0}),  # 3e-3 collapsed (see above)
-        loop=LoopConfig(mode="async", rollout_loops=2),
+        loop=LoopConfig(mode="async", rollout_loops=4),  # four groups in flight at once
     )
     fields.update(overrides)
     return RunConfig(**fields)

@@ -8,7 +8,7 @@ import pytest
 import pytest_asyncio
 
 import forge_nb
-from forge_nb.config import LoopConfig, TrainerConfig
+from forge_nb.config import GeneratorConfig, LoopConfig, TrainerConfig
 from tests.light_actors import LightGenerator, LightTrainer
 
 
@@ -17,7 +17,7 @@ def light_config(run_dir: str, name: str, **overrides: Any) -> forge_nb.RunConfi
     in flight); ``overrides`` replace top-level fields."""
     fields: dict[str, Any] = dict(
         run_dir=run_dir, name=name, max_res_tokens=4, group_size=4, batch_size=8, reward_timeout_s=0.3,
-        loop=LoopConfig(rollout_loops=2),
+        loop=LoopConfig(rollout_loops=2), generator=GeneratorConfig(num_replicas=2),  # a replica to fail over to
         trainer=TrainerConfig(lr=0.1, loss="grpo", loss_config={"beta": 0.0}, extra={"step_delay_s": 0.3}))
     return forge_nb.quickstart(**(fields | overrides))
 

@@ -27,10 +27,11 @@ LIGHT = {"policy": LightGenerator, "trainer": LightTrainer}
 
 
 def light_config(tmp_path, name: str, max_policy_age: int = 1, **loop: object) -> forge_nb.RunConfig:
-    from forge_nb.config import LoopConfig
+    from forge_nb.config import GeneratorConfig, LoopConfig
 
     return forge_nb.quickstart(run_dir=str(tmp_path / name), name=name, max_res_tokens=4, group_size=4, batch_size=8,
-                               max_policy_age=max_policy_age, loop=LoopConfig(**{"rollout_loops": 2, **loop}))
+                               max_policy_age=max_policy_age, loop=LoopConfig(**{"rollout_loops": 2, **loop}),
+                               generator=GeneratorConfig(num_replicas=2))
 
 
 async def spawn_light(tmp_path, name: str, max_policy_age: int = 1, **loop: object) -> forge_nb.Run:

@@ -70,13 +70,13 @@ def kernel(tmp_path_factory):
 
 
 def test_spawn_binds_the_run_and_its_services(kernel):
-    assert "is up (policy x2, trainer x1); bound to `run`, `policy`, `trainer`" in kernel.spawned.stdout
+    assert "is up (policy x1, trainer x1); bound to `run`, `policy`, `trainer`" in kernel.spawned.stdout
     kinds = value(kernel.run("_value(type(run).__name__, run.name, run.state, sorted(run.services), "
                              "type(policy).__name__, policy is run.policy, trainer is run.trainer)"))
     assert kinds == ["Run", "quickstart", "ready", ["policy", "trainer"], "Service", True, True]
     meshes = ok(kernel.run("%forge_meshes")).text
-    assert "4 mesh(es) held by this kernel" in meshes  # 2 generators, the trainer, torchstore's volume
-    assert "quickstart-policy-r0" in meshes and "quickstart-policy-r1" in meshes and "quickstart-trainer" in meshes
+    assert "3 mesh(es) held by this kernel" in meshes  # the generator, the trainer, torchstore's volume
+    assert "quickstart-policy-r0" in meshes and "quickstart-policy-r1" not in meshes and "quickstart-trainer" in meshes
 
 
 def test_run_trains_in_the_background_and_status_shows_it(kernel):
@@ -92,7 +92,7 @@ def test_run_trains_in_the_background_and_status_shows_it(kernel):
     assert "run 'quickstart': running, step" in status
     assert "train running" in status and "rollout0 running" in status and "rollout1 running" in status
     replica_rows = [line for line in status.splitlines() if line.startswith(("policy ", "trainer "))]
-    assert len(replica_rows) == 3 and all(" healthy " in row for row in replica_rows), status
+    assert len(replica_rows) == 2 and all(" healthy " in row for row in replica_rows), status
 
 
 def test_set_is_recorded_as_a_set_event(kernel):
@@ -174,10 +174,10 @@ def test_a_checkpoint_keeps_the_run_for_a_later_attach(kernel):
 
 def test_shutdown_leaves_no_process(kernel):
     pids = value(kernel.run("import forge_nb\n_value([p for m in forge_nb.meshes() for p in m.pids])"))[0]
-    assert len(pids) == 4 and all(pid_alive(p) for p in pids)  # torchstore's storage volume has a mesh too
+    assert len(pids) == 3 and all(pid_alive(p) for p in pids)  # torchstore's storage volume has a mesh too
     reply = ok(kernel.run("%forge_shutdown", timeout=180))
-    # 2 generator replicas, the trainer and torchstore's storage volume
-    assert "shut down 1 run(s) and 4 mesh(es): all 4 process(es) exited" in reply.stdout, reply.stdout[-2000:]
+    # the generator replica, the trainer and torchstore's storage volume
+    assert "shut down 1 run(s) and 3 mesh(es): all 3 process(es) exited" in reply.stdout, reply.stdout[-2000:]
     assert not [p for p in pids if pid_alive(p)]
     assert "no meshes" in ok(kernel.run("%forge_meshes")).stdout
     assert "UsageError: no run yet" in kernel.run("%forge_status").stderr

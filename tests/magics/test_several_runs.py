@@ -16,12 +16,13 @@ pytestmark = pytest.mark.timeout(300)
 
 SETUP = """\
 import forge_nb
-from forge_nb.config import LoopConfig
+from forge_nb.config import GeneratorConfig, LoopConfig
 from tests.light_actors import LightGenerator, LightTrainer
 
 def light_config(name):
     return forge_nb.quickstart(run_dir={root!r} + "/" + name, name=name, max_res_tokens=4, group_size=4,
-                               batch_size=8, loop=LoopConfig(rollout_loops=1))
+                               batch_size=8, loop=LoopConfig(rollout_loops=1),
+                               generator=GeneratorConfig(num_replicas=2))
 
 LIGHT = {{"policy": LightGenerator, "trainer": LightTrainer}}
 run_a = await forge_nb.spawn(light_config("a"), actors=LIGHT, progress=False)

@@ -28,7 +28,7 @@ async def run(tmp_path_factory):
 
     started = time.time()
     cfg = forge_nb.quickstart(run_dir=str(tmp_path_factory.mktemp("run")))
-    run = await forge_nb.spawn(cfg, progress=False)
+    run = await forge_nb.spawn(cfg, overrides={"generator.num_replicas": 2}, progress=False)  # one to kill
     yield run
     await run.shutdown()
     from forge_nb import runtime

@@ -408,7 +408,7 @@ def test_jupyterlab_dashboard_renders_lists_replicas_grows_and_pauses(lab: Lab) 
         lab.shot("lab-no-dashboard")
         raise
     lab.dismiss_dialogs()
-    for replica in ("policy[0]", "policy[1]", "trainer[0]"):
+    for replica in ("policy[0]", "trainer[0]"):
         page.wait_for_selector(f".forge-dashboard tr[data-replica='{replica}']", timeout=60_000)
     assert page.locator(".forge-dashboard tr[data-state='healthy']").count() >= 3
     first, later = _wait_growth(lab, CURVES)
@@ -458,7 +458,7 @@ def test_panel_app_shows_the_grid_and_a_growing_curve(lab: Lab) -> None:
     app = lab.browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
         app.goto(url)
-        for replica in ("policy[0]", "policy[1]", "trainer[0]"):
+        for replica in ("policy[0]", "trainer[0]"):
             app.wait_for_selector(f"tr[data-replica='{replica}']", timeout=120_000)  # pierces shadow roots
         app.get_by_role("button", name="resume").click()  # the lab test paused the run
         app.wait_for_selector(".forge-run-status[data-state='running']", timeout=60_000)

@@ -1,6 +1,6 @@
 """The dashboard and the inline panel app over a real quickstart Run, widget state asserted in this process.
 
-One Run (two vLLM CPU generator replicas, a trainer, torchstore) is shared by the module; tests run in
+One Run (the quickstart: a vLLM CPU generator, a trainer, torchstore) is shared by the module; tests run in
 file order, each leaves it paused, and the last one stops it with the stop button. Every check reads
 what the Run itself holds (its metrics rows, services, hparams, episodes), so nothing here is a
 stand-in: a widget that drew the wrong row, or a button that called the wrong method, fails.

@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 
 import forge_nb
-from forge_nb.config import LoopConfig
+from forge_nb.config import GeneratorConfig, LoopConfig
 from forge_nb.widgets import Dashboard
 from tests.light_actors import LightTrainer
 from tests.light_actors_noisy import ChattyGenerator
@@ -26,7 +26,8 @@ _until = waiter(timeout=30.0, interval=0.1)
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def run(tmp_path_factory):
     cfg = forge_nb.quickstart(run_dir=str(tmp_path_factory.mktemp("logs")), name="logsview", max_res_tokens=4,
-                              group_size=4, batch_size=8, loop=LoopConfig(rollout_loops=2))
+                              group_size=4, batch_size=8, loop=LoopConfig(rollout_loops=2),
+                              generator=GeneratorConfig(num_replicas=2))
     run = await forge_nb.spawn(cfg, progress=False, actors={"policy": ChattyGenerator, "trainer": LightTrainer})
     yield run
     await run.shutdown()
