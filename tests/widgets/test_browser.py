@@ -410,7 +410,7 @@ def test_jupyterlab_dashboard_renders_lists_replicas_grows_and_pauses(lab: Lab) 
     lab.dismiss_dialogs()
     for replica in ("policy[0]", "trainer[0]"):
         page.wait_for_selector(f".forge-dashboard tr[data-replica='{replica}']", timeout=60_000)
-    assert page.locator(".forge-dashboard tr[data-state='healthy']").count() >= 3
+    assert page.locator(".forge-dashboard tr[data-state='healthy']").count() >= 2
     first, later = _wait_growth(lab, CURVES)
     lab.shot("lab-dashboard-running", selector=".forge-dashboard")
 
@@ -453,7 +453,8 @@ def test_jupyterlab_dashboard_renders_lists_replicas_grows_and_pauses(lab: Lab) 
 @pytest.mark.timeout(600)
 def test_panel_app_shows_the_grid_and_a_growing_curve(lab: Lab) -> None:
     page = lab.page
-    page.wait_for_function("document.body.innerText.includes('PANEL-URL')", timeout=300_000)
+    # the cell's source holds 'PANEL-URL' too: wait for its output, the printed address
+    page.wait_for_function(r"/PANEL-URL http:\/\/127\.0\.0\.1:\d+/.test(document.body.innerText)", timeout=300_000)
     url = re.search(r"PANEL-URL (http://127\.0\.0\.1:\d+/\S*)", page.inner_text("body")).group(1)
     app = lab.browser.new_page(viewport={"width": 1400, "height": 1000})
     try:

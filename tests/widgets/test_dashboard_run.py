@@ -65,9 +65,9 @@ async def test_health_grid_lists_every_replica_of_the_run_with_its_pids_and_vers
         d.tick()
         grid = d.health.html.value
         expected = {f"{name}[{r.index}]" for name, svc in run.services.items() for r in svc.status()}
-        assert {"policy[0]", "policy[1]"} <= expected
+        assert expected == {"policy[0]", "trainer[0]"}  # the quickstart: one generator replica, the trainer
         assert _states(grid) == dict.fromkeys(expected, "healthy")
-        assert "2/2 healthy" in grid
+        assert "<b>policy</b> &mdash; 1/1 healthy" in grid
         for r in run.policy.replicas:
             assert str(r.mesh.pids[0]) in grid and r.version == run.version  # no version lag
     finally:
@@ -166,7 +166,7 @@ async def test_an_observer_error_is_shown_and_the_html_view_carries_the_numbers(
         page = d.to_html()
         assert d._repr_html_() == page
         assert "widgets" in page and f"step <b>{run.current_step}</b>" in page and "AttributeError" in page
-        assert "reward/mean" in page and "policy[1]" in page
+        assert "reward/mean" in page and "policy[0]" in page and "trainer[0]" in page
 
         from IPython.core.interactiveshell import InteractiveShell
         from IPython.display import display
