@@ -115,7 +115,7 @@ class WeightSync:
         return took
 
     def _record(self, version: int) -> None:
-        self.version = version
+        """Every healthy replica holds ``version`` (``self.version`` was set at the push)."""
         for replica in self.policy.replicas:
             if replica.healthy:
                 replica.version = version
