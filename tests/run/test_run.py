@@ -28,7 +28,10 @@ async def run(tmp_path_factory):
 
     started = time.time()
     cfg = forge_nb.quickstart(run_dir=str(tmp_path_factory.mktemp("run")))
-    run = await forge_nb.spawn(cfg, overrides={"generator.num_replicas": 2}, progress=False)  # one to kill
+    from tests.breakable import BreakableGenerator
+
+    run = await forge_nb.spawn(cfg, overrides={"generator.num_replicas": 2}, progress=False,  # one to kill
+                               actors={"policy": BreakableGenerator})  # and one engine to break
     yield run
     await run.shutdown()
     from forge_nb import runtime
@@ -236,17 +239,12 @@ async def test_all_generators_killed_the_run_is_down_then_continues(run):
 
 
 async def test_a_dead_engine_in_a_live_generator_process_is_respawned(run):
-    """vLLM's EngineCore is a child of the generator's proc: killed alone, it leaves an actor that answers
-    but cannot generate. The generator ends its process on EngineDeadError, so the service respawns it."""
-    import os
-    import signal
-
-    from tests.procs import descendants
-
+    """On CPU vLLM's engine runs inside the generator's process: when it fails (here its worker drops its
+    model, so vLLM's next step raises), the actor still answers but cannot generate. The generator ends
+    its process on the engine's death, so the service respawns it."""
     victim = run.policy.replicas[0]
     restarts = victim.restarts
-    (engine,) = [p for p, cmd in descendants(victim.mesh.pids[0]).items() if "EngineCore" in cmd]
-    os.kill(engine, signal.SIGKILL)
+    await victim.actor.break_engine.call_one()
     run.start()
     assert await _until(lambda: victim.restarts == restarts + 1 and victim.state == "healthy")
     steps = run.current_step

@@ -1,0 +1,164 @@
+"""vLLM's engine inside the Generator's own process, stepped by one thread: how the Generator runs on CPU.
+
+On GPUs the Generator uses vLLM's ``AsyncLLM``, whose EngineCore and model worker are two more processes.
+On CPU those two processes cost more than they give (issue 24, ``bench/vs_trl.py``): vLLM's CPU platform
+starts each with ``spawn``, so each imports vLLM again (~8 s apiece on two cores, most of the time from
+``%forge_spawn`` to the first step), and both busy-wait (``sched_yield``) for a second after every message
+they exchange, taking a core the trainer needs. :class:`InprocEngine` runs vLLM's ``LLMEngine`` with
+its in-process client and the ``uni`` executor instead, so engine core, scheduler and model all live in
+the actor's process, and gives the Generator the few ``AsyncLLM`` calls it makes: ``generate``,
+``collective_rpc``, ``reset_prefix_cache``, ``shutdown``, ``model_config`` and ``renderer``.
+
+``LLMEngine`` is not thread-safe and its ``step()`` blocks, so one thread owns it: the actor's event loop
+hands it work through a queue (add a request, abort one, run a worker method, drop the prefix cache) and
+the thread steps the engine while any request is unfinished, resolving each request's future on the
+actor's loop when it finishes. When nothing is unfinished the thread sleeps on the queue: no busy-wait.
+
+Considered: ``AsyncLLM`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (it always starts an EngineCore process
+in vLLM 0.32), and vLLM's ``LLM`` class (its ``generate`` takes a whole batch and returns when all of it
+is done; the rollout loops submit groups one by one and must not wait for each other).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+#: What the thread is handed: a function to run on the engine, and the future that gets its result.
+_Work = tuple[Callable[[], Any], asyncio.Future | None]
+
+
+class EngineStopped(RuntimeError):
+    """The in-process engine failed or was shut down; the Generator treats it as a dead engine."""
+
+
+class InprocEngine:
+    """The ``AsyncLLM`` calls the Generator uses, on an ``LLMEngine`` stepped by a thread of this process."""
+
+    def __init__(self) -> None:
+        self._engine: Any = None
+        self.model_config: Any = None
+        self.renderer: Any = None
+        self._loop = asyncio.get_running_loop()
+        self._work: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        self._finals: dict[str, asyncio.Future] = {}  # request id -> its final RequestOutput
+        self._ids = itertools.count()
+        self._dead: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    async def start(cls, engine_args: Any) -> InprocEngine:
+        """Build the engine on its thread (tens of seconds for a hub model) and start stepping it there."""
+        engine = cls()
+        built = engine._loop.create_future()
+        engine._thread = threading.Thread(target=engine._serve, args=(engine_args, built),
+                                          name="forge_nb.vllm-engine", daemon=True)
+        engine._thread.start()
+        await built
+        return engine
+
+    async def generate(self, engine_input: Any, params: Any, request_id: str) -> AsyncIterator[Any]:
+        """Yield the request's final output (the Generator asks for final outputs only)."""
+        final = self._loop.create_future()
+        request_id = f"{request_id}-{next(self._ids)}"
+        self._finals[request_id] = final
+        try:
+            await self._call(lambda: self._engine.add_request(request_id, engine_input, params))
+            yield await final
+        finally:
+            if not final.done():  # cancelled by the caller: the engine stops working on it
+                self._finals.pop(request_id, None)
+                self._work.put((lambda: self._engine.abort_request([request_id]), None))
+
+    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = ()) -> list[Any]:
+        return await self._call(lambda: self._engine.collective_rpc(method, timeout=timeout, args=args))
+
+    async def reset_prefix_cache(self) -> bool:
+        return await self._call(self._engine.reset_prefix_cache)
+
+    def shutdown(self) -> None:
+        """Stop the thread after what it is doing, then the engine."""
+        self._work.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        if self._engine is not None:
+            self._engine.engine_core.shutdown()
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        if self._dead is not None:
+            raise EngineStopped(f"the vLLM engine stopped: {self._dead!r}") from self._dead
+        done = self._loop.create_future()
+        self._work.put((fn, done))
+        return await done
+
+    def _build(self, engine_args: Any) -> None:
+        import torch
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        # One thread builds and steps the engine: OpenMP's thread count is per thread, and vLLM's CPU
+        # attention checks that the count its metadata was built with is the one it runs with. vLLM's
+        # multiprocess executor gives its worker every core but one (kept for the EngineCore process);
+        # here that core is left to the rest of the machine (the trainer, on two cores).
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read by from_engine_args: the in-process client
+        engine_args.distributed_executor_backend = "uni"  # the model runs in this process, not a worker
+        self._engine = LLMEngine.from_engine_args(engine_args, enable_multiprocessing=False)
+        self.model_config = self._engine.model_config
+        self.renderer = self._engine.renderer
+
+    def _serve(self, engine_args: Any, built: asyncio.Future) -> None:
+        try:
+            self._build(engine_args)
+        except BaseException as e:
+            self._settle(built, e)
+            return
+        self._settle(built, None)
+        try:
+            while True:
+                busy = self._engine.has_unfinished_requests()
+                try:
+                    item = self._work.get(block=not busy)
+                    while True:  # everything handed over so far, before the next engine step
+                        if item is None:
+                            return
+                        self._run(*item)
+                        item = self._work.get_nowait()
+                except queue.Empty:
+                    pass
+                if self._engine.has_unfinished_requests():
+                    for output in self._engine.step():
+                        if output.finished:
+                            self._settle(self._finals.pop(output.request_id, None), output)
+        except BaseException as e:  # a failed step: every waiting request learns the engine is gone
+            self._dead = e
+            for final in list(self._finals.values()):
+                self._settle(final, EngineStopped(f"the vLLM engine stopped: {e!r}"))
+            self._finals.clear()
+
+    def _run(self, fn: Callable[[], Any], done: asyncio.Future | None) -> None:
+        try:
+            result: Any = fn()
+        except Exception as e:
+            result = e
+            if done is None:
+                return
+        self._settle(done, result)
+
+    def _settle(self, future: asyncio.Future | None, result: Any) -> None:
+        if future is None:
+            return
+
+        def settle() -> None:
+            if future.done():
+                return
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+        self._loop.call_soon_threadsafe(settle)
