@@ -8,6 +8,7 @@ shut down and the error names the service and says what went wrong: nothing spaw
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import shutil
@@ -129,15 +130,20 @@ def _check_gpus(cfg: RunConfig) -> None:
 async def _bring_up(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | None, progress: bool,
                     actors: dict[str, type]) -> Run:
     task = make_task(cfg)
-    model = _model_path(cfg, task, directory)
-    pad_id = _pad_id(model)
     runtime.ensure_started()
     remove_leftovers()  # of runs killed before (a kernel restart): engine segments, sockets, weight files
     sync = WeightSync(weights.namespace_for(cfg.name))
-    await sync.open()  # this run's key namespace and torchstore lease, before anything is spawned
+    # This run's key namespace and torchstore lease, before anything is spawned; the store's processes
+    # start while a thread builds the tiny model (or resolves the hub id): ~2 s of the spawn on 2 cores.
+    opening = asyncio.ensure_future(sync.open())
     try:
+        model = await asyncio.to_thread(_model_path, cfg, task, directory)
+        pad_id = _pad_id(model)
+        await opening
         return await _start_services(cfg, directory, episode_fn, progress, task, model, pad_id, sync, actors)
     except BaseException:  # nothing of a failed spawn stays behind (its started services are already down)
+        with contextlib.suppress(Exception):  # the error that stopped the spawn is the one to report
+            await opening
         await sync.close()
         raise
 

@@ -48,7 +48,8 @@ class InprocEngine:
         self._work: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
         self._finals: dict[str, asyncio.Future] = {}  # request id -> its final RequestOutput
         self._ids = itertools.count()
-        self._dead: BaseException | None = None
+        self._dead: EngineStopped | None = None
+        self._lock = threading.Lock()  # _dead is set and the queue drained together
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -90,10 +91,11 @@ class InprocEngine:
             self._engine.engine_core.shutdown()
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
-        if self._dead is not None:
-            raise EngineStopped(f"the vLLM engine stopped: {self._dead!r}") from self._dead
         done = self._loop.create_future()
-        self._work.put((fn, done))
+        with self._lock:
+            if self._dead is not None:
+                raise EngineStopped(str(self._dead))
+            self._work.put((fn, done))
         return await done
 
     def _build(self, engine_args: Any) -> None:
@@ -119,26 +121,39 @@ class InprocEngine:
             return
         self._settle(built, None)
         try:
-            while True:
-                busy = self._engine.has_unfinished_requests()
-                try:
-                    item = self._work.get(block=not busy)
-                    while True:  # everything handed over so far, before the next engine step
-                        if item is None:
-                            return
-                        self._run(*item)
-                        item = self._work.get_nowait()
-                except queue.Empty:
-                    pass
-                if self._engine.has_unfinished_requests():
-                    for output in self._engine.step():
-                        if output.finished:
-                            self._settle(self._finals.pop(output.request_id, None), output)
-        except BaseException as e:  # a failed step: every waiting request learns the engine is gone
-            self._dead = e
+            self._step_until_shutdown()
+            error = EngineStopped("the vLLM engine was shut down")
+        except BaseException as e:  # a failed step (the Generator then ends its process)
+            error = EngineStopped(f"the vLLM engine stopped: {type(e).__name__}: {e}")
+        with self._lock:  # every request waiting, and all work handed over and not run, learns it
+            self._dead = error
             for final in list(self._finals.values()):
-                self._settle(final, EngineStopped(f"the vLLM engine stopped: {e!r}"))
+                self._settle(final, error)
             self._finals.clear()
+            while True:
+                try:
+                    item = self._work.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    self._settle(item[1], error)
+
+    def _step_until_shutdown(self) -> None:
+        while True:
+            busy = self._engine.has_unfinished_requests()
+            try:
+                item = self._work.get(block=not busy)  # idle: sleep until work arrives
+                while True:  # everything handed over so far, before the next engine step
+                    if item is None:
+                        return
+                    self._run(*item)
+                    item = self._work.get_nowait()
+            except queue.Empty:
+                pass
+            if self._engine.has_unfinished_requests():
+                for output in self._engine.step():
+                    if output.finished:
+                        self._settle(self._finals.pop(output.request_id, None), output)
 
     def _run(self, fn: Callable[[], Any], done: asyncio.Future | None) -> None:
         try:
