@@ -3,7 +3,7 @@
 First, side by side: ``--calls`` EchoEnv steps through an ``EnvPool`` service (one replica, the calls of a
 trajectory in a sticky session, as ``multi_turn_episode`` makes them) against the same environment object
 called in this process, in alternating blocks. Then the example notebook's run (``multi_turn_echo``: the tiny
-model, 2 vLLM CPU generator replicas, EchoEnv with 3 turns served by 2 replicas) trains ``--steps`` steps.
+model, one vLLM CPU generator replica, EchoEnv with 3 turns served by 2 replicas) trains ``--steps`` steps.
 
     RESULT env_step_overhead_ratio <service p50 / in-process p50 of one step>
     RESULT env_step_ms_p50 <one step through the service, milliseconds>

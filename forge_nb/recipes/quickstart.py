@@ -23,11 +23,11 @@ def quickstart(**overrides: Any) -> RunConfig:
     the only gradient left, Adam scales it up, and solved letters were knocked back to 0 (0.05 and 0.1 each
     left a letter unsolved on seed 0).
 
-    Why one generator replica and four rollout loops (``bench/vs_trl.py``, issue 24): on two cores a
-    replica is three processes (the actor, vLLM's EngineCore and its worker, the last two busy-waiting for a
-    second after every message) and a weight load each step; two replicas trained 8.0 steps/s, one 12.8
-    (same session, the generators loading while the next step trains). Four rollout loops keep four groups
-    in the one engine's batch. Replicas are one setting away: ``%forge_spawn quickstart --replicas 2``.
+    Why one generator replica and four rollout loops (``bench/vs_trl.py``, issue 24): on two cores each
+    replica takes a share of the CPU the trainer needs and loads every version; with the engine in the
+    generator's process (session 19) two replicas trained 13.7 steps/s, one 20.4 (same session, seed 0;
+    with vLLM's EngineCore and worker processes it was 8.0 against 12.8). Four rollout loops keep four
+    groups in the one engine's batch. Replicas are one setting away: ``%forge_spawn quickstart --replicas 2``.
     """
     fields: dict[str, Any] = dict(
         name="quickstart",
