@@ -10,15 +10,15 @@ pickling and unpickling them with torch's own tensor pickling took 0.42 s for th
 What arrives is a plain :class:`~forge_nb.rl.types.Completion`.
 
 :class:`TorchstoreWeightLoader` loads a policy version inside the engine's worker process. vLLM runs
-the model in a worker of its own (the CPU platform always uses the multiprocess executor), two
-processes below the Generator actor; ``worker_extension_cls`` mixes this class into vLLM's worker, and
-``engine.collective_rpc("forge_nb_load_version", ...)`` calls it there. The tensors never travel
-through vLLM's RPC: only a ~2 KB pickled reference to the kernel's torchstore controller does, and the
-worker fetches the weights itself. Why a reference and not ``torchstore.client()``: the worker is not a
-monarch process, so its first monarch call creates a fresh root context whose
-``get_or_spawn_controller`` would spawn an *empty* controller of its own; given the kernel's
-controller reference, that same context reaches the kernel's controller and storage volumes
-(measured with torchmonarch 0.7 and torchstore 0.1.2). Monarch futures need an event loop and vLLM
+the model in a worker: on GPUs (``AsyncLLM``) a process of its own, two below the Generator actor; on
+CPU inside the actor's process (:mod:`forge_nb.actors._vllm_inproc`). ``worker_extension_cls`` mixes
+this class into vLLM's worker, and ``engine.collective_rpc("forge_nb_load_version", ...)`` calls it
+there. The tensors never travel through vLLM's RPC: only a ~2 KB pickled reference to the kernel's
+torchstore controller does, and the worker fetches the weights itself. Why a reference and not
+``torchstore.client()``: a worker process is not a monarch process, so its first monarch call creates
+a fresh root context whose ``get_or_spawn_controller`` would spawn an *empty* controller of its own;
+given the kernel's controller reference, that same context reaches the kernel's controller and storage
+volumes (measured with torchmonarch 0.7 and torchstore 0.1.2). Monarch futures need an event loop and vLLM
 calls the worker synchronously, so a daemon thread owns one loop for the life of the process.
 
 vLLM is imported inside functions: the kernel imports this module (through the Generator class)

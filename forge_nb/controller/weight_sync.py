@@ -19,19 +19,23 @@ load of ``v`` runs in the background while the trainer starts its next step, and
 (or ``settle()``) waits for it first. At most one load is in flight and versions load in order. On two
 CPU cores the load (fetch, reload into vLLM, its RPCs: ~70 ms of a ~130 ms quickstart step) was the
 largest part of a step; the trainer needs none of it to train on episodes that may be
-``max_policy_age`` versions old anyway. ``bench/vs_trl.py`` measures the effect.
+``max_policy_age`` versions old anyway. ``bench/vs_trl.py`` measures the effect. Deleting the older
+versions after a load (store RPCs, ~10 ms on two busy cores) runs in the background in either mode:
+the next push does not wait for it, ``settle()`` does, so a parked run holds one version.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import Counter
 from typing import Any
 
 from forge_nb import weights
 
+logger = logging.getLogger(__name__)
 _live_namespaces: set[str] = set()  # of the WeightSyncs open in this kernel
 
 
@@ -47,6 +51,8 @@ class WeightSync:
         self._pinned: Counter[int] = Counter()
         self._open = False
         self._loading: asyncio.Future[float] | None = None  # the generators' load of ``version``, overlapped
+        self._dropping: asyncio.Future[None] | None = None  # the older versions' deletion after a load
+        self._pushing: int | None = None  # the version being pushed: in the store before ``version`` names it
 
     async def open(self) -> None:
         """Take the run's torchstore lease and its namespace (one run per namespace in a kernel)."""
@@ -69,6 +75,8 @@ class WeightSync:
         _live_namespaces.discard(self.namespace)
         with contextlib.suppress(Exception):  # a failed load does not keep the versions in the store
             await self.settle()
+        if self._dropping is not None:  # after a failed load settle() raised before waiting for it
+            await asyncio.shield(self._dropping)
         try:
             for version in await weights.stored_versions(namespace=self.namespace):
                 await weights.drop_version(version, namespace=self.namespace)
@@ -82,9 +90,13 @@ class WeightSync:
         timings: the push, and the generators' load of this version, or with ``overlap`` of the previous
         one if it was still in flight. A ``ReplicaDied`` from the push propagates (nothing was
         recorded), as does an error of the previous overlapped load."""
-        timings = await self.settle()
+        timings = await self._settle_load()
         t0 = time.perf_counter()
-        await self.trainer.push_weights.call(version)
+        self._pushing = version
+        try:
+            await self.trainer.push_weights.call(version)
+        finally:
+            self._pushing = None
         timings["time/push_s"] = time.perf_counter() - t0
         self.version = version
         if overlap:
@@ -95,8 +107,14 @@ class WeightSync:
         return timings
 
     async def settle(self) -> dict[str, float]:
-        """Wait for an overlapped load to finish (its timing; empty when none was in flight); its error
-        is raised here. Cancelling the caller does not cancel the load."""
+        """Wait for an overlapped load to finish (its timing; empty when none was in flight; its error
+        is raised here), then for the older versions' deletion. Cancelling the caller cancels neither."""
+        timings = await self._settle_load()
+        if self._dropping is not None:
+            await asyncio.shield(self._dropping)
+        return timings
+
+    async def _settle_load(self) -> dict[str, float]:
         if self._loading is None:
             return {}
         try:
@@ -111,8 +129,16 @@ class WeightSync:
         await self.policy.update_weights.fanout(version)
         self._record(version)
         took = time.perf_counter() - t0
-        await self.drop_old()
+        # Deleting the older versions (four store RPCs) is no part of the load the next push waits for.
+        if self._dropping is None or self._dropping.done():
+            self._dropping = asyncio.ensure_future(self._drop_quietly())
         return took
+
+    async def _drop_quietly(self) -> None:
+        try:
+            await self.drop_old()
+        except Exception as e:  # the next load's deletion tries again; close() drops everything
+            logger.warning("dropping old weight versions of %s failed: %s: %s", self.namespace, type(e).__name__, e)
 
     def _record(self, version: int) -> None:
         """Every healthy replica holds ``version`` (``self.version`` was set at the push)."""
@@ -123,7 +149,7 @@ class WeightSync:
     async def drop_old(self) -> None:
         """Keep only the current version (and any a catching-up generator is loading)."""
         for version in await weights.stored_versions(namespace=self.namespace):
-            if version != self.version and self._pinned[version] <= 0:
+            if version not in (self.version, self._pushing) and self._pinned[version] <= 0:
                 await weights.drop_version(version, namespace=self.namespace)
 
     async def catch_up(self, replica: Any) -> None:
