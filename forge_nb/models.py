@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PAD, EOS = "<pad>", "<eos>"
+TINY_PAD_ID = 0  #: the tiny tokenizer's id of PAD (EOS is 1, then the alphabet)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -92,7 +93,7 @@ def build_tiny_model(path: str | os.PathLike[str], config: TinyModelConfig | Non
 def _char_tokenizer(alphabet: str):  # -> tokenizers.Tokenizer
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = {PAD: 0, EOS: 1} | {ch: i + 2 for i, ch in enumerate(alphabet)}
+    vocab = {PAD: TINY_PAD_ID, EOS: TINY_PAD_ID + 1} | {ch: i + 2 for i, ch in enumerate(alphabet)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     tok.decoder = decoders.Fuse()

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from forge_nb.config import (
     trainer_hparam_sections,
 )
 from forge_nb.controller import WeightSync
-from forge_nb.models import TinyModelConfig, build_tiny_model, resolve_model
+from forge_nb.models import TINY_PAD_ID, TinyModelConfig, build_tiny_model, resolve_model
 from forge_nb.run import EpisodeFn, Run
 from forge_nb.rundir import RunDir
 
@@ -130,26 +131,32 @@ def _check_gpus(cfg: RunConfig) -> None:
 async def _bring_up(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | None, progress: bool,
                     actors: dict[str, type]) -> Run:
     task = make_task(cfg)
+    model, pad_id, build = _model_source(cfg, task, directory)
     runtime.ensure_started()
     remove_leftovers()  # of runs killed before (a kernel restart): engine segments, sockets, weight files
     sync = WeightSync(weights.namespace_for(cfg.name))
-    # This run's key namespace and torchstore lease, before anything is spawned; the store's processes
-    # start while a thread builds the tiny model (or resolves the hub id): ~2 s of the spawn on 2 cores.
+    # This run's key namespace and torchstore lease, before anything is spawned. Meanwhile a thread writes
+    # the tiny model, and the services' processes start (the generators import vLLM) while it does: their
+    # setup, which loads the model, waits for it (issue 24: ~3 s of a ~15 s spawn on two cores).
     opening = asyncio.ensure_future(sync.open())
+    written = asyncio.ensure_future(asyncio.to_thread(build))
     try:
-        model = await asyncio.to_thread(_model_path, cfg, task, directory)
-        pad_id = _pad_id(model)
         await opening
-        return await _start_services(cfg, directory, episode_fn, progress, task, model, pad_id, sync, actors)
+        return await _start_services(cfg, directory, episode_fn, progress, task, model, pad_id, written, sync,
+                                     actors)
     except BaseException:  # nothing of a failed spawn stays behind (its started services are already down)
-        with contextlib.suppress(Exception):  # the error that stopped the spawn is the one to report
-            await opening
+        for started in (opening, written):
+            with contextlib.suppress(BaseException):  # the error that stopped the spawn is the one to report
+                await started
         await sync.close()
+        if written.done() and not written.cancelled() and written.exception() is not None:
+            raise written.exception() from None  # the model could not be written: that is the cause
         raise
 
 
 async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | None, progress: bool,
-                          task: Any, model: str, pad_id: int, sync: WeightSync, actors: dict[str, type]) -> Run:
+                          task: Any, model: str, pad_id: int, written: asyncio.Future[Any], sync: WeightSync,
+                          actors: dict[str, type]) -> Run:
     from forge_nb.actors.generator import Generator
     from forge_nb.actors.reference_model import ReferenceModel
     from forge_nb.actors.trainer import RLTrainer
@@ -163,25 +170,26 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
     engine_args = {"max_model_len": cfg.max_req_tokens + cfg.max_res_tokens + 8, "seed": cfg.seed,
                    **cfg.generator.engine_args}
     starts: dict[str, Any] = {
-        "policy": Generator.options(num_replicas=cfg.generator.num_replicas, procs=cfg.generator.procs,
-                                    with_gpus=cfg.generator.with_gpus, hosts=cfg.generator.hosts,
-                                    mesh_name=f"{cfg.name}-policy", log_dir=logs)
-        .as_service(model=model, engine_args=engine_args, sampling_params=sampling,
-                    weights_namespace=sync.namespace),
-        "trainer": RLTrainer.options(procs=cfg.trainer.procs, with_gpus=cfg.trainer.with_gpus, hosts=cfg.trainer.hosts,
-                                     mesh_name=f"{cfg.name}-trainer", log_dir=logs)
-        .as_actor(model=model, pad_id=pad_id, **trainer_actor_kwargs(
-            cfg, checkpoint_folder=str(directory.checkpoints), weights_namespace=sync.namespace)),
+        "policy": _start(Generator.options(num_replicas=cfg.generator.num_replicas, procs=cfg.generator.procs,
+                                           with_gpus=cfg.generator.with_gpus, hosts=cfg.generator.hosts,
+                                           mesh_name=f"{cfg.name}-policy", log_dir=logs),
+                         written, {"model": model, "engine_args": engine_args, "sampling_params": sampling,
+                                   "weights_namespace": sync.namespace}),
+        "trainer": _start(RLTrainer.options(procs=cfg.trainer.procs, with_gpus=cfg.trainer.with_gpus,
+                                            hosts=cfg.trainer.hosts, mesh_name=f"{cfg.name}-trainer", log_dir=logs),
+                          written, {"model": model, "pad_id": pad_id, **trainer_actor_kwargs(
+                              cfg, checkpoint_folder=str(directory.checkpoints), weights_namespace=sync.namespace)},
+                          actor=True),
     }
     if cfg.use_reference:
         ref = cfg.reference
         with_gpus = cfg.trainer.with_gpus if ref.with_gpus is None else ref.with_gpus
         ref_training = {"temperature": cfg.sampling().temperature, **ref.extra.get("training", {})}
-        starts["ref_model"] = ReferenceModel.options(
+        starts["ref_model"] = _start(ReferenceModel.options(
             num_replicas=ref.num_replicas, procs=ref.procs, with_gpus=with_gpus, mesh_name=f"{cfg.name}-ref",
             hosts=cfg.trainer.hosts if ref.hosts is None else ref.hosts,
             log_dir=logs,
-        ).as_service(model=model, **{**ref.extra, "training": ref_training})
+        ), written, {"model": model, **ref.extra, "training": ref_training})
     services = await _start_all(starts, progress)
     try:
         reported = (await services["trainer"].info.call())[0]["hparams"]
@@ -194,6 +202,14 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
         for service in services.values():
             await service.shutdown()
         raise
+
+
+def _start(configured: Any, written: asyncio.Future[Any], kwargs: dict[str, Any], *, actor: bool = False) -> Any:
+    """``configured.as_service(**kwargs)`` (``.as_actor`` with ``actor``), whose replicas' processes start
+    now and their setup once ``written`` (the model) is done."""
+    from forge_nb.service.service import ActorHandle, Service
+
+    return (ActorHandle if actor else Service).start(configured, configured._options, (), kwargs, setup_after=written)
 
 
 async def _start_all(starts: dict[str, Any], progress: bool) -> dict[str, Any]:
@@ -242,14 +258,16 @@ def make_task(cfg: RunConfig) -> Any:
     raise ValueError(f"task={cfg.task!r}: use 'toy', 'gsm8k', or 'package.module:function' returning a task")
 
 
-def _model_path(cfg: RunConfig, task: Any, directory: RunDir) -> str:
+def _model_source(cfg: RunConfig, task: Any, directory: RunDir) -> tuple[str, int, Callable[[], Any]]:
+    """The model's path, its pad token id, and what writes it there (nothing for a hub id or a folder)."""
     if cfg.model != "tiny":
-        return resolve_model(cfg.model)
+        model = resolve_model(cfg.model)
+        return model, _pad_id(model), lambda: None
     tiny = cfg.tiny or TinyModelConfig(alphabet=getattr(task, "alphabet", TinyModelConfig().alphabet))
     missing = set(getattr(task, "alphabet", "")) - set(tiny.alphabet)
     if missing:
         raise ValueError(f"tiny.alphabet={tiny.alphabet!r} lacks the task's characters {sorted(missing)}")
-    return str(build_tiny_model(directory.model, tiny))
+    return str(directory.model), TINY_PAD_ID, lambda: build_tiny_model(directory.model, tiny)
 
 
 def _pad_id(model: str) -> int:

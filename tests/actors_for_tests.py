@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 from monarch.actor import Actor, endpoint
 
@@ -344,3 +345,20 @@ class SlowEchoEnv:
     async def step(self, action):
         await asyncio.sleep(self.delay_s)
         return self.env.step(action)
+
+
+from forge_nb.actors.generator import Generator  # noqa: E402
+
+
+def _drop_model(worker: Any) -> None:
+    worker.model_runner.model = None
+
+
+class BreakableGenerator(Generator):
+    """A Generator whose vLLM engine a test breaks from outside: ``break_engine()`` asks the engine's
+    worker (in the actor's process on CPU) to drop its model, so vLLM's next step raises inside vLLM
+    itself, the failure the Generator must survive by ending its process (the service respawns it)."""
+
+    @endpoint
+    async def break_engine(self) -> None:
+        await self._require_engine("break_engine").collective_rpc(_drop_model)

@@ -34,6 +34,7 @@ import logging
 import os
 import pickle
 import shutil
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,12 +161,17 @@ class Generator(ForgeActor):
         self._gate = asyncio.Condition()
         self._update_lock = asyncio.Lock()
         self._ids = itertools.count()
+        # vLLM's import (~5 s on two cores) starts with the process: a run's spawn starts the generators'
+        # processes while the kernel still writes the model their setup() loads (Service.start's setup_after).
+        self._preload = threading.Thread(target=_import_vllm, name="forge_nb.vllm-import", daemon=True)
+        self._preload.start()
 
     @endpoint
     async def setup(self) -> None:
         """Resolve the model and start the vLLM engine (tens of seconds; once per actor)."""
         if self._engine is not None:
             return
+        await asyncio.to_thread(self._preload.join)  # vLLM's modules are imported by one thread at a time
         import torch
 
         from forge_nb import weights
@@ -325,6 +331,17 @@ class Generator(ForgeActor):
 
 
 Policy = Generator
+
+
+def _import_vllm() -> None:
+    """Import the vLLM modules setup() needs (an error is left for setup's own import to raise)."""
+    import importlib
+
+    for module in ("vllm.v1.engine.llm_engine", "vllm.v1.engine.async_llm", "vllm.renderers.inputs.preprocess"):
+        try:
+            importlib.import_module(module)
+        except Exception:
+            return
 
 
 def _prompt(prompt: Any) -> str | list[int]:

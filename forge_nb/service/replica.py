@@ -76,6 +76,7 @@ class Replica:
         self._cls, self._options, self._args, self._kwargs = actor_cls, options, args, kwargs
         self._on_state = on_state
         self.catch_up: Callable[[Replica], Awaitable[None]] | None = None
+        self.setup_after: asyncio.Future[Any] | None = None  # the first setup waits for it (Service.start)
         self.state = "starting"
         self.mesh: runtime.Mesh | None = None
         self.actor: Any = None
@@ -114,6 +115,9 @@ class Replica:
         self.actor = self.mesh.spawn(self._cls.__name__.lower(), self._cls.spawn_class(),
                                      *self._args, **self._kwargs)
         try:
+            if self.setup_after is not None:  # e.g. the model setup loads, still being written by the kernel
+                await self._race(asyncio.shield(self.setup_after), timeout=None)
+                self.setup_after = None
             await self._race(self.actor.setup.call(), timeout=None)
         except ActorError as e:  # __init__ or setup raised: the user's exception, as it was raised
             exc = e.exception

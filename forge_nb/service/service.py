@@ -86,12 +86,13 @@ class Service:
 
     @classmethod
     async def start(cls, actor_cls: ActorClass, options: Options, args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> Service:
+                    kwargs: dict[str, Any], *, setup_after: asyncio.Future[Any] | None = None) -> Service:
         """Spawn every replica concurrently; if any fails to start, stop them all and raise its error.
 
         GPUs for every replica are checked first. The service leases the runtime, and a class that moves
         weights (``needs_store``) leases the kernel's torchstore too (starting it if it is down: the
-        documents' code never starts it itself), both until ``shutdown``."""
+        documents' code never starts it itself), both until ``shutdown``. ``setup_after``: the replicas'
+        processes and actors start at once, their ``setup`` once it is done (its error fails the start)."""
         cluster.check(options.hosts, actor_cls.__name__)
         if options.with_gpus:
             runtime.check_gpus(options.procs * options.num_replicas,
@@ -106,6 +107,8 @@ class Service:
         except BaseException:
             await svc._release()
             raise
+        for replica in svc.replicas:
+            replica.setup_after = setup_after
         results = await asyncio.gather(*(r.start() for r in svc.replicas), return_exceptions=True)
         errors = [(r, e) for r, e in zip(svc.replicas, results, strict=True) if isinstance(e, BaseException)]
         if errors:
@@ -295,8 +298,8 @@ class ActorHandle(Service):
 
     @classmethod
     async def start(cls, actor_cls: ActorClass, options: Options, args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> ActorHandle:
-        handle = await super().start(actor_cls, options, args, kwargs)
+                    kwargs: dict[str, Any], *, setup_after: asyncio.Future[Any] | None = None) -> ActorHandle:
+        handle = await super().start(actor_cls, options, args, kwargs, setup_after=setup_after)
         assert isinstance(handle, ActorHandle)
         return handle
 

@@ -28,7 +28,7 @@ async def run(tmp_path_factory):
 
     started = time.time()
     cfg = forge_nb.quickstart(run_dir=str(tmp_path_factory.mktemp("run")))
-    from tests.breakable import BreakableGenerator
+    from tests.actors_for_tests import BreakableGenerator
 
     run = await forge_nb.spawn(cfg, overrides={"generator.num_replicas": 2}, progress=False,  # one to kill
                                actors={"policy": BreakableGenerator})  # and one engine to break

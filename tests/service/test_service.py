@@ -270,3 +270,31 @@ async def test_shutdown_leaves_no_process(runtime):
     await svc.shutdown()
     assert await _until(lambda: not any(pid_alive(p) for p in pids), timeout=15)
     assert [r.state for r in svc.replicas] == ["stopped", "stopped"]
+
+
+async def test_setup_after_starts_the_processes_first_and_setup_once_it_is_done(runtime):
+    """What a run's spawn does while the kernel still writes the model: the replicas' processes and actors
+    start at once, their setup waits for the future; a failed future fails the start and stops them all."""
+    from forge_nb.service.service import Service
+
+    configured = Worker.options(num_replicas=2, **FAST)
+    ready = asyncio.get_running_loop().create_future()
+    starting = asyncio.ensure_future(Service.start(configured, configured._options, (), {}, setup_after=ready))
+    assert await _until(lambda: len(runtime.meshes()) == 2)  # both processes are up before the future is done
+    await asyncio.sleep(0.5)
+    assert not starting.done()  # ... and no replica ran its setup
+    ready.set_result(None)
+    svc = await starting
+    try:
+        assert await svc.get_setups.fanout() == [1, 1]
+    finally:
+        await svc.shutdown()
+
+    broken = asyncio.get_running_loop().create_future()
+    starting = asyncio.ensure_future(Service.start(configured, configured._options, (), {}, setup_after=broken))
+    assert await _until(lambda: len(runtime.meshes()) == 2)
+    pids = [p for m in runtime.meshes() for p in m.pids]
+    broken.set_exception(FileNotFoundError("the model was never written"))
+    with pytest.raises(Exception, match="the model was never written"):
+        await starting
+    assert runtime.meshes() == [] and not [p for p in pids if pid_alive(p)]
