@@ -23,7 +23,7 @@ def test_the_multi_turn_notebook_learns_its_environment(tmp_path, monkeypatch):
     rows = [json.loads(line) for line in (Path(result["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
     assert len(rewards) >= 300
-    # a step's mean is over 16 trajectories (two groups): the end is judged over 25 steps, 400 trajectories
+    # a step's mean is over 32 trajectories (four groups): the end is judged over 25 steps, 800 trajectories
     first, last = sum(rewards[:10]) / 10, sum(rewards[-25:]) / 25
     assert first <= 0.2 and last >= 0.8, (first, last)
     assert all(r["turns/mean"] == 3 for r in rows if "turns/mean" in r)  # EchoEnv's 3 turns, every episode
