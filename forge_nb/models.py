@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,13 +48,23 @@ CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor 
 """The tiny tokenizer's chat template: the messages' contents, one after the other."""
 
 
+#: Held around the kernel's use of transformers: its lazy module is not safe to import from two threads at
+#: once (two spawns side by side each build their model in a thread; the second import failed with "cannot
+#: import name 'PreTrainedTokenizerFast'").
+TRANSFORMERS_LOCK = threading.Lock()
+
+
 def build_tiny_model(path: str | os.PathLike[str], config: TinyModelConfig | None = None) -> Path:
-    """Write a randomly initialised tiny Qwen3 and its tokenizer to ``path`` (reused if present)."""
+    """Write a randomly initialised tiny Qwen3 and its tokenizer to ``path`` (reused if present); safe to
+    call from several threads at once."""
+    with TRANSFORMERS_LOCK:
+        return _build_tiny_model(Path(path), config or TinyModelConfig())
+
+
+def _build_tiny_model(path: Path, config: TinyModelConfig) -> Path:
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-    config = config or TinyModelConfig()
-    path = Path(path)
     stamp = path / "forge_nb_tiny.json"
     wanted = json.dumps({f: getattr(config, f) for f in config.__slots__}, sort_keys=True)
     if stamp.exists() and stamp.read_text() == wanted:

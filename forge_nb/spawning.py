@@ -30,7 +30,7 @@ from forge_nb.config import (
     trainer_hparam_sections,
 )
 from forge_nb.controller import WeightSync
-from forge_nb.models import TINY_PAD_ID, TinyModelConfig, build_tiny_model, resolve_model
+from forge_nb.models import TINY_PAD_ID, TRANSFORMERS_LOCK, TinyModelConfig, build_tiny_model, resolve_model
 from forge_nb.run import EpisodeFn, Run
 from forge_nb.rundir import RunDir
 
@@ -271,9 +271,10 @@ def _model_source(cfg: RunConfig, task: Any, directory: RunDir) -> tuple[str, in
 
 
 def _pad_id(model: str) -> int:
-    from transformers import AutoTokenizer
+    with TRANSFORMERS_LOCK:  # another spawn may be building its tiny model in a thread
+        from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model)
+        tok = AutoTokenizer.from_pretrained(model)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     if pad is None:
         raise ValueError(f"the tokenizer of {model!r} has neither a pad nor an eos token")
