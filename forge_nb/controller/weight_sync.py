@@ -75,8 +75,6 @@ class WeightSync:
         _live_namespaces.discard(self.namespace)
         with contextlib.suppress(Exception):  # a failed load does not keep the versions in the store
             await self.settle()
-        if self._dropping is not None:  # after a failed load settle() raised before waiting for it
-            await asyncio.shield(self._dropping)
         try:
             for version in await weights.stored_versions(namespace=self.namespace):
                 await weights.drop_version(version, namespace=self.namespace)
@@ -109,10 +107,11 @@ class WeightSync:
     async def settle(self) -> dict[str, float]:
         """Wait for an overlapped load to finish (its timing; empty when none was in flight; its error
         is raised here), then for the older versions' deletion. Cancelling the caller cancels neither."""
-        timings = await self._settle_load()
-        if self._dropping is not None:
-            await asyncio.shield(self._dropping)
-        return timings
+        try:
+            return await self._settle_load()
+        finally:  # after a failed load too: close() then drops what is left
+            if self._dropping is not None:
+                await asyncio.shield(self._dropping)
 
     async def _settle_load(self) -> dict[str, float]:
         if self._loading is None:
