@@ -67,10 +67,10 @@ from forge_nb._weights_shm import (
 from forge_nb.leases import Shared
 
 __all__ = [
-    "PREFIX", "SPARES", "STORE", "LoadedVersion", "check_namespace", "drop_version", "initialize_store",
-    "lease_store", "load_state_dict", "namespace_for", "open_version", "push_state_dict", "release_store",
-    "remove_orphaned_shm", "shm_root", "shutdown_store", "store_holders", "store_running", "stored_dtype",
-    "stored_versions", "weights_key",
+    "PREFIX", "SPARES", "STORE", "LoadedVersion", "check_namespace", "drop_version", "handed_version",
+    "initialize_store", "lease_store", "load_state_dict", "namespace_for", "open_version", "push_state_dict",
+    "release_store", "remove_orphaned_shm", "shm_root", "shutdown_store", "store_holders", "store_running",
+    "stored_dtype", "stored_versions", "weights_key",
 ]
 
 PREFIX = "policy"  #: the default namespace: the documents' code pushes and loads there
@@ -228,10 +228,13 @@ def store_holders() -> frozenset[str]:
 
 
 async def push_state_dict(state_dict: dict[str, torch.Tensor], version: int, transport: str = "auto",
-                          dtype: torch.dtype | None = None, *, namespace: str = PREFIX) -> None:
+                          dtype: torch.dtype | None = None, *, namespace: str = PREFIX) -> dict[str, Any] | None:
     """Store ``state_dict`` (HF parameter names, full tensors, any device) as ``version`` of ``namespace``;
     with ``dtype``, floating-point tensors are stored as that type (converted as they are copied in,
-    so a trainer can pass its live float32 parameters: no temporary copy)."""
+    so a trainer can pass its live float32 parameters: no temporary copy).
+
+    Returns the shared-memory manifest (None with the torchstore transport): a reader handed it opens the
+    version with ``open_version(v, manifest=...)`` without asking torchstore where it is."""
     key = weights_key(version, namespace)
     if transport == "auto":
         transport = "shm" if shm_root().parent.is_dir() else "torchstore"
@@ -246,6 +249,8 @@ async def push_state_dict(state_dict: dict[str, torch.Tensor], version: int, tra
         manifest = write_shm(state_dict, key, dtype)
         manifest["torchstore"] = "torchstore" in transport
         await ts.put(f"{key}/{SHM_MANIFEST}", manifest)
+        return manifest
+    return None
 
 
 async def load_state_dict(version: int, *, namespace: str = PREFIX) -> dict[str, torch.Tensor]:
@@ -258,7 +263,8 @@ async def load_state_dict(version: int, *, namespace: str = PREFIX) -> dict[str,
     return state_dict if manifest is None else read_shm(manifest)
 
 
-async def open_version(version: int, *, namespace: str = PREFIX) -> LoadedVersion:
+async def open_version(version: int, *, namespace: str = PREFIX,
+                       manifest: dict[str, Any] | None = None) -> LoadedVersion:
     """``version`` of ``namespace``, to copy into a model inside ``with``; a KeyError names the versions
     that exist::
 
@@ -266,9 +272,24 @@ async def open_version(version: int, *, namespace: str = PREFIX) -> LoadedVersio
             model.load_state_dict(state_dict)   # the views are valid inside the block only
 
     With the shm transport the views are read-only and come from a mapping this process keeps for the
-    next versions written to the same file, so a load costs one copy with no page faults."""
+    next versions written to the same file, so a load costs one copy with no page faults. ``manifest``
+    (what ``push_state_dict`` returned) saves asking torchstore, when it names this version on this host;
+    if the version was dropped since, entering the block raises FileNotFoundError."""
+    handed = handed_version(version, namespace, manifest)
+    if handed is not None:
+        return handed
     manifest, state_dict = await _fetch(version, namespace)
     return LoadedVersion(manifest, state_dict)
+
+
+def handed_version(version: int, namespace: str, manifest: dict[str, Any] | None) -> LoadedVersion | None:
+    """``open_version``'s answer from a handed manifest, with no await: None unless it names ``version`` of
+    ``namespace`` in this host's shared memory."""
+    if manifest is None or manifest.get("host") != host_id():
+        return None
+    if not Path(manifest.get("path", "")).name.endswith(f"-{weights_key(version, namespace)}.bin"):
+        return None
+    return LoadedVersion(manifest, {})
 
 
 async def _fetch(version: int, namespace: str) -> tuple[dict[str, Any] | None, dict[str, torch.Tensor]]:

@@ -172,6 +172,24 @@ async def test_shm_views_are_private_copies_on_write(store):
     assert torch.equal(again["norm.weight"], torch.ones(7))
 
 
+async def test_a_handed_manifest_opens_its_version_without_asking_the_store(store, tmp_path):
+    manifest = await weights.push_state_dict(_state(1.0), 4, transport="shm")
+    assert manifest is not None and await weights.push_state_dict(_state(1.0), 9, transport="torchstore") is None
+    await weights._ts().delete(f"{weights.weights_key(4)}/{weights.SHM_MANIFEST}")  # the store knows it no more
+    with pytest.raises(KeyError):
+        await weights.open_version(4)
+    with await weights.open_version(4, manifest=manifest) as state_dict:  # the manifest alone finds the bytes
+        assert _checksums(state_dict) == _checksums(_state(1.0))
+    # one that names another version, namespace or host is no answer for this one
+    assert weights.handed_version(5, "policy", manifest) is None
+    assert weights.handed_version(4, "other", manifest) is None
+    assert weights.handed_version(4, "policy", manifest | {"host": "elsewhere"}) is None
+    assert weights.handed_version(4, "policy", None) is None
+    Path(manifest["path"]).unlink()  # dropped since it was handed over
+    with pytest.raises(FileNotFoundError), weights.handed_version(4, "policy", manifest):
+        pass
+
+
 async def test_missing_version_names_what_exists(store):
     await weights.push_state_dict(_state(1.0), 5)
     with pytest.raises(KeyError, match=r"version 9 is not in torchstore \(stored: \[5\]\)"):

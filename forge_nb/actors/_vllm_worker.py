@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from forge_nb.actors import _vllm_plain
 from forge_nb.rl.types import Completion, Completions
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from vllm.outputs import RequestOutput
 
 WORKER_EXTENSION = "forge_nb.actors._vllm_worker.TorchstoreWeightLoader"
+_vllm_plain.apply_from_env()  # in vLLM's worker process, before it loads the model
 #: Managed by the Generator, so not accepted from users: results are collected whole.
 _MANAGED_SAMPLING = frozenset({"output_kind"})
 
@@ -160,6 +162,16 @@ def _run(coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
     return asyncio.run_coroutine_threadsafe(coro, _loop).result(timeout)
 
 
+def _open(controller_ref: bytes, version: int, namespace: str, manifest: dict[str, Any] | None,
+          timeout: float) -> Any:
+    """``weights.open_version`` in this process: straight from a manifest of this host's shared memory,
+    otherwise through torchstore on the private event loop."""
+    from forge_nb import weights
+
+    handed = weights.handed_version(version, namespace, manifest)
+    return handed if handed is not None else _run(_fetch(controller_ref, version, namespace), timeout)
+
+
 async def _fetch(controller_ref: bytes, version: int, namespace: str) -> Any:
     global _client_ref
     import torchstore.api
@@ -200,8 +212,9 @@ class TorchstoreWeightLoader:
     vllm_config: Any
 
     def forge_nb_load_version(self, controller_ref: bytes, version: int, timeout: float,
-                              namespace: str = "policy") -> dict[str, Any]:
-        """Fetch ``version`` of weights ``namespace`` (HF names) from torchstore and reload it into the model in place.
+                              namespace: str = "policy", manifest: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Fetch ``version`` of weights ``namespace`` (HF names) from torchstore and reload it into the model in place
+        (given its shared-memory ``manifest``, without asking torchstore where it is).
 
         Returns sizes and timings, or ``{"refused": why}`` when fetching failed or the names do not
         match the model's checkpoint (both before anything is loaded: the old weights stay whole).
@@ -209,16 +222,17 @@ class TorchstoreWeightLoader:
         start = time.perf_counter()
         with contextlib.ExitStack() as held:  # shared memory: the version stays locked until the reload is done
             try:
-                state_dict = held.enter_context(_run(_fetch(controller_ref, version, namespace), timeout))
+                state_dict = held.enter_context(_open(controller_ref, version, namespace, manifest, timeout))
             except Exception as e:
                 return {"refused": f"fetching it from torchstore failed ({type(e).__name__}: {e})"}
             fetched = time.perf_counter()
             expected = checkpoint_names(self.vllm_config.model_config.model)
             if expected is not None and (why := _mismatch(set(state_dict), expected)):
                 return {"refused": why}
-            # reload_weights, not model.load_weights: vLLM's CPU kernels repack weights after the first
-            # load (parameters become empty), and reload_weights redoes that processing.
-            self.model_runner.reload_weights(weights_iterator=iter(state_dict.items()))
+            if _vllm_plain.active():  # plain CPU weights: copied into the parameters in place
+                self.model_runner.get_model().load_weights(weights=iter(state_dict.items()))
+            else:  # vLLM's CPU kernels repack weights after loading (parameters become empty): it redoes that
+                self.model_runner.reload_weights(weights_iterator=iter(state_dict.items()))
             return {
                 "tensors": len(state_dict),
                 "bytes": sum(t.numel() * t.element_size() for t in state_dict.values()),

