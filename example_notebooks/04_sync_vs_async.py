@@ -20,7 +20,7 @@ run.set(max_policy_age=0)
 sync_rows = await run.step(STEPS)
 
 run.config.loop.mode = "async"
-run.set(max_policy_age=1)
+run.set(max_policy_age=2)  # the quickstart's own: episodes up to two versions old
 async_rows = await run.step(STEPS)
 
 

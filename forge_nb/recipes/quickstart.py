@@ -28,6 +28,13 @@ def quickstart(**overrides: Any) -> RunConfig:
     generator's process (session 19) two replicas trained 13.7 steps/s, one 20.4 (same session, seed 0;
     with vLLM's EngineCore and worker processes it was 8.0 against 12.8). Four rollout loops keep four
     groups in the one engine's batch. Replicas are one setting away: ``%forge_spawn quickstart --replicas 2``.
+
+    Why max_policy_age=2 (session 20, ``bench/vs_trl.py`` and ``bench/learning_curve.py``): the generator
+    loads version v while the trainer trains step v+1, so what it generates meanwhile is two versions behind
+    the step that trains it. With 1, those episodes were evicted as stale: 30-34% of all generated, on the
+    two cores the trainer shares, and every trained episode was exactly one version old anyway. With 2, 7-14%
+    are evicted, 21-24 steps/s became 25-27, and the learning curve held (seeds 0-2: last-50 reward 0.983,
+    0.990, 0.988, no letter unsolved, 0.8 at step 76-80; with 1 it was step ~86).
     """
     fields: dict[str, Any] = dict(
         name="quickstart",
@@ -38,7 +45,7 @@ def quickstart(**overrides: Any) -> RunConfig:
         max_req_tokens=4,
         max_res_tokens=4,
         batch_size=16,
-        max_policy_age=1,
+        max_policy_age=2,  # the generator loads version v while v+1 trains: 1 wasted ~30% of episodes (see above)
         # float32 like the trainer, so generator logprobs (the ratio's denominator) match its own.
         # one replica: its engine batches every group (see above)
         generator=GeneratorConfig(num_replicas=1, engine_args={"dtype": "float32"},
