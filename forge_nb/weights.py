@@ -351,11 +351,16 @@ async def stored_versions(*, namespace: str = PREFIX) -> list[int]:
     return sorted({_parse(k.split("/", 1)[0])[1] for k in keys if "/" in k and k.startswith(prefix)})
 
 
-async def drop_version(version: int, *, namespace: str = PREFIX) -> int:
+async def drop_version(version: int, *, namespace: str = PREFIX, manifest: dict[str, Any] | None = None) -> int:
     """Delete every key (and shared-memory file) of ``version`` of ``namespace``; returns how many keys
-    were deleted."""
+    were deleted. Given the version's ``manifest`` (what ``push_state_dict`` returned) of a shm-only push,
+    its one key goes without listing or reading the store first (one delete instead of four calls)."""
     ts = _ts()
     key = weights_key(version, namespace)
+    if handed_version(version, namespace, manifest) is not None and not manifest.get("torchstore"):
+        retire(Path(manifest["path"]))
+        await ts.delete(f"{key}/{SHM_MANIFEST}")
+        return 1
     keys = [k for k in await ts.keys(namespace) if k.startswith(key + "/")]
     for k in keys:
         if k.endswith(SHM_MANIFEST):

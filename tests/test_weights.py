@@ -190,6 +190,15 @@ async def test_a_handed_manifest_opens_its_version_without_asking_the_store(stor
         pass
 
 
+async def test_a_version_dropped_with_its_manifest_goes_whole(store, tmp_path):
+    manifest = await weights.push_state_dict(_state(1.0), 6, transport="shm")
+    both = await weights.push_state_dict(_state(2.0), 7, transport="shm+torchstore")  # tensors in the store too
+    assert await weights.drop_version(6, manifest=manifest) == 1
+    assert await weights.drop_version(7, manifest=both) > 1  # the listing path: every key of it
+    assert await weights.stored_versions() == []
+    assert not list((tmp_path / "shm").glob("*.bin")), "a dropped version left its file"
+
+
 async def test_missing_version_names_what_exists(store):
     await weights.push_state_dict(_state(1.0), 5)
     with pytest.raises(KeyError, match=r"version 9 is not in torchstore \(stored: \[5\]\)"):

@@ -20,7 +20,7 @@ load of ``v`` runs in the background while the trainer starts its next step, and
 CPU cores the load (fetch, reload into vLLM, its RPCs: ~70 ms of a ~130 ms quickstart step) was the
 largest part of a step; the trainer needs none of it to train on episodes that may be
 ``max_policy_age`` versions old anyway. ``bench/vs_trl.py`` measures the effect. Deleting the older
-versions after a load (store RPCs, ~10 ms on two busy cores) runs in the background in either mode:
+versions after a load (a store call each, with the manifest the push returned) runs in the background in either mode:
 the next push does not wait for it, ``settle()`` does, so a parked run holds one version.
 """
 
@@ -53,6 +53,7 @@ class WeightSync:
         self._loading: asyncio.Future[float] | None = None  # the generators' load of ``version``, overlapped
         self._dropping: asyncio.Future[None] | None = None  # the older versions' deletion after a load
         self._pushing: int | None = None  # the version being pushed: in the store before ``version`` names it
+        self._pushed: dict[int, dict[str, Any] | None] = {}  # versions pushed and not dropped: their manifests
 
     async def open(self) -> None:
         """Take the run's torchstore lease and its namespace (one run per namespace in a kernel)."""
@@ -78,6 +79,7 @@ class WeightSync:
         try:
             for version in await weights.stored_versions(namespace=self.namespace):
                 await weights.drop_version(version, namespace=self.namespace)
+            self._pushed.clear()
         finally:
             await weights.release_store(self.namespace)
 
@@ -97,7 +99,7 @@ class WeightSync:
             self._pushing = None
         timings["time/push_s"] = time.perf_counter() - t0
         self.version = version
-        manifest = _manifest(pushed)
+        manifest = self._pushed[version] = _manifest(pushed)
         if overlap:
             self._loading = asyncio.ensure_future(self._load(version, manifest))
         else:
@@ -132,7 +134,7 @@ class WeightSync:
             await self.policy.update_weights.fanout(version, manifest=manifest)
         self._record(version)
         took = time.perf_counter() - t0
-        # Deleting the older versions (four store RPCs) is no part of the load the next push waits for.
+        # Deleting the older versions (store RPCs) is no part of the load the next push waits for.
         if self._dropping is None or self._dropping.done():
             self._dropping = asyncio.ensure_future(self._drop_quietly())
         return took
@@ -150,10 +152,11 @@ class WeightSync:
                 replica.version = version
 
     async def drop_old(self) -> None:
-        """Keep only the current version (and any a catching-up generator is loading)."""
-        for version in await weights.stored_versions(namespace=self.namespace):
+        """Keep only the current version (and any a catching-up generator is loading). Only versions this
+        run pushed are in its namespace, so the store is not listed (``close()`` lists it and drops all)."""
+        for version in sorted(self._pushed):
             if version not in (self.version, self._pushing) and self._pinned[version] <= 0:
-                await weights.drop_version(version, namespace=self.namespace)
+                await weights.drop_version(version, namespace=self.namespace, manifest=self._pushed.pop(version))
 
     async def catch_up(self, replica: Any) -> None:
         """A (re)spawned generator loads the current weights before it takes traffic.
