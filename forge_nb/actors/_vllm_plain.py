@@ -18,8 +18,10 @@ tiny Qwen3, 0.3M parameters    0.7 / 11.3 ms                12.7 / 14.4 ms
 =============================  ==========================  ==================================
 
 So ``"auto"`` keeps plain weights up to :data:`PLAIN_MAX_BYTES` of checkpoint, and oneDNN's packed ones
-above (where the matmuls are worth the repack). The greedy completions and their logprobs were the same
-either way after loading a new version.
+above (where the matmuls are worth the repack). Large batches shift it: with 256 sequences in flight and no
+loads (``bench/generator_throughput.py``) the tiny model generated ~11k tokens/s plain against ~13k packed,
+so a generator that rarely loads weights may prefer ``cpu_linear="packed"``; the RL loop loads every step.
+The greedy completions and their logprobs were the same either way after loading a new version.
 
 vLLM has no setting for this: the one switch is swapping the module's ``dispatch_cpu_unquantized_gemm``
 (which ``process_weights_after_loading`` looks up at each call) for one that keeps the weight, before the
