@@ -9,13 +9,13 @@ in-place path vLLM takes on GPUs.
 
 Measured here (2 cores, float32, the same engine in one process, 16 completions of 4 tokens):
 
-=============================  ==========================  ==================================
-model                          load a version (plain/packed)  generate (plain/packed)
-=============================  ==========================  ==================================
-tiny Qwen3, 0.3M parameters    0.7 / 11.3 ms                12.7 / 14.4 ms
-7M parameters (hidden 384)     3.8 / 24 ms                  45 / 37 ms
-62M parameters (hidden 896)    24 / 212 ms                  249 / 138 ms
-=============================  ==========================  ==================================
+============================  =============================  =======================
+model                         load a version (plain/packed)  generate (plain/packed)
+============================  =============================  =======================
+tiny Qwen3, 0.3M parameters   0.7 / 11.3 ms                  12.7 / 14.4 ms
+7M parameters (hidden 384)    3.8 / 24 ms                    45 / 37 ms
+62M parameters (hidden 896)   24 / 212 ms                    249 / 138 ms
+============================  =============================  =======================
 
 So ``"auto"`` keeps plain weights up to :data:`PLAIN_MAX_BYTES` of checkpoint, and oneDNN's packed ones
 above (where the matmuls are worth the repack). Large batches shift it: with 256 sequences in flight and no
