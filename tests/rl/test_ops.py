@@ -64,3 +64,19 @@ def test_entropy_from_logits() -> None:
     torch.testing.assert_close(uniform, torch.full((4,), float(torch.log(torch.tensor(10.0)))))
     peaked = entropy_from_logits(torch.tensor([[1e4, 0.0, 0.0]]))
     assert peaked.item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_large_logits_are_reduced_a_row_at_a_time_to_the_same_values(monkeypatch) -> None:
+    from forge_nb.rl.losses import ops
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 6, 11, requires_grad=True)
+    targets = torch.randint(0, 11, (3, 5))
+    one_pass = compute_logprobs(logits, targets, temperature=0.7), entropy_from_logits(logits)
+    (grad_one_pass,) = torch.autograd.grad(one_pass[0].sum(), logits)
+    monkeypatch.setattr(ops, "WHOLE_BATCH_ELEMENTS", 0)  # as for a batch of a large vocabulary
+    by_rows = compute_logprobs(logits, targets, temperature=0.7), entropy_from_logits(logits)
+    (grad_by_rows,) = torch.autograd.grad(by_rows[0].sum(), logits)
+    for a, b in zip(one_pass, by_rows, strict=True):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-6)
+    assert torch.allclose(grad_one_pass, grad_by_rows, atol=1e-6)

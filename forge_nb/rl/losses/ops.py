@@ -54,6 +54,10 @@ def agg_mode(value: str, owner: str = "aggregate") -> AggMode:
     )
 
 
+#: Logits up to this many elements (16 MiB as float32) are reduced in one pass, larger ones a row at a time.
+WHOLE_BATCH_ELEMENTS = 2**22
+
+
 def compute_logprobs(
     logits: torch.Tensor, target_ids: torch.Tensor, temperature: float = 1.0, align: bool = True
 ) -> torch.Tensor:
@@ -82,20 +86,27 @@ def compute_logprobs(
         logits = logits[:, -t - 1 : -1]
     elif logits.shape[1] != t:
         raise ValueError(f"align=False needs logits with T = {t} positions, got {logits.shape[1]}")
+    # A row at a time keeps one row's float32 copy alive, not the batch's (large vocabularies); small
+    # logits go in one pass: 16 rows of the quickstart took 1.2 ms a row at a time, 0.14 in one pass.
+    chunks = [logits] if logits.numel() <= WHOLE_BATCH_ELEMENTS else list(logits)
+    targets = [target_ids] if len(chunks) == 1 else list(target_ids)
     rows = []
-    for row_logits, row_ids in zip(logits, target_ids, strict=True):
-        row = row_logits.float() / temperature
-        picked = row.gather(-1, row_ids.long().unsqueeze(-1)).squeeze(-1)
-        rows.append(picked - torch.logsumexp(row, dim=-1))
-    return torch.stack(rows)
+    for chunk_logits, chunk_ids in zip(chunks, targets, strict=True):
+        z = chunk_logits.float() / temperature
+        picked = z.gather(-1, chunk_ids.long().unsqueeze(-1)).squeeze(-1)
+        rows.append(picked - torch.logsumexp(z, dim=-1))
+    return rows[0] if len(chunks) == 1 else torch.stack(rows)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of `softmax(logits)` over the last dimension, in float32: [..., V] -> [...]."""
     if logits.dim() < 2:
         raise ValueError(f"entropy_from_logits expects [..., V] logits, got shape {tuple(logits.shape)}")
-    # iterate over [T, V] slices so only one slice's softmax is alive at a time
-    slices = logits.unsqueeze(0) if logits.dim() == 2 else logits.reshape(-1, *logits.shape[-2:])
+    # iterate over [T, V] slices so only one slice's softmax is alive at a time (small logits: one pass)
+    if logits.numel() <= WHOLE_BATCH_ELEMENTS:
+        slices = logits.reshape(1, -1, logits.shape[-1])
+    else:
+        slices = logits.unsqueeze(0) if logits.dim() == 2 else logits.reshape(-1, *logits.shape[-2:])
     rows = []
     for row in slices:
         row = row.float()
