@@ -95,6 +95,9 @@ class WeightSync:
         self._pushing = version
         try:
             pushed = await self.trainer.push_weights.call(version)
+        except BaseException:  # the trainer may have stored it before it died: drop_old lists it to be sure
+            self._pushed.setdefault(version, None)
+            raise
         finally:
             self._pushing = None
         timings["time/push_s"] = time.perf_counter() - t0
