@@ -285,11 +285,14 @@ async def open_version(version: int, *, namespace: str = PREFIX,
 def handed_version(version: int, namespace: str, manifest: dict[str, Any] | None) -> LoadedVersion | None:
     """``open_version``'s answer from a handed manifest, with no await: None unless it names ``version`` of
     ``namespace`` in this host's shared memory."""
+    return LoadedVersion(manifest, {}) if _names(manifest, version, namespace) else None
+
+
+def _names(manifest: dict[str, Any] | None, version: int, namespace: str) -> bool:
+    """Whether ``manifest`` is that of ``version`` of ``namespace`` in this host's shared memory."""
     if manifest is None or manifest.get("host") != host_id():
-        return None
-    if not Path(manifest.get("path", "")).name.endswith(f"-{weights_key(version, namespace)}.bin"):
-        return None
-    return LoadedVersion(manifest, {})
+        return False
+    return Path(manifest.get("path", "")).name.endswith(f"-{weights_key(version, namespace)}.bin")
 
 
 async def _fetch(version: int, namespace: str) -> tuple[dict[str, Any] | None, dict[str, torch.Tensor]]:
@@ -357,7 +360,7 @@ async def drop_version(version: int, *, namespace: str = PREFIX, manifest: dict[
     its one key goes without listing or reading the store first (one delete instead of four calls)."""
     ts = _ts()
     key = weights_key(version, namespace)
-    if handed_version(version, namespace, manifest) is not None and not manifest.get("torchstore"):
+    if _names(manifest, version, namespace) and not manifest.get("torchstore"):
         retire(Path(manifest["path"]))
         await ts.delete(f"{key}/{SHM_MANIFEST}")
         return 1

@@ -87,15 +87,11 @@ def use_plain_weights() -> None:
     def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
         if layer.weight.ndim != 2:
             return packed(layer, remove_weight)
-        layer.cpu_linear = _linear
+        layer.cpu_linear = torch.nn.functional.linear  # what vLLM itself uses for a layer it leaves unpacked
         return None
 
     layer_utils.dispatch_cpu_unquantized_gemm = dispatch
     _active = True
-
-
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.nn.functional.linear(x, weight, bias)
 
 
 def apply_from_env() -> None:

@@ -133,7 +133,8 @@ class WeightSync:
         t0 = time.perf_counter()
         if manifest is None:
             await self.policy.update_weights.fanout(version)
-        else:  # where the version is: the generators need not ask torchstore (two RPCs each)
+        else:  # where the version is: the generators need not ask torchstore. Without a manifest (a trainer
+            # that returns none) they are called as the documents call them.
             await self.policy.update_weights.fanout(version, manifest=manifest)
         self._record(version)
         took = time.perf_counter() - t0
@@ -178,6 +179,6 @@ class WeightSync:
 
 def _manifest(pushed: Any) -> dict[str, Any] | None:
     """The shared-memory manifest rank 0 of the trainer returned from ``push_weights`` (None: none)."""
-    first = next(iter(pushed), None) if pushed is not None else None
+    first = next(iter(pushed), None)
     manifest = first.get("manifest") if isinstance(first, dict) else None
     return manifest if isinstance(manifest, dict) else None

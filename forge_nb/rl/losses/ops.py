@@ -88,14 +88,14 @@ def compute_logprobs(
         raise ValueError(f"align=False needs logits with T = {t} positions, got {logits.shape[1]}")
     # A row at a time keeps one row's float32 copy alive, not the batch's (large vocabularies); small
     # logits go in one pass: 16 rows of the quickstart took 1.2 ms a row at a time, 0.14 in one pass.
-    chunks = [logits] if logits.numel() <= WHOLE_BATCH_ELEMENTS else list(logits)
-    targets = [target_ids] if len(chunks) == 1 else list(target_ids)
-    rows = []
-    for chunk_logits, chunk_ids in zip(chunks, targets, strict=True):
-        z = chunk_logits.float() / temperature
-        picked = z.gather(-1, chunk_ids.long().unsqueeze(-1)).squeeze(-1)
-        rows.append(picked - torch.logsumexp(z, dim=-1))
-    return rows[0] if len(chunks) == 1 else torch.stack(rows)
+    if logits.numel() <= WHOLE_BATCH_ELEMENTS:
+        return _picked_logprobs(logits, target_ids, temperature)
+    return torch.stack([_picked_logprobs(row, ids, temperature) for row, ids in zip(logits, target_ids, strict=True)])
+
+
+def _picked_logprobs(logits: torch.Tensor, target_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    z = logits.float() / temperature
+    return z.gather(-1, target_ids.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
