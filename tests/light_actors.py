@@ -65,11 +65,14 @@ class LightGenerator(ForgeActor):
         return Completions(out)
 
     @endpoint
-    async def update_weights(self, version: int) -> int:
+    async def update_weights(self, version: int) -> int:  # no manifest=, as the documents' generators
+        return await self._load(version)
+
+    async def _load(self, version: int, manifest: dict[str, Any] | None = None) -> int:
         start = time.time()
         if self.update_delay_s:
             await asyncio.sleep(self.update_delay_s)
-        with await weights.open_version(version, namespace=self.namespace) as state_dict:
+        with await weights.open_version(version, namespace=self.namespace, manifest=manifest) as state_dict:
             self.logits.copy_(state_dict["logits"])
         self.version = version
         self.update_spans.append((start, time.time()))
@@ -82,6 +85,24 @@ class LightGenerator(ForgeActor):
     @endpoint
     async def get_version(self) -> int:
         return self.version
+
+
+class HandedLightGenerator(LightGenerator):
+    """A LightGenerator whose ``update_weights`` takes the push's manifest, as forge_nb's Generator does."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.handed: list[int] = []  # versions opened from a handed manifest, without asking torchstore
+
+    @endpoint
+    async def update_weights(self, version: int, manifest: dict[str, Any] | None = None) -> int:
+        if weights.handed_version(version, self.namespace, manifest) is not None:
+            self.handed.append(version)
+        return await self._load(version, manifest)
+
+    @endpoint
+    async def get_handed(self) -> list[int]:
+        return self.handed
 
 
 class LightTrainer(ForgeActor):
@@ -137,9 +158,10 @@ class LightTrainer(ForgeActor):
                                                                 "started_at": started_at})
 
     @endpoint
-    async def push_weights(self, version: int) -> dict[str, float]:
-        await weights.push_state_dict({"logits": self.logits.detach()}, version, namespace=self.namespace)
-        return {}
+    async def push_weights(self, version: int) -> dict[str, Any]:
+        # where the version lies, as RLTrainer returns it: handed on to generators whose update_weights takes it
+        manifest = await weights.push_state_dict({"logits": self.logits.detach()}, version, namespace=self.namespace)
+        return {"manifest": manifest} if manifest is not None else {}
 
     @endpoint
     async def set_hparams(self, **changes: Any) -> dict[str, tuple[Any, Any]]:

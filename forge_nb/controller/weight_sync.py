@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections import Counter
@@ -54,6 +55,7 @@ class WeightSync:
         self._dropping: asyncio.Future[None] | None = None  # the older versions' deletion after a load
         self._pushing: int | None = None  # the version being pushed: in the store before ``version`` names it
         self._pushed: dict[int, dict[str, Any] | None] = {}  # versions pushed and not dropped: their manifests
+        self._hand_manifests = False  # whether the generators' update_weights takes ``manifest=``
 
     async def open(self) -> None:
         """Take the run's torchstore lease and its namespace (one run per namespace in a kernel)."""
@@ -67,6 +69,7 @@ class WeightSync:
     def attach(self, trainer: Any, policy: Any) -> None:
         """The services whose weights this moves (spawned with ``weights_namespace=self.namespace``)."""
         self.trainer, self.policy = trainer, policy
+        self._hand_manifests = _takes_manifest(policy)
 
     async def close(self) -> None:
         """Drop every version of this run and release its lease (the store stops if it was the last)."""
@@ -131,17 +134,18 @@ class WeightSync:
 
     async def _load(self, version: int, manifest: dict[str, Any] | None) -> float:
         t0 = time.perf_counter()
-        if manifest is None:
-            await self.policy.update_weights.fanout(version)
-        else:  # where the version is: the generators need not ask torchstore. Without a manifest (a trainer
-            # that returns none) they are called as the documents call them.
-            await self.policy.update_weights.fanout(version, manifest=manifest)
+        await self.policy.update_weights.fanout(version, **self._handed(manifest))
         self._record(version)
         took = time.perf_counter() - t0
         # Deleting the older versions (store RPCs) is no part of the load the next push waits for.
         if self._dropping is None or self._dropping.done():
             self._dropping = asyncio.ensure_future(self._drop_quietly())
         return took
+
+    def _handed(self, manifest: dict[str, Any] | None) -> dict[str, Any]:
+        """``update_weights``' keyword arguments: where the version is (the generators need not ask
+        torchstore), if the trainer said and the generators take it; else none, as the documents call it."""
+        return {"manifest": manifest} if manifest is not None and self._hand_manifests else {}
 
     async def _drop_quietly(self) -> None:
         try:
@@ -171,7 +175,7 @@ class WeightSync:
         if version > 0:
             self._pinned[version] += 1
             try:
-                await replica.actor.update_weights.call_one(version)
+                await replica.actor.update_weights.call_one(version, **self._handed(self._pushed.get(version)))
             finally:
                 self._pinned[version] -= 1
         replica.version = version
@@ -182,3 +186,15 @@ def _manifest(pushed: Any) -> dict[str, Any] | None:
     first = next(iter(pushed), None)
     manifest = first.get("manifest") if isinstance(first, dict) else None
     return manifest if isinstance(manifest, dict) else None
+
+
+def _takes_manifest(policy: Any) -> bool:
+    """Whether the policy's ``update_weights`` takes ``manifest=``: forge_nb's Generator does; the documents'
+    generators, and a user's, may not (given it, theirs would fail with a TypeError)."""
+    endpoint = getattr(getattr(policy, "actor_cls", None), "update_weights", None)  # the endpoint keeps its
+    # function as ``_method`` (monarch's EndpointProperty and forge_nb's own endpoints alike)
+    try:
+        parameters = inspect.signature(getattr(endpoint, "_method", endpoint)).parameters.values()
+    except (TypeError, ValueError):  # not a function (or none): call it as the documents do
+        return False
+    return any(p.name == "manifest" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)

@@ -1,5 +1,7 @@
 """The generators load a version while the next step trains (async mode), never in sync mode, and a
-parked run's generators hold its version: light actors on real CPU meshes, the load slowed to 0.5 s."""
+parked run's generators hold its version: light actors on real CPU meshes, the load slowed to 0.5 s.
+The trainer hands each push's manifest on to generators whose ``update_weights`` takes ``manifest=``
+and calls the others as the documents do (LightGenerator has no such keyword)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import pytest
 import forge_nb
 from forge_nb.config import GeneratorConfig
 from tests.controller.conftest import light_config
-from tests.light_actors import LightGenerator, LightTrainer
+from tests.light_actors import HandedLightGenerator, LightGenerator, LightTrainer
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
 
@@ -38,5 +40,17 @@ async def test_async_steps_train_while_generators_load_and_sync_steps_wait(tmp_p
         rows = await run.step(4)
         assert began_during_a_load(rows, await run.policy.get_update_spans.fanout()) == []
         assert await run.policy.get_version.fanout() == [run.version] * 2 and run.version == 10
+    finally:
+        await run.shutdown()
+
+
+async def test_generators_that_take_the_manifest_are_handed_it(tmp_path) -> None:
+    cfg = light_config(str(tmp_path), "handed", max_policy_age=1)
+    run = await forge_nb.spawn(cfg, progress=False, actors={"policy": HandedLightGenerator, "trainer": LightTrainer})
+    try:
+        await run.step(4)
+        # every version reached both replicas by its manifest: none asked torchstore where it was
+        assert await run.policy.get_handed.fanout() == [[1, 2, 3, 4]] * 2
+        assert await run.policy.get_version.fanout() == [4, 4]
     finally:
         await run.shutdown()
