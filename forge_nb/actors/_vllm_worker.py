@@ -49,6 +49,19 @@ if TYPE_CHECKING:
 
 WORKER_EXTENSION = "forge_nb.actors._vllm_worker.TorchstoreWeightLoader"
 _vllm_plain.apply_from_env()  # in vLLM's worker process, before it loads the model
+
+
+def allow_amx() -> None:
+    """Ask Linux for the AMX tile registers (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, through torch) on CPUs
+    that have them. vLLM's CPU attention runs AMX instructions for bfloat16 without asking; unless oneDNN
+    happened to ask first in that process, the first generate killed vLLM's worker with SIGILL (exit code
+    -4; 3 runs in 7 of the mp-executor test on this machine's AMX Xeon). The permission costs nothing
+    until AMX is used: Linux enlarges a thread's saved state on its first AMX instruction."""
+    if torch.cpu._is_amx_tile_supported():
+        torch.cpu._init_amx()
+
+
+allow_amx()  # here: vLLM's worker process (mp executor) and the Generator's (in-process engine) import this
 #: Managed by the Generator, so not accepted from users: results are collected whole.
 _MANAGED_SAMPLING = frozenset({"output_kind"})
 
