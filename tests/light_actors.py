@@ -123,6 +123,7 @@ class LightTrainer(ForgeActor):
                    "temperature": float((training or {}).get("temperature", 1.0))}
         self.logits = torch.zeros(max_tokens, len(ALPHABET), requires_grad=True)
         self.step = 0
+        self.unannounced = 0  # pushes that left the manifest's torchstore put to the controller
 
     @endpoint
     async def setup(self) -> None:
@@ -158,10 +159,13 @@ class LightTrainer(ForgeActor):
                                                                 "started_at": started_at})
 
     @endpoint
-    async def push_weights(self, version: int) -> dict[str, Any]:
-        # where the version lies, as RLTrainer returns it: handed on to generators whose update_weights takes it
-        manifest = await weights.push_state_dict({"logits": self.logits.detach()}, version, namespace=self.namespace)
-        return {"manifest": manifest} if manifest is not None else {}
+    async def push_weights(self, version: int, announce: bool = True) -> dict[str, Any]:
+        # where the version lies, as RLTrainer returns it: handed on to generators whose update_weights takes
+        # it, and then (announce=False) put in torchstore by the controller, not here
+        manifest = await weights.push_state_dict({"logits": self.logits.detach()}, version, namespace=self.namespace,
+                                                 announce=announce)
+        self.unannounced += 0 if announce else 1
+        return {"manifest": manifest, "announced": announce} if manifest is not None else {}
 
     @endpoint
     async def set_hparams(self, **changes: Any) -> dict[str, tuple[Any, Any]]:
@@ -181,6 +185,10 @@ class LightTrainer(ForgeActor):
         torch.save({"logits": self.logits.detach().clone(), "step": self.step}, path + ".tmp")
         os.replace(path + ".tmp", path)
         return path
+
+    @endpoint
+    async def unannounced_pushes(self) -> int:
+        return self.unannounced
 
     @endpoint
     async def info(self) -> dict[str, Any]:

@@ -190,6 +190,22 @@ async def test_a_handed_manifest_opens_its_version_without_asking_the_store(stor
         pass
 
 
+async def test_an_unannounced_version_is_handed_then_announced(store, tmp_path):
+    manifest = await weights.push_state_dict(_state(1.0), 3, transport="shm", announce=False)
+    assert manifest is not None and await weights.stored_versions() == []  # in shared memory, not in the store
+    with await weights.open_version(3, manifest=manifest) as state_dict:  # a reader handed it needs no store
+        assert _checksums(state_dict) == _checksums(_state(1.0))
+    await weights.announce_version(3, manifest)
+    assert await weights.stored_versions() == [3]
+    with await weights.open_version(3) as state_dict:  # and now one that asks the store finds it
+        assert _checksums(state_dict) == _checksums(_state(1.0))
+    # tensors that go through torchstore are put whatever announce says: readers on other hosts need them
+    both = await weights.push_state_dict(_state(2.0), 4, transport="shm+torchstore", announce=False)
+    assert both["torchstore"] and await weights.stored_versions() == [3, 4]
+    assert await weights.drop_version(3, manifest=manifest) == 1 and await weights.drop_version(4, manifest=both) > 1
+    assert await weights.stored_versions() == []
+
+
 async def test_a_version_dropped_with_its_manifest_goes_whole(store, tmp_path):
     manifest = await weights.push_state_dict(_state(1.0), 6, transport="shm")
     both = await weights.push_state_dict(_state(2.0), 7, transport="shm+torchstore")  # tensors in the store too

@@ -250,10 +250,14 @@ class RLTrainer(ForgeActor):
     # Weights, logprobs and checkpoints
 
     @endpoint
-    async def push_weights(self, version: int) -> dict[str, Any]:
+    async def push_weights(self, version: int, announce: bool = True) -> dict[str, Any]:
         """Store the whole policy (HF names, ``training.dtype``) in torchstore as ``version``. Every rank
         takes part in gathering the shards; rank 0 alone writes, and returns the shared-memory manifest
-        under ``"manifest"`` (``update_weights(v, manifest=)`` then skips asking torchstore for it)."""
+        under ``"manifest"`` (``update_weights(v, manifest=)`` then skips asking torchstore for it).
+
+        ``announce=False``: the caller hands the manifest to every generator and puts it in torchstore
+        itself (``weights.announce_version``; WeightSync does, in the background); ``"announced"`` says
+        whether it is there already (always, when the tensors went through torchstore too)."""
         from forge_nb.weights import push_state_dict, stored_dtype
 
         start = time.perf_counter()
@@ -262,9 +266,11 @@ class RLTrainer(ForgeActor):
         size = sum(t.numel() * stored_dtype(t, dtype).itemsize for t in state.values())
         manifest = None
         if self.rank == 0:
-            manifest = await push_state_dict(state, version, dtype=dtype, namespace=self.weights_namespace)
+            manifest = await push_state_dict(state, version, dtype=dtype, namespace=self.weights_namespace,
+                                             announce=announce)
+        announced = announce or manifest is None or bool(manifest.get("torchstore"))
         return {"version": float(version), "seconds": time.perf_counter() - start, "mb": size / 2**20,
-                "manifest": manifest}
+                "manifest": manifest, "announced": announced}
 
     @endpoint
     async def forward(self, input_ids: torch.Tensor | TrainBatch, request_len: int | None = None) -> torch.Tensor:

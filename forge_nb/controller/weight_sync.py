@@ -22,6 +22,13 @@ largest part of a step; the trainer needs none of it to train on episodes that m
 ``max_policy_age`` versions old anyway. ``bench/vs_trl.py`` measures the effect. Deleting the older
 versions after a load (a store call each, with the manifest the push returned) runs in the background in either mode:
 the next push does not wait for it, ``settle()`` does, so a parked run holds one version.
+
+Handed manifests: when the generators' ``update_weights`` takes ``manifest=`` (forge_nb's Generator), each is
+handed where the push left the version in shared memory and need not ask torchstore. When the trainer's
+``push_weights`` also takes ``announce=`` (forge_nb's RLTrainer), it leaves the manifest's torchstore put to
+this class, which does it in the background, in version order, before any deletion of that version and
+before ``settle()`` returns: the put was 5 of a push's 8 ms, paid by every step (session 21). Actors written
+as the documents write them get neither keyword and are called as the documents call them.
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ class WeightSync:
         self._pushing: int | None = None  # the version being pushed: in the store before ``version`` names it
         self._pushed: dict[int, dict[str, Any] | None] = {}  # versions pushed and not dropped: their manifests
         self._hand_manifests = False  # whether the generators' update_weights takes ``manifest=``
+        self._announce_here = False  # whether the trainer leaves the manifest's torchstore put to us
+        self._announcing: asyncio.Future[None] | None = None  # putting the latest handed manifest in the store
 
     async def open(self) -> None:
         """Take the run's torchstore lease and its namespace (one run per namespace in a kernel)."""
@@ -69,7 +78,8 @@ class WeightSync:
     def attach(self, trainer: Any, policy: Any) -> None:
         """The services whose weights this moves (spawned with ``weights_namespace=self.namespace``)."""
         self.trainer, self.policy = trainer, policy
-        self._hand_manifests = _takes_manifest(policy)
+        self._hand_manifests = _takes(policy, "update_weights", "manifest")
+        self._announce_here = self._hand_manifests and _takes(trainer, "push_weights", "announce")
 
     async def close(self) -> None:
         """Drop every version of this run and release its lease (the store stops if it was the last)."""
@@ -97,7 +107,8 @@ class WeightSync:
         t0 = time.perf_counter()
         self._pushing = version
         try:
-            pushed = await self.trainer.push_weights.call(version)
+            deferred = {"announce": False} if self._announce_here else {}
+            pushed = await self.trainer.push_weights.call(version, **deferred)
         except BaseException:  # the trainer may have stored it before it died: drop_old lists it to be sure
             self._pushed.setdefault(version, None)
             raise
@@ -106,6 +117,8 @@ class WeightSync:
         timings["time/push_s"] = time.perf_counter() - t0
         self.version = version
         manifest = self._pushed[version] = _manifest(pushed)
+        if manifest is not None and not _announced(pushed):
+            self._announce(version, manifest)
         if overlap:
             self._loading = asyncio.ensure_future(self._load(version, manifest))
         else:
@@ -121,6 +134,8 @@ class WeightSync:
         finally:  # after a failed load too: close() then drops what is left
             if self._dropping is not None:
                 await asyncio.shield(self._dropping)
+            if self._announcing is not None:
+                await asyncio.shield(self._announcing)
 
     async def _settle_load(self) -> dict[str, float]:
         if self._loading is None:
@@ -142,6 +157,22 @@ class WeightSync:
             self._dropping = asyncio.ensure_future(self._drop_quietly())
         return took
 
+    def _announce(self, version: int, manifest: dict[str, Any]) -> None:
+        """Put ``version``'s manifest in torchstore in the background, after the previous version's: the
+        generators were handed it, so no step waits for the store; ``settle()`` and the deletions do."""
+        previous = self._announcing
+
+        async def put() -> None:
+            if previous is not None:
+                await previous
+            try:
+                await weights.announce_version(version, manifest, namespace=self.namespace)
+            except Exception as e:  # readers that were handed it have it; close() lists what the store holds
+                logger.warning("putting version %s of %s in torchstore failed: %s: %s", version, self.namespace,
+                               type(e).__name__, e)
+
+        self._announcing = asyncio.ensure_future(put())
+
     def _handed(self, manifest: dict[str, Any] | None) -> dict[str, Any]:
         """``update_weights``' keyword arguments: where the version is (the generators need not ask
         torchstore), if the trainer said and the generators take it; else none, as the documents call it."""
@@ -162,6 +193,8 @@ class WeightSync:
     async def drop_old(self) -> None:
         """Keep only the current version (and any a catching-up generator is loading). Only versions this
         run pushed are in its namespace, so the store is not listed (``close()`` lists it and drops all)."""
+        if self._announcing is not None:  # a version is deleted after its manifest was put, never before
+            await asyncio.shield(self._announcing)
         for version in sorted(self._pushed):
             if version not in (self.version, self._pushing) and self._pinned[version] <= 0:
                 await weights.drop_version(version, namespace=self.namespace, manifest=self._pushed.pop(version))
@@ -188,13 +221,20 @@ def _manifest(pushed: Any) -> dict[str, Any] | None:
     return manifest if isinstance(manifest, dict) else None
 
 
-def _takes_manifest(policy: Any) -> bool:
-    """Whether the policy's ``update_weights`` takes ``manifest=``: forge_nb's Generator does; the documents'
-    generators, and a user's, may not (given it, theirs would fail with a TypeError)."""
-    endpoint = getattr(getattr(policy, "actor_cls", None), "update_weights", None)  # the endpoint keeps its
+def _announced(pushed: Any) -> bool:
+    """Whether the trainer put the manifest of its push in torchstore itself (one that does not say did)."""
+    first = next(iter(pushed), None)
+    return not isinstance(first, dict) or first.get("announced", True) is not False
+
+
+def _takes(service: Any, name: str, keyword: str) -> bool:
+    """Whether the service's endpoint ``name`` takes ``keyword``: forge_nb's Generator and RLTrainer take
+    ``manifest=`` and ``announce=``; the documents' actors, and a user's, may not (given it, theirs would
+    fail with a TypeError)."""
+    endpoint = getattr(getattr(service, "actor_cls", None), name, None)  # the endpoint keeps its
     # function as ``_method`` (monarch's EndpointProperty and forge_nb's own endpoints alike)
     try:
         parameters = inspect.signature(getattr(endpoint, "_method", endpoint)).parameters.values()
     except (TypeError, ValueError):  # not a function (or none): call it as the documents do
         return False
-    return any(p.name == "manifest" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    return any(p.name == keyword or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)

@@ -1,7 +1,8 @@
 """The generators load a version while the next step trains (async mode), never in sync mode, and a
 parked run's generators hold its version: light actors on real CPU meshes, the load slowed to 0.5 s.
 The trainer hands each push's manifest on to generators whose ``update_weights`` takes ``manifest=``
-and calls the others as the documents do (LightGenerator has no such keyword)."""
+(the controller then puts it in torchstore in the background) and calls the others as the documents
+do (LightGenerator has no such keyword)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ async def test_async_steps_train_while_generators_load_and_sync_steps_wait(tmp_p
         rows = await run.step(4)
         assert began_during_a_load(rows, await run.policy.get_update_spans.fanout()) == []
         assert await run.policy.get_version.fanout() == [run.version] * 2 and run.version == 10
+        assert await run.trainer.unannounced_pushes.call_one() == 0  # these generators were never handed one
     finally:
         await run.shutdown()
 
@@ -52,5 +54,9 @@ async def test_generators_that_take_the_manifest_are_handed_it(tmp_path) -> None
         # every version reached both replicas by its manifest: none asked torchstore where it was
         assert await run.policy.get_handed.fanout() == [[1, 2, 3, 4]] * 2
         assert await run.policy.get_version.fanout() == [4, 4]
+        # the controller put each manifest in the store after handing it (the trainer did not): parked, the
+        # store holds the run's version, and only it
+        assert await run.trainer.unannounced_pushes.call_one() == 4
+        assert await forge_nb.weights.stored_versions(namespace=run.weights_namespace) == [4]
     finally:
         await run.shutdown()
