@@ -101,6 +101,28 @@ def test_collate_shapes_and_values() -> None:
     assert isinstance(moved, TrainBatch) and moved.request_len == 4
 
 
+def test_a_batch_pickles_whole_through_numpy_and_keeps_what_numpy_cannot_hold() -> None:
+    batch = collate([episode([5, 6], [7, 8], logprobs=[-0.5, -0.25], ref=[-1.0, -2.0], advantage=1.5, version=2),
+                     episode([9], [4, 3], logprobs=[-0.1, -0.2], ref=[-1.0, -3.0], advantage=-1.0, version=3)])
+    data = pickle.dumps(batch)
+    assert b"torch._utils" not in data  # the tensors went as numpy arrays, not torch storages
+    back = pickle.loads(data)
+    assert isinstance(back, TrainBatch) and back.request_len == batch.request_len
+    for f in dataclasses.fields(TrainBatch):
+        mine, theirs = getattr(batch, f.name), getattr(back, f.name)
+        if isinstance(mine, torch.Tensor):
+            assert theirs.dtype == mine.dtype and torch.equal(theirs, mine), f.name
+        else:
+            assert theirs == mine, f.name
+    back.advantages.mul_(2)  # the unpickled tensors are the receiver's own, writable
+    # bfloat16 (no numpy dtype) and a tensor that requires grad go as torch pickles them
+    odd = dataclasses.replace(batch, ref_logprobs=batch.ref_logprobs.bfloat16(),
+                              advantages=batch.advantages.clone().requires_grad_())
+    again = pickle.loads(pickle.dumps(odd))
+    assert again.ref_logprobs.dtype == torch.bfloat16 and torch.equal(again.ref_logprobs, odd.ref_logprobs)
+    assert again.advantages.requires_grad and torch.equal(again.advantages.detach(), odd.advantages.detach())
+
+
 def test_collate_without_logprobs_flags_and_zeros() -> None:
     batch = collate([episode([5], [7])])
     assert not batch.has_ref_logprobs and not batch.has_generator_logprobs
