@@ -311,23 +311,26 @@ class TrainBatch:
         """Pickled with its CPU tensors as numpy arrays, as Completions are: the controller sends one batch
         to the trainer every step, and torch's own pickling of its seven small tensors took 0.9 ms (dump
         and load) against 0.1 (session 21, the quickstart's batch of 16)."""
-        return _from_wire, (type(self), *(_to_wire(getattr(self, f.name)) for f in fields(self)))
+        values = [getattr(self, f.name) for f in fields(self)]
+        as_numpy = tuple(i for i, v in enumerate(values) if _numpy_can_hold(v))
+        for i in as_numpy:
+            values[i] = values[i].numpy()  # shares the tensor's memory: pickling copies it once
+        return _from_wire, (type(self), as_numpy, *values)
 
 
-def _to_wire(value: Any) -> Any:
-    """A CPU tensor numpy can hold as a numpy array (sharing its memory); anything else as it is."""
-    if isinstance(value, torch.Tensor) and value.device.type == "cpu" and not value.requires_grad:
-        try:
-            return value.numpy()
-        except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16), a conjugate view: torch pickles it
-            return value
-    return value
+_NUMPY_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                           torch.float32, torch.float64})
 
 
-def _from_wire(cls: type, *values: Any) -> Any:
-    import numpy as np
+def _numpy_can_hold(value: Any) -> bool:
+    """A CPU tensor without autograd history of a dtype numpy has (not bfloat16, float8 ...)."""
+    if not isinstance(value, torch.Tensor) or value.device.type != "cpu" or value.requires_grad:
+        return False
+    return value.dtype in _NUMPY_DTYPES
 
-    return cls(*(torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in values))
+
+def _from_wire(cls: type, as_numpy: tuple[int, ...], *values: Any) -> Any:
+    return cls(*(torch.from_numpy(v) if i in as_numpy else v for i, v in enumerate(values)))
 
 
 @dataclass
