@@ -254,14 +254,14 @@ async def push_state_dict(state_dict: dict[str, torch.Tensor], version: int, tra
         manifest = write_shm(state_dict, key, dtype)
         manifest["torchstore"] = "torchstore" in transport
         if announce or manifest["torchstore"]:
-            await ts.put(f"{key}/{SHM_MANIFEST}", manifest)
+            await announce_version(version, manifest, namespace=namespace)
         return manifest
     return None
 
 
 async def announce_version(version: int, manifest: dict[str, Any], *, namespace: str = PREFIX) -> None:
-    """Put the manifest of a version pushed with ``announce=False`` in torchstore, where readers that
-    were not handed it (and ``stored_versions``) find it."""
+    """Put a version's shm manifest in torchstore, where readers that were not handed it (and
+    ``stored_versions``) find it: ``push_state_dict`` does, unless told ``announce=False``."""
     await _ts().put(f"{weights_key(version, namespace)}/{SHM_MANIFEST}", manifest)
 
 

@@ -62,6 +62,7 @@ def allow_amx() -> None:
 
 
 allow_amx()  # here: vLLM's worker process (mp executor) and the Generator's (in-process engine) import this
+# module; so does the kernel (through the Generator class), where the permission stays unused
 #: Managed by the Generator, so not accepted from users: results are collected whole.
 _MANAGED_SAMPLING = frozenset({"output_kind"})
 

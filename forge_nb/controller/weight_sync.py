@@ -214,17 +214,21 @@ class WeightSync:
         replica.version = version
 
 
-def _manifest(pushed: Any) -> dict[str, Any] | None:
-    """The shared-memory manifest rank 0 of the trainer returned from ``push_weights`` (None: none)."""
+def _rank0(pushed: Any) -> dict[str, Any]:
+    """What rank 0 of the trainer returned from ``push_weights`` ({} when not a dict)."""
     first = next(iter(pushed), None)
-    manifest = first.get("manifest") if isinstance(first, dict) else None
+    return first if isinstance(first, dict) else {}
+
+
+def _manifest(pushed: Any) -> dict[str, Any] | None:
+    """The shared-memory manifest of the push (None: none)."""
+    manifest = _rank0(pushed).get("manifest")
     return manifest if isinstance(manifest, dict) else None
 
 
 def _announced(pushed: Any) -> bool:
     """Whether the trainer put the manifest of its push in torchstore itself (one that does not say did)."""
-    first = next(iter(pushed), None)
-    return not isinstance(first, dict) or first.get("announced", True) is not False
+    return _rank0(pushed).get("announced", True) is not False
 
 
 def _takes(service: Any, name: str, keyword: str) -> bool:
