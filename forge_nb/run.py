@@ -49,6 +49,7 @@ class Run:
         self.task, self.reward_fns, self.pad_id = task, reward_fns, pad_id
         self.dir, self.model = directory, model
         self.exporters: list[Any] = []
+        self.openai: Any = None  # the OpenAI-compatible endpoint, once serve_openai() started it
         self._kernel_log = proclogs.KernelLog(directory.logs)  # forge_nb's own records: to a file, not cells
         self.metrics = MetricsStore(directory.path)
         self.replay_buffer = ReplayBuffer(batch_size=config.batch_size, max_policy_age=config.max_policy_age,
@@ -140,7 +141,8 @@ class Run:
                 "version": self.version, "mode": self.mode, "buffer": len(self.replay_buffer),
                 "loops": self._ctl.loops(), "services": {n: s.status() for n, s in self.services.items()},
                 "last": self.metrics.last(), "pending": self.pending, "run_dir": str(self.dir.path),
-                "health": self.health, "ledger": self.ledger()}
+                "health": self.health, "ledger": self.ledger(),
+                "openai": self.openai.status() if self.openai is not None else None}
 
     @property
     def health(self) -> str:
@@ -249,6 +251,23 @@ class Run:
         self.exporters.append(exporter)
         return exporter
 
+    async def serve_openai(self, *, port: int = 0, tool_parser: Any = "hermes", request_timeout_s: float = 600.0,
+                           chat_template_kwargs: dict[str, Any] | None = None) -> Any:
+        """Serve this run's policy as an OpenAI-compatible endpoint on 127.0.0.1 (``forge_nb.agents``); returns it
+        (``.url``, ``.token``, ``.client()``). Served once: a second call returns the same endpoint. It stops
+        with the run. ``tool_parser``: how the model writes tool calls, "hermes" (Qwen3 and most open models),
+        "simple" (a line "@name argument", the tiny models) or a function."""
+        if self.state == "shut down":
+            raise RuntimeError(f"run {self.name!r} is shut down; spawn a new run and serve that one")
+        if self.openai is None or not self.openai.serving:
+            from forge_nb.agents import OpenAIEndpoint
+
+            self.openai = await OpenAIEndpoint.start(self, port=port, tool_parser=tool_parser,
+                                                     request_timeout_s=request_timeout_s,
+                                                     chat_template_kwargs=chat_template_kwargs)
+            self.metrics.event("openai", url=self.openai.url, model=self.openai.model)
+        return self.openai
+
     async def sft(self, examples: list[dict[str, Any]] | None = None, *, batch_size: int | None = None) -> None:
         """Switch to supervised fine-tuning (torchforge's apps/sft on the same trainer), e.g. a warm start.
 
@@ -281,6 +300,8 @@ class Run:
             return
         await self.stop()
         try:
+            if self.openai is not None:  # nothing may reach the policy once its services stop
+                await self.openai.stop()
             for service in (self.policy, self.ref_model, self.trainer):
                 if service is not None:
                     await service.shutdown()

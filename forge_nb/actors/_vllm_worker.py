@@ -130,14 +130,17 @@ def completions(prompt: str | None, request: RequestOutput, version: int) -> Com
     for sample in request.outputs:
         token_ids = list(sample.token_ids)
         logprobs = None
+        metadata = {"request_id": request.request_id, "stop": sample.stop_reason,
+                    "num_cached_tokens": request.num_cached_tokens}
         if sample.logprobs is not None:  # one {token: Logprob} per step; the sampled token is there
             logprobs = [step[token].logprob for token, step in zip(token_ids, sample.logprobs, strict=True)]
+            if any(len(step) > 1 for step in sample.logprobs):  # alternatives were asked for (logprobs=k)
+                metadata["top_logprobs"] = [sorted(((t, p.logprob) for t, p in step.items()), key=lambda x: -x[1])
+                                            for step in sample.logprobs]
         out.append(_WireCompletion(
             prompt=prompt, text=sample.text, prompt_ids=list(request.prompt_token_ids or []),
             token_ids=token_ids, logprobs=logprobs, stop_reason=sample.finish_reason,
-            generator_version=version,
-            metadata={"request_id": request.request_id, "stop": sample.stop_reason,
-                      "num_cached_tokens": request.num_cached_tokens},
+            generator_version=version, metadata=metadata,
         ))
     return out
 

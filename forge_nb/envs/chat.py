@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Framing"]
+__all__ = ["Framing", "after_action_ids", "render_ids"]
 
 _MARK = "\x1fforge-nb-action\x1f"
 """Stands for an action in a rendered template; what the template puts after it frames the next message."""
@@ -59,43 +59,61 @@ class Framing:
         if chat is None and has_template and system_prompt is None:
             # a template that adds nothing around a message (the tiny models' only concatenates) has no
             # chat to frame: raw text, where tool results carry their own framing (Tools.format)
-            self.chat = self._render_after_action({"role": "user", "content": "\x1e"}) != "\x1e"
+            probe = [{"role": "user", "content": "\x1e"}]
+            self.chat = _render_after_action(tokenizer, probe, self.template_kwargs) != "\x1e"
 
     def prompt_ids(self, first: str) -> list[int]:
         """The trajectory's prompt: the first observation (as the user's message, after the system prompt)."""
         if not self.chat:
             return list(self.tokenizer(first)["input_ids"])
         messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt is not None else []
-        return self._ids(self._render([*messages, {"role": "user", "content": first}]))
+        return render_ids(self.tokenizer, [*messages, {"role": "user", "content": first}], **self.template_kwargs)
 
     def observation_ids(self, action_ids: list[int], observation: str, *, tool: bool = False) -> list[int]:
         """What follows an action: the end of the policy's turn, the observation (a tool's answer if
         ``tool``) as the next message, and the opening of the policy's next turn."""
         if not self.chat:
-            return self._ids(observation)
+            return _ids(self.tokenizer, observation)
         message = {"role": "tool" if tool else "user", "content": observation}
         try:
-            text = self._render_after_action(message)
+            return after_action_ids(self.tokenizer, action_ids, [message], **self.template_kwargs)
         except Exception:  # a template without a tool role (jinja raises what the template raises)
             if not tool:
                 raise
-            text = self._render_after_action({"role": "user", "content": observation})
-        if action_ids and action_ids[-1] in self.tokenizer.all_special_ids:
-            ended_with = self.tokenizer.decode(action_ids[-1:], skip_special_tokens=False)
-            if text.startswith(ended_with):  # the policy closed its turn itself: not twice
-                text = text[len(ended_with):]
-        return self._ids(text)
+            return after_action_ids(self.tokenizer, action_ids, [{"role": "user", "content": observation}],
+                                    **self.template_kwargs)
 
-    def _render_after_action(self, message: dict[str, str]) -> str:
-        text = self._render([{"role": "user", "content": "?"}, {"role": "assistant", "content": _MARK}, message])
-        if _MARK not in text:
-            raise ValueError("the chat template does not render an assistant message's content as it is; "
-                             "pass chat=False to multi_turn_episode for raw text")
-        return text[text.rindex(_MARK) + len(_MARK):]
 
-    def _render(self, messages: list[dict[str, str]]) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                  **self.template_kwargs)
+def after_action_ids(tokenizer: Any, action_ids: list[int], messages: list[dict[str, Any]],
+                     **template_kwargs: Any) -> list[int]:
+    """The token ids that follow a policy's action in its chat template: the end of its turn, ``messages``
+    (user, tool or system messages) and the opening of its next turn; an end-of-turn token the action already
+    ended with is not added twice. ``template_kwargs`` go to ``apply_chat_template`` (``tools=``...)."""
+    text = _render_after_action(tokenizer, messages, template_kwargs)
+    if action_ids and action_ids[-1] in tokenizer.all_special_ids:
+        ended_with = tokenizer.decode(action_ids[-1:], skip_special_tokens=False)
+        if text.startswith(ended_with):  # the policy closed its turn itself: not twice
+            text = text[len(ended_with):]
+    return _ids(tokenizer, text)
 
-    def _ids(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+def _render_after_action(tokenizer: Any, messages: list[dict[str, Any]], template_kwargs: dict[str, Any]) -> str:
+    text = _render(tokenizer, [{"role": "user", "content": "?"}, {"role": "assistant", "content": _MARK}, *messages],
+                   template_kwargs)
+    if _MARK not in text:
+        raise ValueError("the chat template does not render an assistant message's content as it is; "
+                         "pass chat=False to multi_turn_episode for raw text")
+    return text[text.rindex(_MARK) + len(_MARK):]
+
+
+def render_ids(tokenizer: Any, messages: list[dict[str, Any]], **template_kwargs: Any) -> list[int]:
+    """A whole conversation's token ids in the chat template, opening the assistant's turn."""
+    return _ids(tokenizer, _render(tokenizer, messages, template_kwargs))
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], template_kwargs: dict[str, Any]) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from forge_nb._monarch_compat import await_maybe
 
-__all__ = ["ToolCall", "ToolFailed", "ToolResult", "Tools", "python_tool"]
+__all__ = ["ToolCall", "ToolFailed", "ToolResult", "Tools", "find_tool_calls", "python_tool"]
 
 Syntax = Literal["hermes", "simple"]
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
@@ -78,27 +78,8 @@ class Tools:
         this with ``fn`` (a model with a call format of its own); ``syntax`` still says how results read."""
         if self._parse is not None:
             return self._parse(action)
-        if self.syntax == "simple":
-            match = _SIMPLE.search(action)
-            return None if match is None else ToolCall(match.group(1), {"input": match.group(2).strip()})
-        match = _HERMES.search(action)
-        if match is None:
-            return None
-        try:
-            call = json.loads(match.group(1))
-        except json.JSONDecodeError as e:
-            return f"the tool call is not JSON ({e.msg} at character {e.pos})"
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return 'a tool call is {"name": "<tool>", "arguments": {...}}'
-        arguments = call.get("arguments") or {}
-        if isinstance(arguments, str):  # some templates write the arguments as a JSON string
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                arguments = {"input": arguments}
-        if not isinstance(arguments, dict):
-            return "a tool call's arguments are a JSON object"
-        return ToolCall(call["name"], arguments)
+        found = find_tool_calls(action, self.syntax)
+        return found[0][1] if found else None
 
     async def call(self, call: ToolCall | str) -> ToolResult:
         """Run one parsed call; every failure is a result with ``ok=False`` and the reason as its output."""
@@ -124,6 +105,34 @@ class Tools:
         """The observation that carries a result back to a policy that reads raw text."""
         text = self.content(result)
         return f"<tool_response>\n{text}\n</tool_response>\n" if self.syntax == "hermes" else f"{text}\n"
+
+
+def find_tool_calls(text: str, syntax: Syntax = "hermes") -> list[tuple[tuple[int, int], ToolCall | str]]:
+    """Every tool call written in ``text``, in order, with the span it takes: a :class:`ToolCall`, or a string
+    saying why a call that was attempted does not parse. The ``"simple"`` syntax has at most one call (its
+    argument runs to the end of the text)."""
+    if syntax == "simple":
+        match = _SIMPLE.search(text)
+        return [] if match is None else [(match.span(), ToolCall(match.group(1), {"input": match.group(2).strip()}))]
+    return [(match.span(), _hermes_call(match.group(1))) for match in _HERMES.finditer(text)]
+
+
+def _hermes_call(body: str) -> ToolCall | str:
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError as e:
+        return f"the tool call is not JSON ({e.msg} at character {e.pos})"
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return 'a tool call is {"name": "<tool>", "arguments": {...}}'
+    arguments = call.get("arguments") or {}
+    if isinstance(arguments, str):  # some templates write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            arguments = {"input": arguments}
+    if not isinstance(arguments, dict):
+        return "a tool call's arguments are a JSON object"
+    return ToolCall(call["name"], arguments)
 
 
 class ToolFailed(RuntimeError):

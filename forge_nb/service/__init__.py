@@ -13,9 +13,9 @@ from monarch.actor import endpoint
 from forge_nb.service.actor import ForgeActor, Options
 from forge_nb.service.errors import ActorFailure, ActorStartFailed, NoHealthyReplica, ReplicaDied
 from forge_nb.service.replica import Replica, ReplicaStatus
-from forge_nb.service.service import ActorHandle, Service, ServiceEvent
+from forge_nb.service.service import ActorHandle, Affinity, Service, ServiceEvent
 
 __all__ = [
-    "ActorFailure", "ActorHandle", "ActorStartFailed", "ForgeActor", "NoHealthyReplica", "Options", "Replica",
-    "ReplicaDied", "ReplicaStatus", "Service", "ServiceEvent", "endpoint",
+    "ActorFailure", "ActorHandle", "ActorStartFailed", "Affinity", "ForgeActor", "NoHealthyReplica", "Options",
+    "Replica", "ReplicaDied", "ReplicaStatus", "Service", "ServiceEvent", "endpoint",
 ]

@@ -42,14 +42,23 @@ from forge_nb.service.errors import ActorStartFailed, NoHealthyReplica, ReplicaD
 from forge_nb.service.options import ActorClass, Options
 from forge_nb.service.replica import Replica, ReplicaStatus
 
-__all__ = ["ActorHandle", "NoHealthyReplica", "Service", "ServiceEvent"]
+__all__ = ["ActorHandle", "Affinity", "NoHealthyReplica", "Service", "ServiceEvent"]
 
 logger = logging.getLogger(__name__)
 
-#: service id -> replica index its current session sticks to (None until the first call).
-_SESSIONS: contextvars.ContextVar[dict[int, int | None] | None] = contextvars.ContextVar(
+#: service id -> the Affinity of the session the current task is in.
+_SESSIONS: contextvars.ContextVar[dict[int, Affinity] | None] = contextvars.ContextVar(
     "forge_nb_sessions", default=None)
 _ids = itertools.count()
+
+
+@dataclass(slots=True)
+class Affinity:
+    """The replica a session's calls stick to (None until its first call). ``session()`` makes a fresh one;
+    hand the same one to several ``session(affinity)`` blocks to keep calls that arrive separately (the
+    requests of one trajectory to the OpenAI endpoint) on one replica."""
+
+    replica: int | None = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -138,9 +147,10 @@ class Service:
         return ServiceEndpoint(self, name)
 
     @contextlib.asynccontextmanager
-    async def session(self) -> AsyncIterator[None]:
-        """Calls routed inside stick to one replica (and move if it dies)."""
-        token = _SESSIONS.set({**(_SESSIONS.get() or {}), self._id: None})
+    async def session(self, affinity: Affinity | None = None) -> AsyncIterator[None]:
+        """Calls routed inside stick to one replica (and move if it dies); ``affinity`` carries that replica
+        from one ``session`` block to the next (see :class:`Affinity`)."""
+        token = _SESSIONS.set({**(_SESSIONS.get() or {}), self._id: affinity or Affinity()})
         try:
             yield
         finally:
@@ -189,10 +199,10 @@ class Service:
         tried: set[int] = set()
         deaths = 0
         while True:
-            sticky = sessions.get(self._id) if in_session else None
+            sticky = sessions[self._id].replica if in_session else None
             replica = self._pick_now(tried, sticky) or await self._wait_for_replica(tried, sticky)
             if in_session:
-                sessions[self._id] = replica.index
+                sessions[self._id].replica = replica.index
             try:
                 return await replica.call(endpoint, args, kwargs, all_ranks=all_ranks)
             except ReplicaDied:
