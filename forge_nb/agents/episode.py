@@ -86,14 +86,13 @@ def agent_episode(agent: Agent, *, max_tokens: int | None = None, timeout_s: flo
 async def _play(agent: Agent, client: Any, sample: dict[str, Any], timeout_s: float | None
                 ) -> tuple[float | None, str | None]:
     """One run of the agent: its reward, or None and why its trajectory must not be learned from."""
-    async with client:
-        try:
-            async with asyncio.timeout(timeout_s):
-                reward = await await_maybe(agent(client, sample))
-        except TimeoutError:
-            return None, f"the agent took longer than {timeout_s:g} s"
-        except Exception as e:  # the user's code: its error is the trajectory's reason, the run goes on
-            return None, f"the agent raised {type(e).__name__}: {e}"[:500]
+    try:
+        async with asyncio.timeout(timeout_s):
+            reward = await await_maybe(agent(client, sample))
+    except TimeoutError:
+        return None, f"the agent took longer than {timeout_s:g} s"
+    except Exception as e:  # the user's code: its error is the trajectory's reason, the run goes on
+        return None, f"the agent raised {type(e).__name__}: {e}"[:500]
     if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
         return None, f"the agent returned {reward!r}; it must return the trajectory's reward, a finite number"
     return float(reward), None

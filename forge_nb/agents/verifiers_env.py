@@ -2,60 +2,62 @@
 
 ``run.episode_fn = verifiers_episode(env)`` plays a GRPO group of verifiers episodes of one task (verifiers
 0.4, ``import verifiers.v1 as vf``): :func:`~forge_nb.agents.episode.agent_episode` gives each trajectory an
-``openai.AsyncOpenAI`` bound to its own base URL on the run's OpenAI-compatible endpoint, and the agent here
-hands that URL, key and model name to ``env.run_episode(task, ModelContext(...))``. verifiers does the rest
-as it does in an eval: its interception server (aiohttp, 127.0.0.1, in this process) receives the harness's
-chat calls, records them on its trace and forwards them to the trajectory's URL, where forge_nb records the
-token ids it trains on; the task's ``@vf.reward`` functions score the trace, and the episode's reward (the mean
-over its trainable traces) is the trajectory's reward. An episode that fails (a harness, a tool server or the
-env's ``run()`` raised) quarantines its trajectory with verifiers' error as the reason::
+``openai.AsyncOpenAI`` bound to its own base URL on the run's OpenAI endpoint, and the agent here hands that
+URL, key and model name to ``env.run_episode(task, ModelContext(...))``. verifiers does the rest as in one of
+its evals: its interception server (aiohttp on 127.0.0.1, in this process) takes the harness's chat calls,
+records them on its trace and forwards them to the trajectory's URL, where forge_nb records the token ids it
+trains on; the task's ``@vf.reward`` functions score the trace, and the episode's reward (the mean over its
+trainable traces) is the trajectory's. An episode that fails (a harness, a tool server or the env's ``run()``
+raised) quarantines its trajectory with verifiers' error as the reason::
 
-    env = local_env(MyTaskset)                      # a vf.Taskset defined in a cell, its seats in-process
+    env = local_env(MyTaskset)                  # a vf.Taskset from a cell; every seat in this process
     run.episode_fn = verifiers_episode(env, tools=Tools({"python": python_tool(coder)}))
 
-The verifiers 0.4 API, and what is used of it:
+What is used of verifiers, and why:
 
-- ``Env.run_episode(task, ctx)`` inside ``Env.serving()`` is how verifiers' own in-process eval runner and
-  prime-rl's env server turn one task into one episode; it covers single-turn tasksets, multi-turn envs (an
-  ``Env.run`` that answers the model with ``agent.interaction(task).turn(message)``, as verifiers' TextArena
-  env does) and multi-agent ones. ``Agent.run(task)`` alone (one agent, one trace) was considered: it skips
-  the env's control flow, so multi-turn envs would need a second protocol. ``run_slot`` (episode retries)
-  is not used: a retried episode would add the failed attempt's calls to the trajectory.
-- The harness. verifiers' harnesses are programs it launches in a runtime: ``null`` and ``bash`` run a
-  PEP 723 script through ``uv`` (which downloads uv and the script's packages), the others need Docker or
-  a remote sandbox (the default seat runtime is Prime's cloud). ``Harness.launch`` may instead run its loop
-  in-process "as long as every model call goes through endpoint + secret" (its docstring), which is
-  ``forge-nb-chat`` here: an OpenAI chat loop in the kernel's event loop, no subprocess, no network.
-  verifiers loads harnesses and tasksets by id (an importable top-level module exporting the class), so
-  this module registers its harness, and :func:`local_env` a taskset class from a cell, as modules under
-  ``verifiers.v1.harnesses`` / ``verifiers.v1.tasksets`` in ``sys.modules`` when first called (never on
-  import). The seat runtime is ``subprocess``: a scratch folder per rollout, nothing started.
-- Tools. verifiers' own tools are MCP servers (``vf.Toolset``) launched as ``python -m module`` processes;
-  a process cannot reach a forge_nb service such as ``SandboxedPythonCoder``. ``forge-nb-chat`` therefore
-  also runs forge_nb's :class:`~forge_nb.envs.tools.Tools` itself, as verifiers' ``bash`` harness runs its
-  ``bash`` tool: the model gets them as OpenAI tools, a structured tool call is answered with a ``tool``
-  message, and a call written in the reply's text (``Tools.parse``: Hermes tags, ``@name arg`` or your
-  parser; for models the endpoint does not parse calls for) with a user message ``Tools.format`` writes.
-  A task's MCP toolsets still work: the harness connects to them with verifiers' own MCP client.
+- ``Env.run_episode(task, ctx)`` inside ``Env.serving()``, as verifiers' in-process eval runner and prime-rl's
+  env server do it. One call covers single-turn tasksets, multi-turn envs (an ``Env.run`` answering the model
+  through ``agent.interaction(task).turn(message)``, as verifiers' TextArena env does) and multi-agent ones.
+  Considered: ``Agent.run(task)`` (one agent, no env control flow: multi-turn would need a protocol of our
+  own) and ``Env.run_slot`` (it retries whole episodes; a retry would add the failed attempt's calls to the
+  trajectory).
+- The harness. verifiers' harnesses are programs launched in a runtime: ``null`` and ``bash`` are scripts run
+  through ``uv`` (which downloads uv and the scripts' packages), the others need Docker or a remote sandbox
+  (a seat's default runtime is Prime's cloud). ``Harness.launch`` may run its loop in-process "as long as
+  every model call goes through endpoint + secret" (its docstring): ``forge-nb-chat`` (:data:`HARNESS_ID`)
+  is such a loop, in the kernel's event loop, with the ``subprocess`` runtime (a scratch folder per rollout,
+  nothing started). verifiers loads harnesses and tasksets by id, as importable top-level modules, so this
+  module registers its harness (and :func:`local_env` a taskset class from a cell) as modules under
+  ``verifiers.v1.harnesses`` / ``verifiers.v1.tasksets`` in ``sys.modules``, when first called (not on import).
+  Seats in containers or remote sandboxes, and harnesses that run the model's commands on this machine
+  (``bash``), are refused with the fix.
+- Tools. The endpoint reads the model's calls out of its text (its ``tool_parser``: Hermes tags, ``@name arg``
+  or yours) and answers ``tool_calls``; ``forge-nb-chat`` answers each with a ``tool`` message, from forge_nb's
+  :class:`~forge_nb.envs.tools.Tools` run in-process (``python_tool(coder)`` runs in the SandboxedPythonCoder
+  service, as verifiers' ``bash`` harness runs its own ``bash`` tool), or from the task's ``vf.Toolset`` MCP
+  servers through verifiers' MCP client. verifiers starts those servers itself (``python -m module`` with this
+  interpreter: offline, but a process start per rollout, or per group for a taskset's shared ones), and a
+  process cannot reach a forge_nb service: that is why the coder is a forge_nb tool.
 - The key. verifiers reads an endpoint's key only from an environment variable (``api_key_var``), so the
-  trajectory's bearer token is set as ``FORGE_NB_<hash>_API_KEY`` (verifiers' subprocess runtime drops
-  variables whose name holds ``API_KEY`` from the processes it starts).
-- Serving. ``Env.serving()`` (the interception server, shared tool servers) is held while any of the
-  episode function's rollouts is in flight and closed when the last ends: nothing is left running between
-  steps, at the price of one local aiohttp server start per group.
+  endpoint's token is set as ``FORGE_NB_<hash>_API_KEY`` (verifiers' subprocess runtime keeps variables named
+  ``*API_KEY*`` out of the processes it starts).
+- Serving. ``Env.serving()`` is held while any rollout of the env is in flight and closed after the last:
+  nothing runs between steps, for one loopback aiohttp server start per group.
+- A conversation that spends the trajectory's token budget (the endpoint answers "context_length_exceeded")
+  ends there and is scored, as verifiers' own chat loop treats a full context.
 
 Which task a group plays: ``sample["vf_task"]`` (an index into the env's taskset) when the run's task gives
-one, else the env's own sampling (its taskset shuffled under ``seed``, cycled), one task per group. A
-taskset that never ends (``INFINITE``) is bounded with ``num_tasks``.
+one, else the env's own sampling (the taskset shuffled under ``seed``, cycled), one task per group. A taskset
+that never ends (``INFINITE``) is bounded with ``num_tasks``.
 
-Logging: verifiers' library logs through stdlib logging only (loguru and rich belong to its CLIs), silent
-until a handler is added; its ``verifiers.v1`` records are forwarded to this module's logger (so a run's
-``kernel.log`` gets them, never a cell) and stop propagating to the root logger on their own. uvicorn and
-httpx are not configured by anything used here.
+Logging: verifiers' library logs through stdlib logging only (loguru and rich are its CLIs'), silent until a
+handler is added. From the first call here its ``verifiers.v1`` records are re-logged on this module's logger
+when that has a handler (a run's ``kernel.log``, or one the user put on the root logger), and dropped
+otherwise, as verifiers drops them: never printed into a cell. A toolset server's output goes to a log file in
+its runtime's scratch folder.
 
-Limits: a seat that is not trainable (a user simulator's) still calls the run's model through the
-trajectory's URL unless its ``AgentConfig`` names a ``client`` of its own; text-parsed tool calls are not
-``ToolMessage`` s on verifiers' trace.
+Limits: a seat that is not trainable (a user simulator's) calls the run's model through the trajectory's URL
+too, unless its ``AgentConfig`` names a ``client`` of its own, so its answers are trained as the policy's.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ import random
 import sys
 import types
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from forge_nb._importpath import require
@@ -96,13 +98,15 @@ _TOOLS: contextvars.ContextVar[Tools | None] = contextvars.ContextVar("forge_nb_
 # -- the episode function ---------------------------------------------------------------------------------------
 
 
-def verifiers_episode(env: Any, *, tools: Tools | None = None, sampling: dict[str, Any] | None = None,
-                      num_tasks: int | None = None, seed: int = 0, **options: Any) -> Any:
+def verifiers_episode(env: Any, *, tools: Tools | Mapping[str, Any] | None = None,
+                      sampling: dict[str, Any] | None = None, num_tasks: int | None = None, seed: int = 0,
+                      **options: Any) -> Any:
     """An episode function (``async (run, sample) -> group``) playing one verifiers episode of ``env`` per
     trajectory of a group, all of one task; the episode's reward is the trajectory's.
 
     ``env``: a ``vf.Env`` whose seats run locally (:func:`local_env` makes one); ``tools``: forge_nb tools
-    the ``forge-nb-chat`` harness offers the model; ``sampling``: verifiers' sampling settings for every call
+    (a :class:`~forge_nb.envs.tools.Tools`, or ``{name: fn}``) the ``forge-nb-chat`` harness offers the model
+    and runs, in every seat it plays; ``sampling``: verifiers' sampling settings for every call
     (``{"max_tokens": 64, "temperature": 1.0}``); ``num_tasks``: how many of the taskset's tasks to play
     (required when it never ends); ``seed``: the order the env's own sampling plays them in. Other
     ``options`` go to :func:`~forge_nb.agents.episode.agent_episode`."""
@@ -110,6 +114,8 @@ def verifiers_episode(env: Any, *, tools: Tools | None = None, sampling: dict[st
     if not isinstance(env, vf.Env):
         raise TypeError(f"verifiers_episode(env={env!r}): needs a verifiers.v1 Env; make one of a taskset with "
                         "forge_nb.agents.verifiers_env.local_env(MyTaskset)")
+    if isinstance(tools, Mapping):
+        tools = Tools(tools)
     if tools is not None and not isinstance(tools, Tools):
         raise TypeError(f"verifiers_episode(tools={tools!r}): pass forge_nb.envs.tools.Tools({{name: fn}})")
     _check_seats(env)
@@ -170,15 +176,22 @@ def _tasks(env: Any, num_tasks: int | None) -> list[Any]:
 
 
 def _check_seats(env: Any) -> None:
-    """Every seat runs on this machine; the runtimes that start containers or sandboxes are refused."""
+    """Every seat runs here, in the subprocess runtime (not a container, not a remote sandbox), with a harness
+    that does not run the model's commands on this machine (``bash`` would, as the kernel's user)."""
     from verifiers.v1.configs.agent import agent_config_fields
-    from verifiers.v1.runtimes import runtime_is_local
+    from verifiers.v1.utils.loaders import harness_class
 
+    fix = "build the env with local_env(), or give the seat vf.AgentConfig(runtime=vf.SubprocessConfig(), " \
+          f"harness={{'id': {HARNESS_ID!r}}})"
+    harnesses = env.config.agent_harnesses()
     for name, seat in agent_config_fields(env.config).items():
-        if not runtime_is_local(seat.runtime) or seat.runtime.type != "subprocess":
+        if seat.runtime.type != "subprocess":
             raise ValueError(f"the env's seat {name!r} runs in a {seat.runtime.type!r} runtime (a container or a "
-                             f"remote sandbox); run it here: {name}=vf.AgentConfig(runtime=vf.SubprocessConfig(), "
-                             f"harness={{'id': {HARNESS_ID!r}}}), or build the env with local_env()")
+                             f"remote sandbox), not on this machine: {fix}")
+        if harness_class(harnesses[name].id).EXECUTES_CODE:
+            raise ValueError(f"the env's seat {name!r} plays with the {harnesses[name].id!r} harness, which runs the "
+                             "model's commands on this machine as the kernel's user; run code in forge_nb's sandbox "
+                             f"instead (verifiers_episode(tools=Tools({{'python': python_tool(coder)}}))): {fix}")
 
 
 def _key_variable(api_key: str) -> str:
@@ -227,9 +240,10 @@ def _serving(env: Any) -> _Serving:
 
 def local_env(taskset: Any, env: type | None = None, **config: Any) -> Any:
     """A verifiers Env playing ``taskset`` (a ``vf.Taskset`` subclass, or an instance for its config) with
-    every seat in this process: ``forge-nb-chat`` as its harness and the ``subprocess`` runtime, unless the
-    seat's config says otherwise. ``env``: the ``vf.Env`` subclass (``vf.SingleAgentEnv`` by default);
-    ``config``: its config's fields (``agent=vf.AgentConfig(max_turns=3)``, a multi-agent env's roles).
+    every seat in this process: the ``subprocess`` runtime, and ``forge-nb-chat`` as the harness of a seat
+    that names none or verifiers' ``null`` (the same tool-less loop, run through uv), unless ``config`` says
+    otherwise. ``env``: the ``vf.Env`` subclass (``vf.SingleAgentEnv`` by default); ``config``: its config's
+    fields (``agent=vf.AgentConfig(max_turns=3)``, a multi-agent env's roles).
 
     The taskset class may live in a notebook cell: it is registered under an id verifiers can load."""
     vf = _plugin().vf
@@ -250,11 +264,10 @@ def local_env(taskset: Any, env: type | None = None, **config: Any) -> Any:
     for name, field in config_cls.model_fields.items():
         if isinstance(field.default, AgentConfig):
             seat = dict(data.get(name) or {})
-            unset = field.default.model_fields_set
-            if "harness" not in seat and "harness" not in unset:
+            declared = field.default.harness
+            if "harness" not in seat and (declared is None or declared.id == "null"):  # null: the same loop, uv's
                 seat["harness"] = {"id": HARNESS_ID}
-            if "runtime" not in seat and "runtime" not in unset:
-                seat["runtime"] = {"type": "subprocess"}
+            seat.setdefault("runtime", {"type": "subprocess"})
             data[name] = seat
     return env_cls(config_cls.model_validate(data))
 
@@ -310,14 +323,16 @@ def _plugin() -> types.SimpleNamespace:
     if not any(isinstance(h, _Forward) for h in library.handlers):
         library.addHandler(_Forward())
         library.propagate = False
-    return types.SimpleNamespace(vf=vf, harness=ForgeChatHarness)
+    return types.SimpleNamespace(vf=vf)
 
 
 class _Forward(logging.Handler):
-    """verifiers' records, re-logged on this module's logger (where a run's kernel.log picks them up)."""
+    """verifiers' records, re-logged on this module's logger (where a run's kernel.log picks them up) when that
+    has a handler: never through Python's last-resort handler, which prints into whichever cell ran last."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        log.handle(record)
+        if log.hasHandlers():
+            log.handle(record)
 
 
 async def _chat(model: str, endpoint: str, secret: str, system: str | None, prompt: Any,
@@ -326,6 +341,7 @@ async def _chat(model: str, endpoint: str, secret: str, system: str | None, prom
     import openai
     from verifiers.v1.dialects.chat import message_to_wire
     from verifiers.v1.errors import MODEL_TRANSPORT_ERROR_EXIT_CODE
+    from verifiers.v1.harnesses.utils.compaction import is_context_overflow
     from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
 
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
@@ -346,8 +362,10 @@ async def _chat(model: str, endpoint: str, secret: str, system: str | None, prom
                     model=model, messages=messages, **({"tools": schemas} if schemas else {}))
             except openai.APIConnectionError as e:
                 return MODEL_TRANSPORT_ERROR_EXIT_CODE, f"the model call did not connect: {e}"
-            except openai.APIStatusError as e:  # also a refused turn (a limit, a @vf.stop): verifiers knows
-                return 1, f"the model call failed: {e.status_code} {e.message}"
+            except openai.APIStatusError as e:
+                if is_context_overflow(e):  # the trajectory's token budget is spent: the run ends, and is scored
+                    return 0, ""
+                return 1, f"the model call failed: {e.status_code} {e.message}"  # or a limit refused it
             message = completion.choices[0].message
             calls = message.tool_calls or []
             messages.append({"role": "assistant", "content": message.content or "",
