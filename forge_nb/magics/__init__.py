@@ -24,6 +24,8 @@ Magic                                                  What it does
                                                        files in the run directory, not to the cells
 %forge_dashboard [--side]                              the live dashboard (forge_nb.widgets); --side: in a
                                                        JupyterLab side panel that stays in view
+%forge_serve [--tool-parser P] [--port N] [-o VAR]     the policy as an OpenAI-compatible endpoint on 127.0.0.1
+  [--stop]                                             (token: VAR.token); agent code trains through it
 %forge_meshes                                          every process mesh the kernel holds
 %forge_shutdown [--name N | --all]                     stop loops, services and meshes; check no process is left;
                                                        release the job's hosts (%forge_cluster)
@@ -77,13 +79,14 @@ def load_ipython_extension(ipython: Any) -> None:
     from forge_nb.magics._cluster import ClusterMagics
     from forge_nb.magics._control import ControlMagics
     from forge_nb.magics._runs import Runs
+    from forge_nb.magics._serve import ServeMagics
     from forge_nb.magics._spawn import SpawnMagics
 
     # Before anything imports monarch, so its supervision env applies (see forge_nb.runtime).
     runtime.ensure_started()
     runs = Runs.of(ipython)
     ipython.register_magics(SpawnMagics(ipython, runs), ControlMagics(ipython, runs, help_text()),
-                            ClusterMagics(ipython))
+                            ClusterMagics(ipython), ServeMagics(ipython, runs))
     if await_forge_magics not in ipython.input_transformers_post:
         ipython.input_transformers_post.append(await_forge_magics)
 

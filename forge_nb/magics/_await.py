@@ -20,7 +20,7 @@ import ast
 
 #: Magics that return a coroutine (they need the kernel's event loop); every other one is synchronous.
 AWAITED = frozenset({"forge_spawn", "forge_attach", "forge_run", "forge_resume", "forge_step", "forge_stop",
-                     "forge_set", "forge_shutdown", "forge_cluster"})
+                     "forge_set", "forge_shutdown", "forge_cluster", "forge_serve"})
 
 
 def await_forge_magics(lines: list[str]) -> list[str]:
@@ -28,8 +28,8 @@ def await_forge_magics(lines: list[str]) -> list[str]:
     source = "".join(lines)
     if "run_line_magic('forge_" not in source:
         return lines
-    try:
-        tree = ast.parse(source)
+    try:  # a cell may await at top level itself (`run = await forge_nb.spawn(...)`), as IPython allows
+        tree = compile(source, "<cell>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     except SyntaxError:  # IPython reports it when it compiles the cell
         return lines
     spots = sorted(_calls_to_await(tree.body), reverse=True)

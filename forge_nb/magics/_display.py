@@ -85,6 +85,8 @@ def status_report(status: dict[str, Any]) -> Report:
     parts.append(Table(replicas, REPLICA_COLUMNS, title="replicas"))
     loops = status.get("loops") or {}
     parts.append("loops: " + (", ".join(f"{n} {s}" for n, s in loops.items()) or "not started (%forge_run)"))
+    if status.get("openai"):
+        parts.append(openai_line(status["openai"]))
     if status.get("pending"):
         parts.append("pending for the next step: " + ", ".join(f"{k}={v}" for k, v in status["pending"].items()))
     last = status.get("last") or {}
@@ -92,6 +94,15 @@ def status_report(status: dict[str, Any]) -> Report:
         parts.append(steps_table([last], title="last step (all values: run.metrics.frame())"))
     parts.append(f"run directory: {status['run_dir']}")
     return Report(parts)
+
+
+def openai_line(endpoint: dict[str, Any]) -> str:
+    """The run's OpenAI endpoint (``%forge_serve``): where, what it served, and how fast."""
+    if not endpoint.get("serving"):
+        return "OpenAI endpoint: stopped"
+    p50 = f", p50 {endpoint['p50_s'] * 1000:.0f} ms" if endpoint.get("p50_s") is not None else ""
+    return (f"OpenAI endpoint: {endpoint['url']} (model {endpoint['model']!r}): {endpoint['requests']} request(s), "
+            f"{endpoint['errors']} error(s){p50}, {endpoint['trajectories']} open trajectory(ies)")
 
 
 RUN_COLUMNS = ("run", "variables", "state", "step", "version", "buffer", "replicas", "reward/mean", "loss")

@@ -59,22 +59,21 @@ class KeyTask:
 
 
 async def key_agent(client: Any, sample: dict[str, str]) -> float:
-    """Ask the policy; if it calls the tool, hand it the key and ask again; score the final answer."""
-    key = sample["target"]
+    """Ask the policy; if it calls the tool, hand it the key and ask again; score the final answer (the code
+    notebook 09 shows)."""
+    key = sample["target"]  # what the tool knows
     messages: list[Any] = [{"role": "user", "content": sample["request"]}]
     reply = await client.chat.completions.create(model=client.model, messages=messages, tools=KEY_TOOLS, max_tokens=2)
     message = reply.choices[0].message
     asked = [call.function.name for call in message.tool_calls or []]
-    if asked:
+    if asked:  # run the tool, hand its answer back, ask again
         messages.append(message)
         messages += [{"role": "tool", "tool_call_id": call.id, "content": key if call.function.name == "k" else "?"}
                      for call in message.tool_calls]
-        reply = await client.chat.completions.create(model=client.model, messages=messages, tools=KEY_TOOLS,
-                                                     max_tokens=len(key))
+        reply = await client.chat.completions.create(model=client.model, messages=messages, max_tokens=len(key))
         message = reply.choices[0].message
     answer = message.content or ""
-    right = sum(a == b for a, b in zip(answer, key, strict=False)) / len(key)
-    return 0.8 * right + 0.1 * bool(asked) + 0.1 * ("k" in asked)
+    return 0.8 * (answer[:len(key)] == key) + 0.1 * bool(asked) + 0.1 * ("k" in asked)
 
 
 def agent_keys(**overrides: Any) -> RunConfig:

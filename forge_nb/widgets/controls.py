@@ -36,9 +36,11 @@ def read_hparams(run: Any) -> dict[str, Any]:
 
 def run_summary(run: Any) -> dict[str, Any]:
     """name, state, step, version and error of a run (each None when the run lacks it)."""
+    endpoint = getattr(run, "openai", None)
     return {"name": getattr(run, "name", None), "state": getattr(run, "state", None),
             "step": getattr(run, "current_step", None), "version": getattr(run, "version", None),
-            "error": getattr(run, "error", None)}
+            "error": getattr(run, "error", None),
+            "openai": endpoint.status() if endpoint is not None and endpoint.serving else None}
 
 
 def render_status(s: dict[str, Any]) -> str:
@@ -48,6 +50,11 @@ def render_status(s: dict[str, Any]) -> str:
            "color:white;padding:1px 6px;"
            f"border-radius:3px'>{html.escape(state)}</span> step <b>{s['step']}</b> &middot; "
            f"version <b>{s['version']}</b></span>")
+    if s.get("openai"):
+        o = s["openai"]
+        out += (f"<div class='forge-openai' style='color:#555'>OpenAI endpoint <code>{html.escape(o['url'])}</code> "
+                f"&middot; model <code>{html.escape(str(o['model']))}</code> &middot; {o['requests']} requests, "
+                f"{o['errors']} errors</div>")
     if s["error"]:
         out += f"<div style='color:#b00020'>error: {html.escape(str(s['error']))}</div>"
     return out

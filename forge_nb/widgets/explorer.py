@@ -53,12 +53,12 @@ def render_episodes(episodes: list[Episode]) -> str:
 
 def _turns(turns: list[dict[str, Any]]) -> str:
     """A multi-turn episode's response, turn by turn: the policy's action, then what answered it (the
-    environment, or a tool, marked ok or failed) and the turn's reward."""
+    environment, a tool marked ok or failed, or an agent's own message) and the turn's reward."""
     lines = []
     for i, t in enumerate(turns, 1):
         info = t.get("info", {})
         source = (f"tool {html.escape(str(info['tool']))} {'ok' if info.get('tool_ok') else 'failed'}"
-                  if "tool" in info else "env")
+                  if "tool" in info else html.escape(str(info.get("source", "env"))))
         answer = _text(t["observation"], 200) if t.get("observation") else "<i>(end)</i>"
         lines.append(f"<div class='forge-turn'><b>{i}</b> &#9654; {_text(t.get('action'), 200)} "
                      f"<span style='color:#666'>&#9664; {source}: {answer}</span> "

@@ -166,6 +166,10 @@ def test_awaited_magics_are_awaited_where_await_is_allowed(ip):
     assert lines[6] == "    get_ipython().run_line_magic('forge_step', '1')"  # await is a syntax error in a def
     assert lines[8] == "    await get_ipython().run_line_magic('forge_stop', '')"
     assert lines[9] == "await get_ipython().run_line_magic('forge_step', '1')"  # not awaited twice
+    # a cell that awaits at top level itself (notebook 09's first cell) still has its magics awaited
+    mixed = ip.transform_cell("run = await spawn()\n%forge_serve --tool-parser simple\n").splitlines()
+    assert mixed == ["run = await spawn()",
+                     "await get_ipython().run_line_magic('forge_serve', '--tool-parser simple')"]
 
 
 def test_bare_mesh_is_listed_and_shutdown_leaves_no_process(ip, capsys):
