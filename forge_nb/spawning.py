@@ -167,8 +167,7 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
 
     logs = str(directory.logs)  # the processes' output: %forge_logs / run.logs() read it, the cells stay quiet
     sampling = {"n": cfg.group_size, "max_tokens": cfg.max_res_tokens, **cfg.generator.sampling_params}
-    engine_args = {"max_model_len": cfg.max_req_tokens + cfg.max_res_tokens + 8, "seed": cfg.seed,
-                   **cfg.generator.engine_args}
+    engine_args = cfg.engine_args()
     starts: dict[str, Any] = {
         "policy": _start(Generator.options(num_replicas=cfg.generator.num_replicas, procs=cfg.generator.procs,
                                            with_gpus=cfg.generator.with_gpus, hosts=cfg.generator.hosts,

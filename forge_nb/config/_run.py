@@ -276,6 +276,12 @@ class RunConfig:
             sampling.max_tokens = self.max_res_tokens
         return sampling
 
+    def engine_args(self) -> dict[str, Any]:
+        """The generators' vLLM engine arguments: a context of a request, a response and a little slack, and the
+        run's seed, under ``generator.engine_args``."""
+        return {"max_model_len": self.max_req_tokens + self.max_res_tokens + 8, "seed": self.seed,
+                **self.generator.engine_args}
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         loss = self.trainer.loss

@@ -1,12 +1,23 @@
 """The agent recipe: the CPU tiny model learns to ask a tool for a key and answer with it, through an OpenAI client.
 
-``example_notebooks/09_agents.py`` and ``bench/openai_endpoint.py`` run it. Each sample is a letter and a key of
-two letters drawn at random (:class:`KeyTask`); only the tool knows the key, so the policy must call it (``@k``,
-the simple tool syntax a character-level model can write) and then repeat what it said. The agent that plays it
-is plain Python against ``openai.AsyncOpenAI`` (:func:`key_agent`, the notebook shows the same code); its reward
-is 0.8 times the share of the key's letters it answered right, plus 0.1 for calling a tool and 0.1 more for
-calling ``k`` (a format reward, as GRPO recipes give for ``<think>`` tags: without it a policy that calls ``@e``
-and one that never calls look the same, and the right name is rarely hit by chance).
+``example_notebooks/09_agents.py`` and ``bench/openai_endpoint.py`` run it. The user asks "?" and the answer is a
+key, one letter drawn at random per sample (:class:`KeyTask`), that only the tool knows: the policy must call it
+(``@k``, the simple tool syntax a character-level model can write) and then answer with what it said. The agent
+that plays it is plain Python against ``openai.AsyncOpenAI`` (:func:`key_agent`; the notebook shows the same
+code). Its reward: 0.7 for the right key; 0.1 for calling a tool and 0.1 more for calling ``k``; 0.1 for an
+answer that could be a key (one of the key letters), given after asking. The last three are format rewards, as
+GRPO recipes give for ``<think>`` tags: without them a policy that calls ``@e`` and one that never calls look
+the same, and after the call the policy drifted to answering ``k`` (the token it had just learned to write)
+for every key, where no sample of a group differs and nothing is learned.
+
+Trial runs (session 22, two CPU cores, 300 steps, last-25 mean reward), groups of 8, batches of 32, lr 7e-4:
+``bench/openai_endpoint.py`` with nothing else running 0.886, 0.985, 0.896 (seeds 0-2, 0.8 after 32-44 s);
+beside other jobs 0.99, 0.82, 0.76 (seeds and load differ; a run that ends low has one to three keys answered
+with a wrong letter by every sample, the entropy collapse the quickstart's docstring describes). Tried and
+worse: groups of 4 (0.71, 0.30), lr 1e-3 (0.65, 0.71, 0.66; the bench 0.651, 0.740), lr 4e-4 over 400 steps
+(0.89, 0.77), groups of 16 in batches of 64 (0.85, at half the steps per second), four key letters instead of
+eight (0.37, 0.78), a key of two letters (0.55-0.58 after 300 steps, still rising), a format reward for a
+key-like answer without asking (the policy stopped calling the tool: 0.19, 0.22).
 """
 
 from __future__ import annotations
@@ -19,8 +30,10 @@ from forge_nb.config import GeneratorConfig, LoopConfig, RunConfig, TrainerConfi
 from forge_nb.models import TinyModelConfig
 from forge_nb.rl.tasks import PatternReward
 
-__all__ = ["KEY_TOOLS", "KeyTask", "agent_keys", "key_agent"]
+__all__ = ["KEY_LETTERS", "KEY_TOOLS", "KeyTask", "agent_keys", "key_agent"]
 
+#: The letters keys are made of (:class:`KeyTask`'s alphabet).
+KEY_LETTERS = "abcdefgh"
 #: The tool the agent offers: ``k`` answers the episode's key.
 KEY_TOOLS = [{"type": "function", "function": {
     "name": "k", "description": "Returns the key you must answer with.",
@@ -29,9 +42,9 @@ KEY_TOOLS = [{"type": "function", "function": {
 
 @dataclass(kw_only=True)
 class KeyTask:
-    """A letter to answer, and a random key of ``key_chars`` letters that only the tool knows."""
+    """The question, and a random key of ``key_chars`` letters that only the tool knows."""
 
-    alphabet: str = "abcdefgh"
+    alphabet: str = KEY_LETTERS
     key_chars: int = 1
     question: str = "?"
     seed: int = 0
@@ -73,7 +86,8 @@ async def key_agent(client: Any, sample: dict[str, str]) -> float:
         reply = await client.chat.completions.create(model=client.model, messages=messages, max_tokens=len(key))
         message = reply.choices[0].message
     answer = message.content or ""
-    return 0.8 * (answer[:len(key)] == key) + 0.1 * bool(asked) + 0.1 * ("k" in asked)
+    shaped = bool(asked) and len(answer) == len(key) and set(answer) <= set(KEY_LETTERS)  # a key-like answer
+    return 0.7 * (answer == key) + 0.1 * shaped + 0.1 * bool(asked) + 0.1 * ("k" in asked)
 
 
 def agent_keys(**overrides: Any) -> RunConfig:
@@ -91,7 +105,7 @@ def agent_keys(**overrides: Any) -> RunConfig:
         max_policy_age=1,
         generator=GeneratorConfig(num_replicas=1, engine_args={"dtype": "float32"},
                                   sampling_params={"temperature": 1.0, "top_p": 1.0}),
-        trainer=TrainerConfig(lr=1e-3, loss="grpo", loss_config={"beta": 0.0}),
+        trainer=TrainerConfig(lr=7e-4, loss="grpo", loss_config={"beta": 0.0}),
         loop=LoopConfig(mode="async", rollout_loops=4),
     )
     fields.update(overrides)

@@ -11,12 +11,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import openai
 import pytest
 
 import forge_nb
 from forge_nb.agents import agent_episode
+from forge_nb.magics._display import status_report
 from forge_nb.recipes.agents import KEY_TOOLS, agent_keys
 from forge_nb.rl import collate
+from forge_nb.widgets.controls import render_status, run_summary
 from forge_nb.widgets.explorer import render_episodes
 
 pytestmark = [pytest.mark.heavy]
@@ -82,6 +85,11 @@ async def test_the_trainer_gets_the_engine_s_own_tokens_and_trains(runtime: Any,
             by_trajectory.setdefault(e.completion.metadata["trajectory"], set()).add(e.advantage)
         assert all(len(advantages) == 1 for advantages in by_trajectory.values())  # one advantage per trajectory
 
+        plain = run.openai.client()
+        with pytest.raises(openai.BadRequestError) as too_long:  # the run's engines hold 4 + 12 + 8 tokens
+            await plain.chat.completions.create(model="agent-test", messages=[{"role": "user", "content": "?" * 30}])
+        assert too_long.value.code == "context_length_exceeded" and "24 tokens" in too_long.value.message
+
         run.episode_fn = agent_episode(recording_agent({}))
         rows = await run.step(3)
         assert len(rows) == 3 and all(math.isfinite(r["loss"]) for r in rows)
@@ -89,6 +97,9 @@ async def test_the_trainer_gets_the_engine_s_own_tokens_and_trains(runtime: Any,
         html = render_episodes(run.episodes(50))
         assert "&#9664; agent:" in html or "&#9664; tool " in html  # turn by turn, with what answered each action
         assert run.status()["openai"]["requests"] >= 3 * 16 * 3 // 2
+        shown = render_status(run_summary(run))  # the dashboard's headline, and %forge_status's line
+        assert f"OpenAI endpoint <code>{run.openai.url}</code>" in shown and "model <code>agent-test</code>" in shown
+        assert repr(status_report(run.status())).count(f"OpenAI endpoint: {run.openai.url} (model 'agent-test')") == 1
     finally:
         await run.shutdown()
     assert not run.openai.serving

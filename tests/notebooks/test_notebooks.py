@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "example_notebooks").glob("[0-9][0-9]_*.py"))
 #: Executed as written by a test of their own, which checks more than a short run here would.
-RUN_WHOLE = {"08_multi_turn"}
+RUN_WHOLE = {"08_multi_turn", "09_agents"}
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900)]
 
@@ -25,7 +25,7 @@ def _runner():
 
 def test_every_notebook_source_converts_with_one_parameters_cell_and_no_test_plumbing():
     runner = _runner()
-    assert len(NOTEBOOKS) == 8
+    assert len(NOTEBOOKS) == 9
     for path in NOTEBOOKS:
         source = path.read_text()
         assert "FORGE_NB_" not in source and "os.environ" not in source, path.name  # reads like the README
