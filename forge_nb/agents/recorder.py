@@ -58,7 +58,6 @@ class TrajectoryLog:
     request_len: int | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     segments: list[Trajectory] = field(default_factory=list)
-    calls: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     affinity: Affinity = field(default_factory=Affinity)  # its calls go to one policy replica (prefix cache)
     _answered: _Answered | None = None
@@ -111,7 +110,6 @@ class TrajectoryLog:
                  infos: list[dict[str, Any]]) -> None:
         """Record a call's answer: its choices wait for the next call to say which was kept. ``infos``: per
         choice, what answers it (``{"tool": name, "tool_ok": ...}`` for tool calls; the agent otherwise)."""
-        self.calls += 1
         self._answered = _Answered(keys, list(choices), replies, [i or {"source": "agent"} for i in infos])
 
     def close(self) -> list[Trajectory]:

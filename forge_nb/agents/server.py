@@ -43,7 +43,6 @@ import secrets
 import statistics
 import time
 from collections import deque
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +218,7 @@ class OpenAIEndpoint:
         def new_text(start: int) -> str:
             return "\n".join(message_text(m.get("content")) for m in req.messages[start:])
 
-        async with _locked(log):
+        async with log.lock if log is not None else contextlib.nullcontext():  # one call of a trajectory at a time
             if log is not None:
                 prompt, room = log.chat_prompt(keys, [m["role"] for m in req.messages], render=render, after=after,
                                                new_text=new_text)
@@ -245,7 +244,7 @@ class OpenAIEndpoint:
         def tokenize(text: str) -> list[int]:
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-        async with _locked(log):
+        async with log.lock if log is not None else contextlib.nullcontext():  # one call of a trajectory at a time
             if log is not None:
                 prompt, room = log.completion_prompt(prompt_in, tokenize=tokenize)
             else:
@@ -330,15 +329,6 @@ class OpenAIEndpoint:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
-
-
-@contextlib.asynccontextmanager
-async def _locked(log: TrajectoryLog | None) -> AsyncIterator[None]:
-    if log is None:
-        yield
-        return
-    async with log.lock:
-        yield
 
 
 def _shared_http(timeout_s: float) -> Any:
