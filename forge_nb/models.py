@@ -10,11 +10,13 @@ into something loadable or an error that names the model and says what to do.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PAD, EOS = "<pad>", "<eos>"
 TINY_PAD_ID = 0  #: the tiny tokenizer's id of PAD (EOS is 1, then the alphabet)
@@ -52,6 +54,15 @@ CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor 
 #: once (two spawns side by side each build their model in a thread; the second import failed with "cannot
 #: import name 'PreTrainedTokenizerFast'").
 TRANSFORMERS_LOCK = threading.Lock()
+
+
+@functools.cache
+def load_tokenizer(path: str) -> Any:
+    """The tokenizer of a model folder or hub id, loaded once per process (under ``TRANSFORMERS_LOCK``)."""
+    from transformers import AutoTokenizer
+
+    with TRANSFORMERS_LOCK:
+        return AutoTokenizer.from_pretrained(path)
 
 
 def build_tiny_model(path: str | os.PathLike[str], config: TinyModelConfig | None = None) -> Path:

@@ -54,7 +54,7 @@ from forge_nb.agents.conversation import ToolParser, hf_message, message_key, me
 from forge_nb.agents.protocol import ApiError, ChatRequest, CompletionRequest, error_body
 from forge_nb.agents.recorder import TrajectoryLog
 from forge_nb.envs.chat import after_action_ids, render_ids
-from forge_nb.models import TRANSFORMERS_LOCK
+from forge_nb.models import load_tokenizer
 from forge_nb.service import ActorFailure
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class OpenAIEndpoint:
         if run.model is None:
             raise ValueError(f"run {run.name!r} has no model path to read its tokenizer from; spawn it with "
                              "forge_nb.spawn")
-        tokenizer = await asyncio.to_thread(_tokenizer, run.model)
+        tokenizer = await asyncio.to_thread(load_tokenizer, run.model)
         endpoint = cls(run, tokenizer=tokenizer, token=token or secrets.token_urlsafe(24), tool_parser=tool_parser,
                        request_timeout_s=request_timeout_s, template_kwargs=chat_template_kwargs,
                        max_model_len=_max_model_len(run))
@@ -345,13 +345,6 @@ def _shared_http(timeout_s: float) -> Any:
 
     transport = AiohttpTransport(client=lambda: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
     return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(timeout_s, connect=10))
-
-
-def _tokenizer(model: str) -> Any:
-    from transformers import AutoTokenizer
-
-    with TRANSFORMERS_LOCK:
-        return AutoTokenizer.from_pretrained(model)
 
 
 def _max_model_len(run: Any) -> int | None:

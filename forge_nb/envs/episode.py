@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import random
 import uuid
 from collections.abc import Awaitable, Callable
@@ -30,6 +29,7 @@ from typing import Any
 from forge_nb.controller.episodes import add_ref_logprobs
 from forge_nb.envs.chat import Framing
 from forge_nb.envs.tools import Tools
+from forge_nb.models import load_tokenizer
 from forge_nb.rl import assign_advantages
 from forge_nb.rl.trajectory import Trajectory
 from forge_nb.rl.types import Episode
@@ -37,13 +37,6 @@ from forge_nb.rl.types import Episode
 __all__ = ["multi_turn_episode"]
 
 EpisodeFn = Callable[[Any, dict[str, Any]], Awaitable[list[Episode]]]
-
-
-@functools.cache
-def _tokenizer(model: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model)
 
 
 def multi_turn_episode(env: Any, *, max_turns: int = 8, turn_tokens: int | None = None,
@@ -68,7 +61,7 @@ def multi_turn_episode(env: Any, *, max_turns: int = 8, turn_tokens: int | None 
         cfg = run.config
         seed = sample.get("seed", random.getrandbits(31))
         if run.model not in framings:
-            framings[run.model] = Framing(_tokenizer(run.model), chat=chat, system_prompt=system_prompt,
+            framings[run.model] = Framing(load_tokenizer(run.model), chat=chat, system_prompt=system_prompt,
                                           template_kwargs=chat_template_kwargs)
         trajectories = await asyncio.gather(*(
             play(env, run, seed, max_turns=max_turns, turn_tokens=turn_tokens or cfg.max_res_tokens, tools=tools,
@@ -87,7 +80,7 @@ async def play(env: Any, run: Any, seed: int, *, max_turns: int, turn_tokens: in
                tools: Tools | None = None, framing: Framing | None = None) -> Trajectory:
     """One trajectory: reset, then act and step until the environment is done, the turns are used up or
     the trajectory has no room left for another action."""
-    framing = framing or Framing(_tokenizer(run.model))
+    framing = framing or Framing(load_tokenizer(run.model))
     tid = uuid.uuid4().hex
     # the trajectory's environment object lives on one replica; its generations go to one policy replica
     # too, whose prefix cache holds the conversation so far (it moves if that replica dies)
