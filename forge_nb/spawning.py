@@ -135,23 +135,32 @@ async def _bring_up(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | N
     runtime.ensure_started()
     remove_leftovers()  # of runs killed before (a kernel restart): engine segments, sockets, weight files
     sync = WeightSync(weights.namespace_for(cfg.name))
-    # This run's key namespace and torchstore lease, before anything is spawned. Meanwhile a thread writes
-    # the tiny model, and the services' processes start (the generators import vLLM) while it does: their
-    # setup, which loads the model, waits for it (issue 24: ~1.3 s sooner to the first step on two cores).
+    sync.claim()  # this run's key namespace, before anything is spawned
+    # Three things start at once: the torchstore (its lease), a thread that writes the tiny model, and the
+    # services' processes (the generators import vLLM meanwhile). The services' setup, which loads the model
+    # and moves weights, waits for the first two (issue 24: the model, ~1.3 s sooner to the first step on two
+    # cores; issue 34: the store, whose process start and imports took 2.5-4.5 s before any service's).
     opening = asyncio.ensure_future(sync.open())
     written = asyncio.ensure_future(asyncio.to_thread(build))
+    ready = asyncio.ensure_future(_both(written, opening))
     try:
-        await opening
-        return await _start_services(cfg, directory, episode_fn, progress, task, model, pad_id, written, sync,
+        return await _start_services(cfg, directory, episode_fn, progress, task, model, pad_id, ready, sync,
                                      actors)
     except BaseException:  # nothing of a failed spawn stays behind (its started services are already down)
-        for started in (opening, written):
+        for started in (opening, written, ready):
             with contextlib.suppress(BaseException):  # the error that stopped the spawn is the one to report
                 await started
         await sync.close()
-        if written.done() and not written.cancelled() and written.exception() is not None:
-            raise written.exception() from None  # the model could not be written: that is the cause
+        for cause in (written, opening):  # the model could not be written, the store not started: the cause
+            if cause.done() and not cause.cancelled() and cause.exception() is not None:
+                raise cause.exception() from None
         raise
+
+
+async def _both(written: asyncio.Future[Any], opening: asyncio.Future[Any]) -> Any:
+    """``written``'s result once ``opening`` is done too (the first error of the two, if any)."""
+    await asyncio.gather(written, opening)
+    return written.result()
 
 
 async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | None, progress: bool,

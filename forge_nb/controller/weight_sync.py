@@ -57,7 +57,8 @@ class WeightSync:
         self.policy: Any = None
         self.version = 0
         self._pinned: Counter[int] = Counter()
-        self._open = False
+        self._claimed = False  # holds the namespace (claim)
+        self._open = False  # holds the store's lease too (open)
         self._loading: asyncio.Future[float] | None = None  # the generators' load of ``version``, overlapped
         self._dropping: asyncio.Future[None] | None = None  # the older versions' deletion after a load
         self._pushing: int | None = None  # the version being pushed: in the store before ``version`` names it
@@ -66,13 +67,22 @@ class WeightSync:
         self._announce_here = False  # whether the trainer leaves the manifest's torchstore put to us
         self._announcing: asyncio.Future[None] | None = None  # putting the latest handed manifest in the store
 
-    async def open(self) -> None:
-        """Take the run's torchstore lease and its namespace (one run per namespace in a kernel)."""
+    def claim(self) -> None:
+        """Take the run's namespace (one run per namespace in a kernel): a ValueError, before anything is
+        spawned, if a live run has it. ``open`` claims it too; spawning claims it first so that the store's
+        start can overlap the services' (see ``forge_nb.spawning``)."""
+        if self._claimed:
+            return
         if self.namespace in _live_namespaces:
             raise ValueError(f"weight namespace {self.namespace!r} is in use by a live run in this kernel; "
                              "give the new run another name (RunConfig.name / --name)")
-        await weights.lease_store(self.namespace)
         _live_namespaces.add(self.namespace)
+        self._claimed = True
+
+    async def open(self) -> None:
+        """Claim the run's namespace and take its torchstore lease."""
+        self.claim()
+        await weights.lease_store(self.namespace)
         self._open = True
 
     def attach(self, trainer: Any, policy: Any) -> None:
@@ -83,10 +93,12 @@ class WeightSync:
 
     async def close(self) -> None:
         """Drop every version of this run and release its lease (the store stops if it was the last)."""
+        if self._claimed:
+            _live_namespaces.discard(self.namespace)
+            self._claimed = False
         if not self._open:
             return
         self._open = False
-        _live_namespaces.discard(self.namespace)
         with contextlib.suppress(Exception):  # a failed load does not keep the versions in the store
             await self.settle()
         try:

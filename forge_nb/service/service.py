@@ -52,6 +52,11 @@ _SESSIONS: contextvars.ContextVar[dict[int, Affinity] | None] = contextvars.Cont
 _ids = itertools.count()
 
 
+async def _after(first: Awaitable[Any] | None, then: Awaitable[Any]) -> None:
+    """Done once ``first`` (if any) and ``then`` are; the first error of the two."""
+    await asyncio.gather(*(x for x in (first, then) if x is not None))
+
+
 @dataclass(slots=True)
 class Affinity:
     """The replica a session's calls stick to (None until its first call). ``session()`` makes a fresh one;
@@ -109,18 +114,24 @@ class Service:
         svc = cls(actor_cls, options, args, kwargs)
         try:
             await runtime.lease(svc.holder)
-            if actor_cls.needs_store:
-                from forge_nb import weights
-
-                await weights.lease_store(svc.holder)
         except BaseException:
             await svc._release()
             raise
+        if actor_cls.needs_store:
+            # the store starts (if it is down) while the replicas' processes do; their setup waits for it
+            from forge_nb import weights
+
+            leasing = asyncio.ensure_future(weights.lease_store(svc.holder))
+            setup_after = asyncio.ensure_future(_after(setup_after, leasing))
+            setup_after.add_done_callback(lambda f: f.cancelled() or f.exception())  # the replicas report it
         for replica in svc.replicas:
             replica.setup_after = setup_after
         results = await asyncio.gather(*(r.start() for r in svc.replicas), return_exceptions=True)
         errors = [(r, e) for r, e in zip(svc.replicas, results, strict=True) if isinstance(e, BaseException)]
         if errors:
+            if actor_cls.needs_store:
+                with contextlib.suppress(BaseException):  # held before shutdown releases it, or never
+                    await leasing
             await svc.shutdown()
             replica, error = errors[0]
             if isinstance(error, ActorStartFailed | ResourceError):
