@@ -5,22 +5,29 @@ Both learn the quickstart's toy task ("c" -> "cccc", `forge_nb.rl.tasks.ToyTask`
 completions of at most 4 tokens a step at temperature 1.0 and no KL term:
 
 - **TRL** (`trl.GRPOTrainer`, installed by the ``bench`` extra): generation by transformers in the
-  training process, no vLLM; groups of 8 (2 prompts a step), lr 3e-3 constant, beta 0 - the settings the
-  issue measured it with.
+  training process, no vLLM, configured as the quickstart trains (:func:`fair_trl_settings`, read from
+  ``forge_nb.quickstart()``): float32, no gradient checkpointing, the GRPO loss with the same clip range
+  and KL weight, fused AdamW at the same constant learning rate, the same gradient clipping, group size,
+  batch, completion length and sampling. Until issue 34 this bench left TRL at its own defaults (bf16,
+  gradient checkpointing, the DAPO loss, a linear decay), which the quickstart does not use.
 - **forge_nb**: `forge_nb.quickstart()` as shipped (a vLLM CPU generator service, its engine inside the
   generator actor's process, the trainer actor, weights through torchstore; groups of 4, lr 7e-4, async,
   the generator loading each version while the next step trains), started in the background as
   ``%forge_run`` does and stopped after ``--forge-steps`` steps.
 
-Each run is its own process, started by this script (the clock starts at its launch, so imports, model
-loading and spawning count), one seed after another with the order flipped each seed so that neither
-side always runs on a machine warmed (or loaded) by the other. Per run it records every step's time and
-mean reward and reports the steady rate (steps per second from step ``--skip`` to step ``--forge-steps``, the
-same window on both sides: TRL runs many more steps in its budget and slows by ~10% over them) and the time
-from launch to the first step whose last-10 mean reward is >= 0.8. It prints, medians over seeds:
+Both sides' settings are printed first. Each run is its own process, started by this script (the clock
+starts at its launch, so imports, model loading and spawning count), one seed after another with the order
+flipped each seed so that neither side always runs on a machine warmed (or loaded) by the other. Per run it
+records every step's time and mean reward and reports the steady rate (steps per second from step ``--skip``
+to step ``--forge-steps``, the same window on both sides: TRL runs many more steps in its budget and slows
+by ~10% over them) and the time from launch to the first step whose last-10 mean reward is >= 0.8. It
+prints, medians over seeds:
 
     RESULT quickstart_steps_per_s_vs_trl <forge_nb steady steps/s / TRL's> (target >= 1; first 0.5)
-    RESULT time_to_0.8_vs_trl <forge_nb seconds from launch to 0.8 / TRL's> (target <= 2)
+    RESULT seeds_reaching_0.8 forge_nb <n> trl <n> of <seeds>        (target: forge_nb >= TRL)
+    RESULT time_to_0.8_vs_trl <forge_nb seconds from launch to 0.8 / TRL's> (target <= 1.5)
+    RESULT peak_memory_mb forge_nb <MB> trl <MB>   (the largest summed PSS of each side's processes, sampled
+                                                   every 0.5 s the same way: forge_nb counts all of its own)
     RESULT quickstart_launch_to_first_step_s <forge_nb: launch to the first training step>
     RESULT quickstart_spawn_to_first_step_s <forge_nb: from calling spawn, as %forge_spawn does in a kernel
                                              that has imported forge_nb, to the first step> (target 15)
@@ -31,7 +38,7 @@ async mode it overlaps the next step, so ``step`` is less than the sum), the who
 A run that never reaches 0.8 in its budget counts as infinitely slow for that median.
 
     .venv/bin/pip install -e '.[bench]'
-    .venv/bin/python bench/vs_trl.py [--seeds 3] [--trl-budget-s 60] [--forge-steps 120]
+    .venv/bin/python bench/vs_trl.py [--seeds 5] [--trl-budget-s 60] [--forge-steps 120]
 """
 
 from __future__ import annotations
@@ -82,7 +89,8 @@ def summary(record: dict[str, Any], skip: int, last: int) -> dict[str, Any]:
             "to_target_s": reach_time(times, rewards, launch),
             "first_step_s": times[0] - launch if times else math.inf,
             "spawn_to_first_step_s": times[0] - record.get("spawn_called", math.nan) if times else math.inf,
-            "last10": statistics.mean(rewards[-WINDOW:]) if rewards else 0.0}
+            "last10": statistics.mean(rewards[-WINDOW:]) if rewards else 0.0,
+            "peak_mb": record["peak_mb"], "peak_procs": record["peak_procs"]}
 
 
 # -- the two sides, each in its own process ---------------------------------------------------------
@@ -93,6 +101,57 @@ def tiny_model(seed: int, folder: Path) -> Path:
     return build_tiny_model(folder / f"tiny-{seed}", TinyModelConfig(alphabet="abcdefgh", seed=seed))
 
 
+def clip_range(loss: Any) -> tuple[float, float]:
+    """(eps_low, eps_high) of a GRPO-family loss: its ``clip_low``/``clip_high`` where set, else ``clip_eps``."""
+    low = loss.clip_eps if loss.clip_low is None else loss.clip_low
+    return low, loss.clip_eps if loss.clip_high is None else loss.clip_high
+
+
+def fair_trl_settings(cfg: Any) -> dict[str, Any]:
+    """TRL's ``GRPOConfig`` fields set as forge_nb's quickstart ``cfg`` trains (issue 34: TRL's own defaults on
+    this CPU are bf16, gradient checkpointing, the DAPO loss and a linear decay, which the quickstart does not do).
+
+    Everything that shapes a step or the learning is read from ``cfg``: group size, batch, completion length,
+    sampling, learning rate, clip range, KL weight, gradient clipping, weight decay. The optimizer is AdamW with
+    torch's fused CPU kernel on both sides (``forge_nb.actors._trainer_config.OptimizerConfig.build``), float32 on
+    both (the tiny model is saved in float32 and the quickstart's generator and trainer run it so).
+    """
+    from forge_nb.rl.losses import make_loss
+
+    loss = make_loss(cfg.trainer.loss, **cfg.trainer.loss_config)
+    eps_low, eps_high = clip_range(loss)
+    sampling = cfg.generator.sampling_params
+    return {
+        "bf16": False, "fp16": False, "gradient_checkpointing": False,
+        "model_init_kwargs": {"dtype": "float32"},
+        "loss_type": loss.name, "epsilon": eps_low, "epsilon_high": eps_high, "beta": loss.beta,
+        "scale_rewards": "group", "num_iterations": 1,
+        "optim": "adamw_torch_fused", "learning_rate": cfg.trainer.lr, "lr_scheduler_type": "constant",
+        "weight_decay": cfg.trainer.weight_decay, "max_grad_norm": cfg.trainer.max_norm,
+        "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8,
+        "per_device_train_batch_size": cfg.batch_size, "num_generations": cfg.group_size,
+        "max_completion_length": cfg.max_res_tokens,
+        "temperature": sampling.get("temperature", 1.0), "top_p": sampling.get("top_p", 1.0),
+    }
+
+
+def forge_settings(cfg: Any) -> dict[str, Any]:
+    """What forge_nb's side trains with, in the same words as :func:`fair_trl_settings` prints."""
+    from forge_nb.rl.losses import make_loss
+
+    loss = make_loss(cfg.trainer.loss, **cfg.trainer.loss_config)
+    eps_low, eps_high = clip_range(loss)
+    return {
+        "dtype": cfg.generator.engine_args.get("dtype", "auto") + " (generator), float32 (trainer)",
+        "gradient_checkpointing": False, "loss": loss.name, "clip": (eps_low, eps_high), "beta": loss.beta,
+        "advantages": "group (r - mean) / (std + 1e-4)", "optimizer": "AdamW fused (CPU), constant lr",
+        "lr": cfg.trainer.lr, "weight_decay": cfg.trainer.weight_decay, "max_norm": cfg.trainer.max_norm,
+        "batch_size": cfg.batch_size, "group_size": cfg.group_size, "max_res_tokens": cfg.max_res_tokens,
+        "sampling": dict(cfg.generator.sampling_params), "generator_replicas": cfg.generator.num_replicas,
+        "loop": f"{cfg.loop.mode}, {cfg.loop.rollout_loops} rollout loops, max_policy_age {cfg.max_policy_age}",
+    }
+
+
 def trl_side(args: argparse.Namespace) -> dict[str, Any]:
     """TRL's GRPOTrainer on the toy task until ``--trl-steps`` or ``--trl-budget-s`` seconds of training."""
     import torch
@@ -100,6 +159,7 @@ def trl_side(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import PreTrainedTokenizerFast, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    import forge_nb
     from forge_nb.rl.tasks import PatternReward, ToyTask
 
     torch.manual_seed(args.seed)
@@ -130,15 +190,15 @@ def trl_side(args: argparse.Namespace) -> dict[str, Any]:
             if times and times[-1] - started[0] > args.trl_budget_s:
                 control.should_training_stop = True
 
+    settings = fair_trl_settings(forge_nb.quickstart())
     config = GRPOConfig(
         output_dir=str(folder / f"trl-out-{args.seed}"), use_cpu=True, report_to="none", save_strategy="no",
-        logging_steps=1, disable_tqdm=True, seed=args.seed, max_steps=args.trl_steps,
-        per_device_train_batch_size=16, num_generations=8, max_completion_length=4,
-        learning_rate=3e-3, lr_scheduler_type="constant", beta=0.0, temperature=1.0)
+        logging_steps=1, disable_tqdm=True, seed=args.seed, max_steps=args.trl_steps, **settings)
     trainer = GRPOTrainer(model=str(model), reward_funcs=pattern_reward, args=config, train_dataset=data,
                           processing_class=tokenizer, callbacks=[Record()])
+    dtypes = sorted({str(p.dtype) for p in trainer.model.parameters()})
     trainer.train()
-    return {"times": times, "rewards": rewards}
+    return {"times": times, "rewards": rewards, "param_dtypes": dtypes}
 
 
 def forge_side(args: argparse.Namespace) -> dict[str, Any]:
@@ -174,8 +234,27 @@ def child(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(record))
 
 
+def tree_pss_mb(root: Any) -> tuple[float, int]:
+    """The summed proportional set size (PSS, MB) of ``root`` and every process under it, and how many there
+    are: shared memory (vLLM's, the weights' files in /dev/shm mapped by several processes) counts once."""
+    import psutil
+
+    total, count = 0, 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            with open(f"/proc/{proc.pid}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+            count += 1
+        except (OSError, StopIteration, psutil.Error):
+            pass  # ended between the listing and the read
+    return total / 1024, count
+
+
 def launch(side: str, seed: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    """Run one side in a fresh process; its record, with the launch time."""
+    """Run one side in a fresh process; its record, with the launch time and its peak memory (the largest
+    summed PSS of its process tree, sampled every ``--memory-every-s`` seconds, the same way on both sides)."""
+    import psutil
+
     out = workdir / f"{side}-{seed}.json"
     log = workdir / f"{side}-{seed}.log"
     command = [sys.executable, os.path.abspath(__file__), "--child", side, "--seed", str(seed), "--out", str(out),
@@ -183,13 +262,21 @@ def launch(side: str, seed: int, args: argparse.Namespace, workdir: Path) -> dic
                "--forge-steps", str(args.forge_steps), "--forge-budget-s", str(args.forge_budget_s),
                "--skip", str(args.skip)]
     launched = time.time()
+    peak_mb, peak_procs = 0.0, 0
     with open(log, "w") as f:
-        done = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, check=False)
-    if done.returncode != 0:
+        child_proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+        root = psutil.Process(child_proc.pid)
+        while child_proc.poll() is None:
+            mb, procs = tree_pss_mb(root)
+            if mb > peak_mb:
+                peak_mb, peak_procs = mb, procs
+            time.sleep(args.memory_every_s)
+    if child_proc.returncode != 0:
         tail = log.read_text().splitlines()[-15:]
-        raise SystemExit(f"{side} seed {seed} failed (exit {done.returncode}); the end of {log}:\n" + "\n".join(tail))
+        raise SystemExit(f"{side} seed {seed} failed (exit {child_proc.returncode}); the end of {log}:\n"
+                         + "\n".join(tail))
     record = json.loads(out.read_text())
-    record["launch"] = launched
+    record.update(launch=launched, peak_mb=peak_mb, peak_procs=peak_procs)
     return record
 
 
@@ -200,8 +287,14 @@ def ratio(a: float, b: float) -> float:
 
 
 def main(args: argparse.Namespace) -> None:
+    import forge_nb
+
     workdir = Path(tempfile.mkdtemp(prefix="bench-vs-trl-"))
     print(f"logs and records in {workdir}", flush=True)
+    cfg = forge_nb.quickstart()
+    print("forge_nb (forge_nb.quickstart()): " + ", ".join(f"{k}={v}" for k, v in forge_settings(cfg).items()))
+    print("TRL (GRPOConfig, besides use_cpu and logging): "
+          + ", ".join(f"{k}={v}" for k, v in fair_trl_settings(cfg).items()), flush=True)
     results: dict[str, list[dict[str, Any]]] = {"trl": [], "forge_nb": []}
     breakdowns: list[dict[str, float]] = []
     for seed in range(args.seeds):
@@ -211,6 +304,8 @@ def main(args: argparse.Namespace) -> None:
             s = summary(record, args.skip, args.forge_steps)
             results[side].append(s)
             extra = ""
+            if side == "trl":
+                extra = f"; trained parameters {'/'.join(record['param_dtypes'])}"
             if side == "forge_nb":
                 breakdowns.append(record["breakdown"])
                 extra = (f"; spawn called {record['spawn_called'] - record['launch']:.1f} s, returned "
@@ -218,34 +313,41 @@ def main(args: argparse.Namespace) -> None:
             print(f"seed {seed} {side:8}: {s['steps']:5d} steps, {s['rate']:6.2f} steps/s over steps {args.skip}-"
                   f"{args.forge_steps} ({s['rate_all']:.2f} over all), first step "
                   f"{s['first_step_s']:5.1f} s, last-10 reward {s['last10']:.2f}, reward {TARGET} at "
-                  f"{s['to_target_s']:.1f} s from launch{extra}", flush=True)
+                  f"{s['to_target_s']:.1f} s from launch, peak memory {s['peak_mb']:.0f} MB in {s['peak_procs']} "
+                  f"process(es){extra}", flush=True)
     med = {side: {k: statistics.median(r[k] for r in rs)
-                  for k in ("rate", "to_target_s", "first_step_s", "spawn_to_first_step_s")}
+                  for k in ("rate", "to_target_s", "first_step_s", "spawn_to_first_step_s", "peak_mb")}
            for side, rs in results.items()}
     for side, m in med.items():
         reached = sum(math.isfinite(r["to_target_s"]) for r in results[side])
         print(f"{side:8} median: {m['rate']:.2f} steps/s, first step {m['first_step_s']:.1f} s, "
               f"reward {TARGET} at {m['to_target_s']:.1f} s from launch ({reached} of {len(results[side])} "
-              "seeds reached it)")
+              f"seeds reached it), peak memory {m['peak_mb']:.0f} MB")
     parts = [f"{k.removeprefix('time/').removesuffix('_s')} {1000 * statistics.median(b[k] for b in breakdowns):.0f} ms"
              for k in BREAKDOWN if all(k in b for b in breakdowns)]
     print("forge_nb per step (median over its steady steps, then over seeds): " + ", ".join(parts))
     print(f"RESULT quickstart_steps_per_s_vs_trl {ratio(med['forge_nb']['rate'], med['trl']['rate']):.3f} "
           "(target >= 1; first milestone 0.5)")
+    reached = {side: sum(math.isfinite(r["to_target_s"]) for r in rs) for side, rs in results.items()}
+    print(f"RESULT seeds_reaching_0.8 forge_nb {reached['forge_nb']} trl {reached['trl']} of {args.seeds} "
+          "(target: forge_nb >= TRL)")
     print(f"RESULT time_to_0.8_vs_trl {ratio(med['forge_nb']['to_target_s'], med['trl']['to_target_s']):.2f} "
-          "(target <= 2; 0 when most of TRL's seeds never reached it)")
+          "(target <= 1.5; 0 when most of TRL's seeds never reached it)")
+    print(f"RESULT peak_memory_mb forge_nb {med['forge_nb']['peak_mb']:.0f} trl {med['trl']['peak_mb']:.0f} "
+          f"(ratio {med['forge_nb']['peak_mb'] / med['trl']['peak_mb']:.2f})")
     print(f"RESULT quickstart_launch_to_first_step_s {med['forge_nb']['first_step_s']:.1f}")
     print(f"RESULT quickstart_spawn_to_first_step_s {med['forge_nb']['spawn_to_first_step_s']:.1f} (target 15)")
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--trl-steps", type=int, default=3000, help="TRL: at most this many steps")
     ap.add_argument("--trl-budget-s", type=float, default=60.0, help="TRL: seconds of training at most")
     ap.add_argument("--forge-steps", type=int, default=120, help="forge_nb: steps")
     ap.add_argument("--forge-budget-s", type=float, default=120.0, help="forge_nb: seconds of training at most")
     ap.add_argument("--skip", type=int, default=10, help="steps left out of the steady rate")
+    ap.add_argument("--memory-every-s", type=float, default=0.5, help="how often each side's memory is sampled")
     ap.add_argument("--child", choices=("trl", "forge"), help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
