@@ -8,17 +8,27 @@ import torch
 from monarch.actor import Actor, endpoint
 
 
-def make_state_dict(mb: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+def _shapes(mb: int, dtype: torch.dtype) -> dict[str, tuple[int, int]]:
     """Transformer-shaped tensors (2048x2048 and 2048x6144 blocks) adding up to about ``mb`` MiB."""
     out, total, i = {}, 0, 0
     shapes = [(2048, 2048), (2048, 6144), (6144, 2048)]
     elt = torch.tensor([], dtype=dtype).element_size()
     while total < mb * 2**20:
         shape = shapes[i % len(shapes)]
-        out[f"model.layers.{i // 3}.w{i % 3}.weight"] = torch.randn(shape).to(dtype)
+        out[f"model.layers.{i // 3}.w{i % 3}.weight"] = shape
         total += shape[0] * shape[1] * elt
         i += 1
     return out
+
+
+def make_state_dict(mb: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Random transformer-shaped tensors adding up to about ``mb`` MiB (see ``_shapes``)."""
+    return {name: torch.randn(shape).to(dtype) for name, shape in _shapes(mb, dtype).items()}
+
+
+def state_dict_bytes(mb: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    """How many bytes ``make_state_dict(mb, dtype)`` holds, without making it."""
+    return sum(a * b for a, b in _shapes(mb, dtype).values()) * torch.tensor([], dtype=dtype).element_size()
 
 
 def sync_device(device: str) -> None:

@@ -22,17 +22,21 @@ It ends with ``RESULT weight_sync_gpu_vs_staged <shm GB/s / staged-copy GB/s>`` 
 With ``--hosts N`` (N >= 2) it measures weight sync across the hosts of a monarch job instead: a
 ``ProcessJob({"writer": 1, "readers": N - 1})`` (one worker process per simulated host, all on this
 machine) is taken into use (``forge_nb.cluster.use_job``), the pusher runs on ``writer[0]`` and pushes
-with ``transport="shm+torchstore"`` (what a push costs while a job spans several hosts), and in the
-same run, on the same bytes, rounds alternate between:
+with ``transport="shm+stream"`` (the default while a job spans several hosts), and in the same run, on
+the same bytes, rounds alternate between:
 * same host: ``--loaders`` loaders on the writer's host (``hosts="writer"``), which map the pusher's file;
 * cross host: ``--loaders`` loaders spread over the reader hosts (``hosts="readers"``, each reader host
   gets some; ``--loaders`` must be at least N - 1), whose loads go through the per-host copy: the first
-  loader on a host fetches the version through torchstore and lays it out in that host's shared memory,
-  the others there map it.
+  loader on a host pulls the version through the writer's TCP stream into that host's shared memory,
+  the others there map it (``forge_nb._weights_stream``).
 Push s, slowest load s and GB/s (bytes / (push + slowest load)) for each, median of ``--repeats`` after
-a warm-up round; it ends with ``RESULT weight_sync_cross_host_vs_same_host <cross GB/s / same GB/s>``
-and the two GB/s figures (``RESULT weight_sync_same_host_gbps``, ``RESULT weight_sync_cross_host_gbps``).
-The meshes are stopped, the store shut down and the job released even when the run fails. CPU only.
+a warm-up round, beside the limit of the machine's loopback TCP measured in the same run (before the job
+starts): the same number of bytes sent by a plain socket from one process to another, received into a
+buffer already mapped (median of ``--repeats`` after a warm-up). It ends with
+``RESULT weight_sync_cross_host_vs_same_host <cross GB/s / same GB/s>``, the two GB/s figures
+(``RESULT weight_sync_same_host_gbps``, ``RESULT weight_sync_cross_host_gbps``) and
+``RESULT weight_sync_loopback_tcp_gbps``. The meshes are stopped, the store shut down and the job released
+even when the run fails. CPU only.
 
     .venv/bin/python bench/weight_sync.py [--mb 512] [--loaders 2] [--repeats 3] [--device cuda]
     .venv/bin/python bench/weight_sync.py --hosts 3 [--mb 512] [--loaders 2] [--repeats 3]
@@ -162,11 +166,12 @@ async def main_hosts(hosts: int, mb: int, loaders: int, repeats: int) -> None:
     runtime.ensure_started()
     from monarch.job import ProcessJob
 
-    from bench._weight_actors import Loader, Pusher
+    from bench._weight_actors import Loader, Pusher, state_dict_bytes
     from forge_nb import cluster
 
-    transport = "shm+torchstore"
+    transport = "shm+stream"
     threads = max(1, (os.cpu_count() or 1) // loaders)
+    loopback = loopback_tcp_gbps(state_dict_bytes(mb), repeats)  # on a quiet machine, before the job starts
     job = ProcessJob({"writer": 1, "readers": hosts - 1})
 
     async def end_job() -> None:
@@ -216,13 +221,56 @@ async def main_hosts(hosts: int, mb: int, loaders: int, repeats: int) -> None:
     print(f"state dict: {nbytes / 2**20:.0f} MiB bf16 on cpu, transport {transport}, ProcessJob with "
           f"{hosts} hosts, {loaders} loaders per case ({threads} thread(s) each), median of {repeats}")
     print("placed: " + ", ".join(f"{name} on {host}" for name, host in where.items()))
-    print(f"{'':18}{'push s':>9}{'load s':>9}{'GB/s':>9}")
+    print(f"{'':18}{'push s':>9}{'load s':>9}{'GB/s':>9}{'vs loopback':>13}")
+    print(f"{'loopback TCP':18}{'':>9}{'':>9}{loopback:9.2f}{1:13.3f}")
     gbps = {}
     for name, (push_s, load_s, gbps[name]) in medians(results, nbytes).items():
-        print(f"{name:18}{push_s:9.3f}{load_s:9.3f}{gbps[name]:9.2f}")
-    print(f"RESULT weight_sync_cross_host_vs_same_host {gbps['cross host'] / gbps['same host']:.3f}")
+        print(f"{name:18}{push_s:9.3f}{load_s:9.3f}{gbps[name]:9.2f}{gbps[name] / loopback:13.3f}")
+    print(f"RESULT weight_sync_cross_host_vs_same_host {gbps['cross host'] / gbps['same host']:.3f} (target 0.5)")
     print(f"RESULT weight_sync_same_host_gbps {gbps['same host']:.2f}")
-    print(f"RESULT weight_sync_cross_host_gbps {gbps['cross host']:.2f}")
+    print(f"RESULT weight_sync_cross_host_gbps {gbps['cross host']:.2f} (target 1.0)")
+    print(f"RESULT weight_sync_loopback_tcp_gbps {loopback:.2f}")
+
+
+_SENDER = """
+import socket, sys
+nbytes, rounds = int(sys.argv[1]), int(sys.argv[2])
+data = bytes(range(256)) * (nbytes // 256) + bytes(nbytes % 256)
+server = socket.create_server(("127.0.0.1", 0))
+print(server.getsockname()[1], flush=True)
+for _ in range(rounds):
+    conn, _ = server.accept()
+    with conn:
+        conn.sendall(data)
+"""
+
+
+def loopback_tcp_gbps(nbytes: int, repeats: int) -> float:
+    """GB/s of a plain TCP copy of ``nbytes`` over loopback, from another process into a buffer of this one
+    already in memory (median of ``repeats`` after one warm-up): what one stream can move on this machine."""
+    import socket
+    import subprocess
+
+    sender = subprocess.Popen([sys.executable, "-c", _SENDER, str(nbytes), str(repeats + 1)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(sender.stdout.readline())
+        view, times = memoryview(bytearray(nbytes)), []  # the warm-up round faults its pages in
+        for _ in range(repeats + 1):
+            start, got = time.perf_counter(), 0
+            with socket.create_connection(("127.0.0.1", port)) as conn:
+                while got < nbytes:
+                    n = conn.recv_into(view[got:], min(nbytes - got, 16 * 2**20))
+                    if n == 0:
+                        raise ConnectionError(f"the loopback sender stopped after {got} of {nbytes} bytes")
+                    got += n
+            times.append(time.perf_counter() - start)
+        return nbytes / statistics.median(times[1:]) / 1e9
+    except BaseException:
+        sender.kill()  # it would wait for the rounds it was promised
+        raise
+    finally:
+        sender.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ long as its views are alive, since the lock lives with the mapping; ``LoadedVers
 ``with`` block), and a writer reuses a spare only when it gets the exclusive lock, so a file is never
 rewritten under a reader that still looks at it. Writers and ``LoadedVersion`` readers keep their
 mappings of the files (which rotate through the spares), so later pushes and loads take no page faults.
+``write_file`` is that file machinery for any filler: ``write_shm`` copies tensors in, and a reader on
+another host receives a version's bytes from its writer's stream (``forge_nb._weights_stream``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ import logging
 import mmap
 import os
 import socket
+import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +62,9 @@ def remove_orphaned_shm() -> list[str]:
 
 
 def remove_spares() -> None:
-    """Delete every writer's spare files (the store is going away: nothing will be pushed to it again)."""
-    for spare in shm_root().glob("*.spare"):
+    """Delete every writer's spare files, and the hosts' lock files of their copies (the store is going
+    away: nothing will be pushed to it or copied from it again)."""
+    for spare in [*shm_root().glob("*.spare"), *shm_root().glob("*.lock")]:
         spare.unlink(missing_ok=True)
 
 
@@ -76,21 +81,8 @@ def write_shm(state_dict: dict[str, torch.Tensor], key: str, dtype: torch.dtype 
         nbytes = tensor.numel() * stored.itemsize
         entries.append((name, str(stored).removeprefix("torch."), tuple(tensor.shape), offset, nbytes))
         offset += -(-nbytes // _ALIGN) * _ALIGN
-    size = max(offset, 1)
-    root = shm_root()
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / f"{os.getpid()}-{key}.bin"
-    tmp = path.with_suffix(".tmp")
-    _forget_gone(_writer_maps, root.glob(f"{os.getpid()}-*"))
-    fd = _take_spare(size, tmp)
-    if fd is None:
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.ftruncate(fd, size)
-    try:
-        inode = os.fstat(fd).st_ino
-        buffer = _writer_maps.get(inode)
-        if buffer is None:
-            buffer = _writer_maps[inode] = _map(fd, size, mmap.MAP_SHARED)
+
+    def fill(buffer: torch.Tensor) -> None:
         if any(t.is_cuda for t in state_dict.values()):
             _pin_for_cuda(buffer, read_only=False)
         for (_, stored, _, start, nbytes), tensor in zip(entries, state_dict.values(), strict=True):
@@ -100,11 +92,52 @@ def write_shm(state_dict: dict[str, torch.Tensor], key: str, dtype: torch.dtype 
                 # convert on the GPU, then one DMA: a mixed copy would bring float32 over and convert on the CPU
                 source = source.to(target)
             buffer[start : start + nbytes].view(target).copy_(source)
+
+    path = write_file(key, max(offset, 1), fill)
+    return {"host": host_id(), "path": str(path), "entries": entries}
+
+
+def file_size(entries: list[Any]) -> int:
+    """The size of the file a manifest's ``entries`` were laid out in (``write_shm``)."""
+    return max([-(-(start + nbytes) // _ALIGN) * _ALIGN for *_, start, nbytes in entries] + [1])
+
+
+_files_lock = threading.Lock()  # write_file runs in a thread for a stream (_weights_stream), and in the loop
+
+
+def write_file(key: str, size: int, fill: Callable[[torch.Tensor], None]) -> Path:
+    """This process's file for ``key``, ``size`` bytes that ``fill(buffer)`` writes (``buffer``: a uint8 tensor
+    over the whole file): a spare of that size or a new file, kept mapped, written under the temporary name
+    and renamed when ``fill`` returns. If ``fill`` raises, the file and its mapping go: no partial version
+    is ever left under a version's name."""
+    root = shm_root()
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"{os.getpid()}-{key}.bin"
+    tmp = path.with_suffix(".tmp")
+    with _files_lock:
+        _forget_gone(_writer_maps, root.glob(f"{os.getpid()}-*"))
+        fd = _take_spare(size, tmp)
+        if fd is None:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.ftruncate(fd, size)
+        inode = os.fstat(fd).st_ino
+        buffer = _writer_maps.get(inode)
+        if buffer is None:
+            buffer = _writer_maps[inode] = _map(fd, size, mmap.MAP_SHARED)
+    try:
+        try:
+            fill(buffer)
+        except BaseException:
+            with _files_lock:
+                _release(_writer_maps, inode)
+            buffer = None  # the traceback keeps this frame: the mapping goes now, not with the error
+            tmp.unlink(missing_ok=True)
+            raise
         fcntl.flock(fd, fcntl.LOCK_UN)  # a reused spare was locked; readers may lock it from now on
         os.replace(tmp, path)
     finally:
         os.close(fd)
-    return {"host": host_id(), "path": str(path), "entries": entries}
+    return path
 
 
 # This process's mappings of shared-memory files, by inode, kept while the file exists: a push into (or
@@ -210,6 +243,8 @@ def _take_spare(size: int, tmp: Path) -> int | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.fstat(fd).st_size != size:  # the model changed shape: no use for it any more
                 spare.unlink(missing_ok=True)
+                if (inode := os.fstat(fd).st_ino) in _writer_maps:
+                    _release(_writer_maps, inode)  # nor for our mapping of it
             else:
                 os.replace(spare, tmp)
                 return fd
@@ -290,7 +325,7 @@ def _same_host(manifest: dict[str, Any]) -> None:
     if manifest["host"] != host_id():
         raise RuntimeError(
             f"policy weights were pushed to shared memory on host {manifest['host']!r}, but this is "
-            f"{host_id()!r}; push with transport='shm+torchstore' for readers on other hosts")
+            f"{host_id()!r}; push with transport='shm+stream' for readers on other hosts")
 
 
 def read_shm(manifest: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -225,10 +225,13 @@ def check(hosts: int | str | None, name: str) -> None:
 def env(host: Host | None) -> dict[str, str]:
     """What a process learns of where it runs: its host (``FORGE_NB_HOST``; weights use it to tell same-host
     readers from others) and, while a job is in use, how many hosts its peers may be on, the kernel's
-    included (``FORGE_NB_JOB_HOSTS``: more than one, and the weights it pushes go through torchstore too)."""
+    included (``FORGE_NB_JOB_HOSTS``: more than one, and the weights it pushes are served to other hosts),
+    and whether they are all on this machine (``FORGE_NB_JOB_LOCAL``)."""
     out = {"FORGE_NB_HOST": KERNEL if host is None else host.name}
     if _current is not None:
         out["FORGE_NB_JOB_HOSTS"] = str(len(_current.hosts) + 1)
+        # all on the kernel's machine (ProcessJob): weight streams bind to loopback (forge_nb._weights_stream)
+        out["FORGE_NB_JOB_LOCAL"] = "1" if all(h.local for h in _current.hosts) else "0"
     return out
 
 

@@ -7,7 +7,7 @@ so runs side by side never see, or drop, each other's versions. torchstore's key
 split on ".", so a namespace is one component (letters, digits, ``_`` and ``-``) and listing one
 namespace's versions never reaches another's.
 
-Two transports behind the same calls (``push_state_dict``, ``load_state_dict``/``open_version``,
+The transports behind the same calls (``push_state_dict``, ``load_state_dict``/``open_version``,
 ``drop_version``):
 
 * ``"torchstore"``: torchstore's state-dict path; every tensor travels as monarch messages (~0.25 GB/s
@@ -15,11 +15,15 @@ Two transports behind the same calls (``push_state_dict``, ``load_state_dict``/`
 * ``"shm"`` (the default on one host): one file per version under ``/dev/shm``, and only a small
   manifest (``<key>/__shm__``) in torchstore; see ``forge_nb._weights_shm``. ``bench/weight_sync.py``
   measures both.
-* ``"shm+torchstore"`` (the default in a process placed on a job's host when the job has several,
-  ``forge_nb.cluster``): both. Readers on the writer's host map its file; on any other host the first
-  reader of a version fetches it through torchstore once and lays it out in that host's shared memory,
-  where the host's other readers map it (:func:`_host_copy`; a host keeps only the newest version it
-  copied). Which host a process is on: ``_weights_shm.host_id()``.
+* ``"shm+stream"`` (the default in a process placed on a job's host when the job has several,
+  ``forge_nb.cluster``): shm, and the writer's process serves the file over TCP. Readers on the writer's
+  host map its file; on any other host the first reader of a version pulls it through one stream into
+  that host's shared memory, where the host's other readers map it (a host keeps only the newest version
+  it copied); a reader that cannot reach the stream has the writer put the tensors in torchstore and
+  fetches them from there. See ``forge_nb._weights_stream``. Which host a process is on:
+  ``_weights_shm.host_id()``.
+* ``"shm+torchstore"``: the same, with the tensors put in torchstore by every push (readers that cannot
+  reach the stream find them there at once; a push costs as much as a torchstore one).
 
 The store's life. The kernel's torchstore (a controller and one storage volume process) is started
 either directly, ``await initialize_store()`` (tests, benches, a notebook's own cells) and stopped by
@@ -38,9 +42,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
-import json
+import logging
 import os
 import re
 import weakref
@@ -66,6 +69,8 @@ from forge_nb._weights_shm import (
 )
 from forge_nb.leases import Shared
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "PREFIX", "SPARES", "STORE", "LoadedVersion", "announce_version", "check_namespace", "drop_version",
     "handed_version", "initialize_store", "lease_store", "load_state_dict", "namespace_for", "open_version",
@@ -74,6 +79,7 @@ __all__ = [
 ]
 
 PREFIX = "policy"  #: the default namespace: the documents' code pushes and loads there
+TRANSPORTS = ("shm", "torchstore", "shm+stream", "shm+torchstore")
 SHM_MANIFEST = "__shm__"
 _NAMESPACE = re.compile(r"[A-Za-z0-9_-]+")
 _VERSION_KEY = re.compile(r"([A-Za-z0-9_-]+)\.v(\d+)/")
@@ -230,33 +236,64 @@ def store_holders() -> frozenset[str]:
 async def push_state_dict(state_dict: dict[str, torch.Tensor], version: int, transport: str = "auto",
                           dtype: torch.dtype | None = None, *, namespace: str = PREFIX,
                           announce: bool = True) -> dict[str, Any] | None:
-    """Store ``state_dict`` (HF parameter names, full tensors, any device) as ``version`` of ``namespace``;
+    """Store ``state_dict`` (HF parameter names, full tensors, any device) as ``version`` of ``namespace``
+    (``transport``: see the module's docstring);
     with ``dtype``, floating-point tensors are stored as that type (converted as they are copied in,
     so a trainer can pass its live float32 parameters: no temporary copy).
 
     Returns the shared-memory manifest (None with the torchstore transport): a reader handed it opens the
     version with ``open_version(v, manifest=...)`` without asking torchstore where it is.
 
-    ``announce=False`` leaves the shm manifest out of torchstore (only when the tensors are not in it
-    too, i.e. ``manifest["torchstore"]`` is False): the caller hands it to every reader and puts it there
-    later with :func:`announce_version`. Putting it was most of a push (5 of 8 ms on two busy cores)."""
+    ``announce=False`` leaves the shm manifest out of torchstore (only with ``transport="shm"``: readers
+    on other hosts ask the store): the caller hands it to every reader and puts it there later with
+    :func:`announce_version`. Putting it was most of a push (5 of 8 ms on two busy cores)."""
     key = weights_key(version, namespace)
     if transport == "auto":
         transport = "shm" if shm_root().parent.is_dir() else "torchstore"
         if transport == "shm" and int(os.environ.get("FORGE_NB_JOB_HOSTS", "1")) > 1:
-            transport = "shm+torchstore"  # readers may be on the job's other hosts
-    if transport not in ("shm", "torchstore", "shm+torchstore"):
-        raise ValueError(f"transport={transport!r}: use 'auto', 'shm', 'torchstore' or 'shm+torchstore'")
+            transport = "shm+stream"  # readers may be on the job's other hosts
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport={transport!r}: use 'auto' or one of {', '.join(map(repr, TRANSPORTS))}")
     ts = _ts()
     if "torchstore" in transport:  # before the manifest: a reader that sees the manifest finds the tensors too
         await ts.put_state_dict({k: v.detach().to(stored_dtype(v, dtype)) for k, v in state_dict.items()}, key)
-    if "shm" in transport:
-        manifest = write_shm(state_dict, key, dtype)
-        manifest["torchstore"] = "torchstore" in transport
-        if announce or manifest["torchstore"]:
-            await announce_version(version, manifest, namespace=namespace)
-        return manifest
-    return None
+    if "shm" not in transport:
+        return None
+    manifest = write_shm(state_dict, key, dtype)
+    manifest["torchstore"] = "torchstore" in transport
+    if transport != "shm":
+        manifest |= _offer(manifest)
+        if not (manifest["torchstore"] or "publisher" in manifest):  # no way to torchstore but this one
+            await ts.put_state_dict(read_shm(manifest), key)
+            manifest["torchstore"] = True
+    if announce or transport != "shm":
+        await announce_version(version, manifest, namespace=namespace)
+    return manifest
+
+
+def _offer(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What a manifest needs for readers on other hosts: this process's stream of the file, and its
+    Publisher (torchstore's path, for a reader the stream does not reach); whichever can be had."""
+    from forge_nb import _weights_stream
+
+    out: dict[str, Any] = {}
+    try:
+        out["stream"] = _weights_stream.server().offer(manifest["path"])
+    except OSError as e:
+        logger.warning("weights: no stream for readers on other hosts (%s: %s); they fetch through torchstore",
+                       type(e).__name__, e)
+    if not manifest["torchstore"]:
+        try:
+            out["publisher"] = _weights_stream.publisher()
+        except Exception as e:
+            logger.warning("weights: no Publisher actor in this process (%s: %s); the tensors go through "
+                           "torchstore with every push", type(e).__name__, e)
+    return out
+
+
+def _for_other_hosts(manifest: dict[str, Any]) -> bool:
+    """Whether readers on other hosts can fetch the version of ``manifest`` (its push was not shm-only)."""
+    return bool(manifest.get("torchstore")) or "stream" in manifest or "publisher" in manifest
 
 
 async def announce_version(version: int, manifest: dict[str, Any], *, namespace: str = PREFIX) -> None:
@@ -308,49 +345,22 @@ def _names(manifest: dict[str, Any] | None, version: int, namespace: str) -> boo
 
 
 async def _fetch(version: int, namespace: str) -> tuple[dict[str, Any] | None, dict[str, torch.Tensor]]:
-    """(the shm manifest, {}) or (None, the tensors through torchstore)."""
+    """(the shm manifest, {}) or (None, the tensors through torchstore). A version pushed on another host
+    for readers elsewhere comes as this host's copy (``forge_nb._weights_stream.host_copy``)."""
     key = weights_key(version, namespace)
     ts = _ts()
     try:
-        if await ts.exists(f"{key}/{SHM_MANIFEST}"):
-            manifest = await ts.get(f"{key}/{SHM_MANIFEST}")
-            if manifest["host"] == host_id() or not manifest.get("torchstore"):
-                return manifest, {}  # not pushed for other hosts: reading it says so (_same_host)
-            return await _host_copy(key, namespace), {}
-        return None, await ts.get_state_dict(key)
+        if not await ts.exists(f"{key}/{SHM_MANIFEST}"):
+            return None, await ts.get_state_dict(key)
+        manifest = await ts.get(f"{key}/{SHM_MANIFEST}")
     except Exception as e:
         have = await stored_versions(namespace=namespace)
         raise KeyError(f"{namespace} version {version} is not in torchstore (stored: {have or 'none'})") from e
+    if manifest["host"] == host_id() or not _for_other_hosts(manifest):
+        return manifest, {}  # not pushed for other hosts: reading it says so (_same_host)
+    from forge_nb._weights_stream import host_copy
 
-
-async def _host_copy(key: str, namespace: str) -> dict[str, Any]:
-    """The manifest of this host's copy of ``key``, pushed on another host: the first reader here fetches
-    it through torchstore and lays it out in shared memory (under a lock on the folder, so once per host);
-    the others wait for it and map it. Older copies of the namespace on this host are removed then. The
-    copy's files are named after the reader that made them, so they go when it does (remove_orphaned_shm)."""
-    root = shm_root()
-    root.mkdir(parents=True, exist_ok=True)
-    host = re.sub(r"[^A-Za-z0-9_.-]", "_", host_id())
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
-        for made in root.glob(f"*-{key}@{host}.json"):
-            manifest = json.loads(made.read_text())
-            if Path(manifest["path"]).exists():
-                return manifest
-        manifest = write_shm(await _ts().get_state_dict(key), f"{key}@{host}")
-        manifest["fetched_by"] = os.getpid()
-        local = root / f"{os.getpid()}-{key}@{host}.json"
-        local.with_suffix(".tmp").write_text(json.dumps(manifest))
-        local.with_suffix(".tmp").replace(local)
-        for old in root.glob(f"*-{namespace}.v*@{host}.json"):  # this host needs the newest only
-            if old != local:
-                with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
-                    Path(json.loads(old.read_text())["path"]).unlink(missing_ok=True)
-                old.unlink(missing_ok=True)
-        return manifest
-    finally:
-        os.close(fd)  # the lock goes with it
+    return await host_copy(key, namespace, manifest), {}
 
 
 def _parse(key: str) -> tuple[str, int]:
@@ -372,14 +382,19 @@ async def drop_version(version: int, *, namespace: str = PREFIX, manifest: dict[
     its one key goes without listing or reading the store first (one delete instead of four calls)."""
     ts = _ts()
     key = weights_key(version, namespace)
-    if _names(manifest, version, namespace) and not manifest.get("torchstore"):
+    shm_key = f"{key}/{SHM_MANIFEST}"
+    if _names(manifest, version, namespace) and not _for_other_hosts(manifest):
         retire(Path(manifest["path"]))
-        await ts.delete(f"{key}/{SHM_MANIFEST}")
+        await ts.delete(shm_key)
         return 1
     keys = [k for k in await ts.keys(namespace) if k.startswith(key + "/")]
+    if shm_key in keys:
+        found = manifest if _names(manifest, version, namespace) else await ts.get(shm_key)
+        await ts.delete(shm_key)  # first: from now on no reader finds it, and a Publisher putting it takes it back
+        retire(Path(found["path"]))
+        if "publisher" in found:  # its tensors may have been put for a reader since the listing
+            keys = [k for k in await ts.keys(namespace) if k.startswith(key + "/")] + [shm_key]
     for k in keys:
-        if k.endswith(SHM_MANIFEST):
-            manifest = await ts.get(k)
-            retire(Path(manifest["path"]))
-        await ts.delete(k)
+        if k != shm_key:
+            await ts.delete(k)
     return len(keys)

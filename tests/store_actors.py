@@ -1,7 +1,9 @@
-"""Actors for the torchstore namespace and lease tests (importable by module path in spawned procs)."""
+"""Actors for the torchstore namespace, lease and cross-host weights tests (importable by module path in
+spawned procs)."""
 
 from __future__ import annotations
 
+import torch
 from monarch.actor import Actor, endpoint
 
 from forge_nb.service import ForgeActor
@@ -48,3 +50,75 @@ class WeightsUser(ForgeActor):
 
         with await weights.open_version(version, namespace=self.namespace) as state_dict:
             return float(state_dict["w"][0])
+
+
+# -- weights across the hosts of a job (tests/test_cluster.py) -------------------------------------------
+
+
+def stream_state(seed: int, mb: int = 1) -> dict[str, torch.Tensor]:
+    """A state dict of several dtypes and odd shapes, the same for the same ``seed``; ``mb`` MiB in its
+    first tensor (constant: cheap to make at any size), random bytes in the others."""
+    generator = torch.Generator().manual_seed(seed)
+    return {"model.big.weight": torch.full((mb * 2**19,), float(seed), dtype=torch.bfloat16).reshape(-1, 512),
+            "model.odd.weight": torch.randn(333, 77, generator=generator),
+            "model.half.weight": torch.randn(5, 3, generator=generator).half(),
+            "model.ids": torch.randint(0, 2**40, (1001,), generator=generator),
+            "model.mask": torch.rand(17, generator=generator) > 0.5}
+
+
+def digests(state_dict: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Each tensor's dtype, shape and sha256 of its bytes: equal only for bit-identical tensors."""
+    import hashlib
+
+    return {k: f"{v.dtype} {tuple(v.shape)} "
+               f"{hashlib.sha256(v.contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()}"
+            for k, v in state_dict.items()}
+
+
+class StreamWriter(Actor):
+    """Pushes versions for readers on other hosts (``transport="shm+stream"``) from its own process."""
+
+    @endpoint
+    async def push(self, version: int, seed: int, mb: int = 1) -> dict:
+        from forge_nb import weights
+
+        manifest = await weights.push_state_dict(stream_state(seed, mb), version, transport="shm+stream")
+        return {"stream": manifest.get("stream"), "publisher": "publisher" in manifest, "path": manifest["path"]}
+
+    @endpoint
+    async def stop_serving(self) -> None:
+        """Close this process's stream server: readers are refused, as by a firewall."""
+        from forge_nb import _weights_stream
+
+        _weights_stream.stop_serving()
+
+
+class HostReader(Actor):
+    """Reads versions pushed on another host, and says how they came and what they left."""
+
+    @endpoint
+    async def digests(self, version: int) -> tuple[dict[str, str], str]:
+        """The version's digests (see ``digests``), and how this host's copy came (its ``via``)."""
+        import json
+        import re
+
+        from forge_nb import weights
+        from forge_nb._weights_shm import host_id
+
+        with await weights.open_version(version) as state_dict:
+            got = digests(state_dict)
+        host = re.sub(r"[^A-Za-z0-9_.-]", "_", host_id())
+        (copy,) = weights.shm_root().glob(f"*-policy.v{version}@{host}.json")
+        return got, json.loads(copy.read_text())["via"]
+
+    @endpoint
+    async def leftovers(self, version: int) -> tuple[list[str], list[str]]:
+        """This process's files of ``version`` in shared memory, and its mappings of any file of it."""
+        import os
+
+        from forge_nb import weights
+
+        files = sorted(p.name for p in weights.shm_root().glob(f"{os.getpid()}-policy.v{version}@*"))
+        with open("/proc/self/maps") as maps:
+            mapped = sorted({line.split()[-1] for line in maps if f"policy.v{version}@" in line})
+        return files, mapped

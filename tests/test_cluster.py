@@ -105,7 +105,7 @@ def test_placement_spreads_a_service_counts_gpus_per_host_and_says_why_no_host_f
 
 async def test_a_run_trains_across_hosts_fetches_a_version_once_per_host_and_outlives_a_host(runtime, job, tmp_path):
     """Trainer on one host, three generator replicas on two others (two share a host): steps train, and each
-    version reaches the generators' hosts through torchstore once per host, shared there in shared memory."""
+    version reaches the generators' hosts once per host (the trainer's stream), shared there in shared memory."""
     import socket
 
     import forge_nb
@@ -130,7 +130,9 @@ async def test_a_run_trains_across_hosts_fetches_a_version_once_per_host_and_out
         for host in ("generators_0_", "generators_1_"):  # the host ids, made file-name safe
             made = list(root.glob(f"*-{ns}.v{version}@{host}_{socket.gethostname()}.json"))
             assert len(made) == 1, (host, sorted(p.name for p in root.iterdir()))  # one copy per host ...
-            copies[host] = json.loads(made[0].read_text())["fetched_by"]
+            copy = json.loads(made[0].read_text())
+            assert copy["via"] == "stream", copy["via"]  # ... pulled through the trainer's TCP stream
+            copies[host] = copy["fetched_by"]
         pids = {h: [r.mesh.pids[0] for r in run.policy.replicas if r.mesh.host == h] for h in set(placed)}
         assert copies["generators_0_"] in pids["generators[0]"]  # ... made by one of that host's replicas
         assert copies["generators_1_"] in pids["generators[1]"]
@@ -147,6 +149,75 @@ async def test_a_run_trains_across_hosts_fetches_a_version_once_per_host_and_out
         assert await run.policy.get_version.fanout() == [run.version] * 3
     finally:
         await run.shutdown()
+
+
+async def test_weights_reach_other_hosts_by_stream_or_torchstore_and_a_writer_dying_mid_stream_leaves_nothing(
+        runtime, job, monkeypatch):
+    """A writer on one host, readers on the two others (shm+stream, forge_nb._weights_stream): a version comes
+    through the writer's TCP stream bit for bit; refused (as by a firewall), through torchstore; the writer
+    killed mid-stream, a clear error and no partial file, mapping or leftover in shared memory."""
+    import shutil
+    import uuid
+
+    from forge_nb import weights
+    from tests.store_actors import HostReader, StreamWriter, digests, stream_state
+
+    shm = Path("/dev/shm") / f"forge_nb-test-{uuid.uuid4().hex[:8]}"  # tmpfs, as in a run
+    env = {"FORGE_NB_SHM_DIR": str(shm)}
+    monkeypatch.setenv("FORGE_NB_SHM_DIR", str(shm))
+    await weights.initialize_store()
+    try:
+        writer_mesh = await runtime.spawn_mesh("writer", hosts="trainer", env=env)
+        reader_meshes = [await runtime.spawn_mesh("reader", hosts="generators", env=env) for _ in range(2)]
+        assert sorted(m.host for m in reader_meshes) == ["generators[0]", "generators[1]"]
+        writer = writer_mesh.spawn("writer", StreamWriter)
+        near, far = (m.spawn("reader", HostReader) for m in reader_meshes)
+
+        pushed = await writer.push.call_one(1, seed=1)
+        assert pushed["stream"]["addr"] == "127.0.0.1" and pushed["publisher"]  # one machine: loopback
+        got, via = await near.digests.call_one(1)
+        assert got == digests(stream_state(1)) and via == "stream"
+
+        await writer.push.call_one(2, seed=2)
+        await writer.stop_serving.call_one()  # the stream is refused from now on
+        got, via = await far.digests.call_one(2)
+        assert got == digests(stream_state(2))
+        port = pushed["stream"]["port"]
+        assert via.startswith(f"torchstore (its stream at 127.0.0.1:{port} could not be reached (ConnectionRefused")
+        assert await weights.drop_version(2) > 1  # the manifest, and the tensors its Publisher put for the reader
+        assert await weights.stored_versions() == [1]
+
+        # the writer serves again (a push starts a server), and is stopped mid-stream; again if the stream
+        # was done by then
+        victim_pid, reader_pid = writer_mesh.pids[0], reader_meshes[0].pids[0]
+        for version in (3, 4, 5):
+            await writer.push.call_one(version, seed=version, mb=128)
+            reading = asyncio.ensure_future(near.digests.call_one(version))
+            while not list(shm.glob(f"{reader_pid}-policy.v{version}@*.tmp")):  # the reader has the header
+                assert not reading.done(), reading.exception() or "the reader copied nothing"
+                await asyncio.sleep(0.001)
+            os.kill(victim_pid, signal.SIGSTOP)
+            await asyncio.sleep(0.5)
+            if not reading.done():
+                break
+            os.kill(victim_pid, signal.SIGCONT)
+        else:
+            pytest.fail("three streams of 128 MiB were done before the writer could be stopped")
+        os.kill(victim_pid, signal.SIGKILL)
+        broken = rf"stream of .*policy\.v{version}\.bin (ended|broke) after \d+ of \d+ bytes"
+        with pytest.raises(Exception, match=broken):
+            await reading
+        assert await near.leftovers.call_one(version) == ([], [])  # no partial file, and none mapped
+        assert weights.remove_orphaned_shm()  # the dead writer's files go as every dead writer's do
+        assert not list(shm.glob(f"{victim_pid}-*")) and not list(shm.glob("*.tmp"))
+        assert await weights.drop_version(version) >= 1
+    finally:
+        await weights.shutdown_store()  # while its volume runs: every version dropped, spares and locks removed
+        await runtime.stop_all(timeout=10)
+        weights.remove_orphaned_shm()
+        left = sorted(p.name for p in shm.iterdir()) if shm.exists() else []
+        shutil.rmtree(shm, ignore_errors=True)
+    assert left == [], left  # every process's copies, spares and the hosts' lock files are gone
 
 
 async def test_a_host_s_probe_ends_that_host_s_processes_and_no_other(runtime, job):
