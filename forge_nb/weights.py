@@ -73,7 +73,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "PREFIX", "SPARES", "STORE", "LoadedVersion", "announce_version", "check_namespace", "drop_version",
-    "handed_version", "initialize_store", "lease_store", "load_state_dict", "namespace_for", "open_version",
+    "for_other_hosts", "handed_version", "initialize_store", "lease_store", "load_state_dict", "namespace_for",
+    "open_version",
     "push_state_dict", "release_store", "remove_orphaned_shm", "shm_root", "shutdown_store", "store_holders",
     "store_running", "stored_dtype", "stored_versions", "weights_key",
 ]
@@ -291,7 +292,7 @@ def _offer(manifest: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _for_other_hosts(manifest: dict[str, Any]) -> bool:
+def for_other_hosts(manifest: dict[str, Any]) -> bool:
     """Whether readers on other hosts can fetch the version of ``manifest`` (its push was not shm-only)."""
     return bool(manifest.get("torchstore")) or "stream" in manifest or "publisher" in manifest
 
@@ -356,7 +357,7 @@ async def _fetch(version: int, namespace: str) -> tuple[dict[str, Any] | None, d
     except Exception as e:
         have = await stored_versions(namespace=namespace)
         raise KeyError(f"{namespace} version {version} is not in torchstore (stored: {have or 'none'})") from e
-    if manifest["host"] == host_id() or not _for_other_hosts(manifest):
+    if manifest["host"] == host_id() or not for_other_hosts(manifest):
         return manifest, {}  # not pushed for other hosts: reading it says so (_same_host)
     from forge_nb._weights_stream import host_copy
 
@@ -383,7 +384,7 @@ async def drop_version(version: int, *, namespace: str = PREFIX, manifest: dict[
     ts = _ts()
     key = weights_key(version, namespace)
     shm_key = f"{key}/{SHM_MANIFEST}"
-    if _names(manifest, version, namespace) and not _for_other_hosts(manifest):
+    if _names(manifest, version, namespace) and not for_other_hosts(manifest):
         retire(Path(manifest["path"]))
         await ts.delete(shm_key)
         return 1

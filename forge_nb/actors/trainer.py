@@ -258,7 +258,7 @@ class RLTrainer(ForgeActor):
         ``announce=False``: the caller hands the manifest to every generator and puts it in torchstore
         itself (``weights.announce_version``; WeightSync does, in the background); ``"announced"`` says
         whether it is there already (always, when the tensors went through torchstore too)."""
-        from forge_nb.weights import push_state_dict, stored_dtype
+        from forge_nb.weights import for_other_hosts, push_state_dict, stored_dtype
 
         start = time.perf_counter()
         dtype = self.train_cfg.torch_dtype
@@ -268,7 +268,8 @@ class RLTrainer(ForgeActor):
         if self.rank == 0:
             manifest = await push_state_dict(state, version, dtype=dtype, namespace=self.weights_namespace,
                                              announce=announce)
-        announced = announce or manifest is None or bool(manifest.get("torchstore"))
+        # pushed for other hosts, the manifest is in torchstore already (their readers ask it there)
+        announced = announce or manifest is None or for_other_hosts(manifest)
         return {"version": float(version), "seconds": time.perf_counter() - start, "mb": size / 2**20,
                 "manifest": manifest, "announced": announced}
 
