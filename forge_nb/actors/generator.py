@@ -263,7 +263,7 @@ class Generator(ForgeActor):
                 return version
             self._updating = True  # before any await: every request arriving from now on waits
             try:
-                controller = await self._check_pushed(version)
+                controller = await self._check_pushed(version, manifest)
                 async with self._gate:
                     await self._gate.wait_for(lambda: self._in_flight == 0)
                 try:
@@ -317,12 +317,14 @@ class Generator(ForgeActor):
             raise RuntimeError(f"Generator.{what}() before setup(): await generator.setup.call_one() first")
         return self._engine
 
-    async def _check_pushed(self, version: int) -> bytes:
+    async def _check_pushed(self, version: int, manifest: dict[str, Any] | None = None) -> bytes:
         """Refuse a version torchstore lacks, before pausing; return the pickled store controller.
 
         Only until the store has answered once: two RPCs on every load (~10 ms of a 40 ms load on two
         cores) only to say earlier what the worker's fetch says anyway (its refusal names the stored
-        versions), as the generator's weights live in one store for the life of its process."""
+        versions), as the generator's weights live in one store for the life of its process. A handed
+        ``manifest`` of this version is proof enough: the run puts it in the store after handing it, in
+        the background (``WeightSync``), so the store may not list it yet on the first load."""
         if self._controller is not None:
             return self._controller
         import torchstore.api
@@ -338,7 +340,7 @@ class Generator(ForgeActor):
                 f"update_weights({version}): torchstore is not running ({type(e).__name__}). Start it in the "
                 "kernel with `await forge_nb.weights.initialize_store()` and push the weights with "
                 "`await forge_nb.weights.push_state_dict(state_dict, version)` first") from e
-        if version not in stored:
+        if version not in stored and weights.handed_version(version, self._namespace, manifest) is None:
             raise KeyError(f"update_weights({version}): {self._namespace} version {version} is not in torchstore "
                            f"(stored: {stored or 'none'}); push it first")
         controller = await get_or_spawn_controller(torchstore.api.DEFAULT_TORCHSTORE_NAME, Controller)
