@@ -20,11 +20,13 @@ lines, and every actor class would need it).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 #: What a level keeps of a log (a line matching it, plus the traceback lines that follow an error).
@@ -64,6 +66,29 @@ class KernelLog:
         for name in KERNEL_LOGGERS:
             logging.getLogger(name).removeHandler(self.handler)
         self.handler.close()
+
+
+@contextlib.contextmanager
+def native_stderr_to(path: Path) -> Iterator[None]:
+    """Point this process's file descriptor 2 at ``path`` (appended to) for the block, then back.
+
+    For native code that writes to the descriptor itself, where ``sys.stderr`` and logging do not reach:
+    ipykernel forwards what lands on a kernel's descriptor 2 into the cell that runs. monarch's runtime
+    announces its log file so when this process's first monarch context is made ("Monarch internal logs
+    are being written to ..."), a line in the spawn cell that nobody needs to act on."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.dup2(fd, 2)
+        finally:
+            os.close(fd)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def bootstrap(env: dict[str, str], log_file: str | None) -> None:

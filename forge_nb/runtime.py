@@ -51,7 +51,7 @@ from typing import Any, NoReturn
 from forge_nb import _gpus, cluster
 from forge_nb._gpus import ResourceError  # noqa: F401  (runtime.ResourceError, as before)
 from forge_nb._monarch_compat import await_maybe, private_log_dir
-from forge_nb._proclogs import bootstrap, default_log_dir
+from forge_nb._proclogs import bootstrap, default_log_dir, native_stderr_to
 from forge_nb._procs import (
     StoppedWatch,
     kill_groups,
@@ -138,6 +138,10 @@ def ensure_started() -> None:
         private_log_dir()  # monarch's log names every actor's socket: owner-only, before monarch writes it
         import monarch.actor
 
+        # The first context starts monarch's runtime here, which says on descriptor 2 where it logs: into a file
+        # of this kernel's log folder (issue 36: a stderr line in the spawn cell), not the cell.
+        with native_stderr_to(default_log_dir() / "monarch-start.log"):
+            monarch.actor.context()
         monarch.actor.unhandled_fault_hook = _fault_hook
         atexit.register(_kill_everything)
         _started = True

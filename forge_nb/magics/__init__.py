@@ -14,7 +14,7 @@ Magic                                                  What it does
 %forge_attach PATH [-o VAR]                            bring back a run from its directory (new kernel)
 %forge_run [--steps N]                                 start the loops in the background (N steps, then pause)
 %forge_pause / %forge_resume                           pause at the next boundary / continue
-%forge_step N                                          run N training steps and wait for them
+%forge_step N                                          run N training steps, wait, show a short summary
 %forge_stop                                            stop the loops at a step boundary (services stay up)
 %forge_set KEY=VALUE ...                               hyperparameters for the next step (lr, temperature, ...)
 %forge_status                                          services, replicas, loops, step, version, last values;

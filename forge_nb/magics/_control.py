@@ -89,13 +89,16 @@ class ControlMagics(Magics):
 
     async def _step(self, run: Any, n: int) -> None:
         self.runs.cancel_stepping(run.name)
+        seen = len(run.metrics.events)
         try:
             rows = await run.step(n)
         except asyncio.CancelledError:
             print(f"interrupted: run {run.name!r} keeps going and pauses after its {n} step(s); "
                   "%forge_pause pauses it now")
             raise
-        display(_display.steps_table(rows, title=f"run {run.name!r}: {len(rows)} step(s), now paused"))
+        events = run.metrics.events[seen:] if len(run.metrics.events) >= seen else run.metrics.events
+        # a few lines whatever n is (issue 36: 150 rows were ~3,700 px of cell); every row is in run.metrics
+        display(_display.step_summary(rows, events, title=f"run {run.name!r}: {len(rows)} step(s), now paused"))
 
     @magic_arguments()
     @argument("--name", help=NAME_HELP)

@@ -167,3 +167,30 @@ HEADLINE = ("step", "loss", "reward/mean", "eval/reward", "grad_norm", "response
 def steps_table(rows: Sequence[dict[str, Any]], title: str = "") -> Table:
     columns = [c for c in HEADLINE if any(c in r for r in rows)]
     return Table(rows, columns, title=title or f"{len(rows)} step(s)")
+
+
+#: Events a step summary counts (the rest are on the dashboard and in ``run.metrics.events``).
+_SUMMARY_EVENTS = ("rewind", "trainer_died", "skip", "quarantine", "replica", "weight_load_failed", "set",
+                   "set_refused", "starved", "checkpoint", "eval", "error")
+
+
+def step_summary(rows: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]], title: str) -> Report:
+    """What ``%forge_step N`` shows whatever N is: the first and the last of the steps (the rows between are
+    on the dashboard and in ``run.metrics``), their rate, and the events they saw, counted by kind."""
+    if not rows:
+        return Report([title])
+    shown = [rows[0], rows[-1]] if len(rows) > 1 else [rows[0]]
+    lines: list[str | Table] = [steps_table(shown, title=title)]
+    times = [r["time"] for r in rows if isinstance(r.get("time"), int | float)]
+    if len(times) > 1 and times[-1] > times[0]:
+        rate = (len(times) - 1) / (times[-1] - times[0])
+        lines.append(f"steps {rows[0].get('step')}-{rows[-1].get('step')}: {rate:.1f} steps/s; every step: "
+                     "run.metrics.frame(), the dashboard (%forge_dashboard)")
+    counts: dict[str, int] = {}
+    for event in events:
+        if event.get("kind") in _SUMMARY_EVENTS:
+            counts[event["kind"]] = counts.get(event["kind"], 0) + 1
+    if counts:
+        lines.append("events: " + ", ".join(f"{kind} x{n}" for kind, n in counts.items())
+                     + " (run.metrics.events_frame())")
+    return Report(lines)

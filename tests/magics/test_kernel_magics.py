@@ -59,7 +59,7 @@ def value(reply: Reply) -> list:
 def kernel(tmp_path_factory):
     k = Kernel(cwd=str(tmp_path_factory.mktemp("magics-kernel")))
     try:
-        ok(k.run("%load_ext forge_nb\n" + HELPERS))
+        k.loaded = ok(k.run("%load_ext forge_nb\n" + HELPERS))
         spawned = k.run("%forge_spawn quickstart --set loop.rollout_loops=2", timeout=480)
         if spawned.status != "ok":
             pytest.fail(f"the quickstart did not spawn: {spawned.error}\n{spawned.stderr[-3000:]}")
@@ -71,6 +71,8 @@ def kernel(tmp_path_factory):
 
 def test_spawn_binds_the_run_and_its_services(kernel):
     assert "is up (policy x1, trainer x1); bound to `run`, `policy`, `trainer`" in kernel.spawned.stdout
+    for cell in (kernel.loaded, kernel.spawned):  # monarch's runtime says where it logs into a file, not the cell
+        assert "Monarch internal logs" not in cell.streams, cell.streams
     kinds = value(kernel.run("_value(type(run).__name__, run.name, run.state, sorted(run.services), "
                              "type(policy).__name__, policy is run.policy, trainer is run.trainer)"))
     assert kinds == ["Run", "quickstart", "ready", ["policy", "trainer"], "Service", True, True]

@@ -199,3 +199,22 @@ def test_the_table_renders_as_html_too():
     table = Table([{"name": "a<b", "pids": [1, 2], "loss": 0.123456}], title="t")
     assert "<td>a&lt;b</td>" in table._repr_html_() and "<td>1,2</td>" in table._repr_html_()
     assert repr(table).splitlines() == ["t", "name  pids  loss", "a<b   1,2   0.1235"]
+
+
+def test_a_step_summary_is_a_few_lines_however_many_steps_ran():
+    """%forge_step N shows the first and last of its steps, their rate and the events they saw (issue 36: 150 rows
+    were a 3,700 px cell); every row stays in run.metrics and on the dashboard."""
+    from forge_nb.magics._display import step_summary
+
+    rows = [{"step": i, "loss": 1.0 / i, "reward/mean": i / 150, "time": 100 + 0.05 * i} for i in range(1, 151)]
+    events = [{"kind": "checkpoint", "step": 50}, {"kind": "checkpoint", "step": 100}, {"kind": "rewind", "step": 120},
+              {"kind": "state", "step": 150}]
+    text = repr(step_summary(rows, events, title="run 'q': 150 step(s), now paused"))
+    lines = [line for line in text.splitlines() if line]
+    assert len(lines) <= 6, text
+    assert lines[0] == "run 'q': 150 step(s), now paused"
+    assert lines[2].split()[0] == "1" and lines[3].split()[0] == "150"  # then and now
+    assert "steps 1-150: 20.0 steps/s" in text
+    assert "events: checkpoint x2, rewind x1" in text and "state" not in text.split("events:")[1]
+    html = step_summary(rows, events, title="t")._repr_html_()
+    assert html.count("<tr>") == 3  # the header and two steps
