@@ -138,10 +138,8 @@ def ensure_started() -> None:
         private_log_dir()  # monarch's log names every actor's socket: owner-only, before monarch writes it
         import monarch.actor
 
-        # The first context starts monarch's runtime here, which says on descriptor 2 where it logs: into a file
-        # of this kernel's log folder (issue 36: a stderr line in the spawn cell), not the cell.
-        with native_stderr_to(default_log_dir() / "monarch-start.log"):
-            monarch.actor.context()
+        with native_stderr_to(default_log_dir() / "monarch-start.log"):  # not a cell: where monarch logs (issue 36)
+            monarch.actor.context()  # the first context starts monarch's runtime, which says so on descriptor 2
         monarch.actor.unhandled_fault_hook = _fault_hook
         atexit.register(_kill_everything)
         _started = True
