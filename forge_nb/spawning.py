@@ -142,7 +142,7 @@ async def _bring_up(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | N
     # cores; issue 34: the store, whose process start and imports took 2.5-4.5 s before any service's).
     opening = asyncio.ensure_future(sync.open())
     written = asyncio.ensure_future(asyncio.to_thread(build))
-    ready = asyncio.ensure_future(_both(written, opening))
+    ready = asyncio.gather(written, opening)  # the first error of the two, if any
     try:
         return await _start_services(cfg, directory, episode_fn, progress, task, model, pad_id, ready, sync,
                                      actors)
@@ -155,12 +155,6 @@ async def _bring_up(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | N
             if cause.done() and not cause.cancelled() and cause.exception() is not None:
                 raise cause.exception() from None
         raise
-
-
-async def _both(written: asyncio.Future[Any], opening: asyncio.Future[Any]) -> Any:
-    """``written``'s result once ``opening`` is done too (the first error of the two, if any)."""
-    await asyncio.gather(written, opening)
-    return written.result()
 
 
 async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | None, progress: bool,

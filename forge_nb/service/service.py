@@ -52,11 +52,6 @@ _SESSIONS: contextvars.ContextVar[dict[int, Affinity] | None] = contextvars.Cont
 _ids = itertools.count()
 
 
-async def _after(first: Awaitable[Any] | None, then: Awaitable[Any]) -> None:
-    """Done once ``first`` (if any) and ``then`` are; the first error of the two."""
-    await asyncio.gather(*(x for x in (first, then) if x is not None))
-
-
 @dataclass(slots=True)
 class Affinity:
     """The replica a session's calls stick to (None until its first call). ``session()`` makes a fresh one;
@@ -122,7 +117,7 @@ class Service:
             from forge_nb import weights
 
             leasing = asyncio.ensure_future(weights.lease_store(svc.holder))
-            setup_after = asyncio.ensure_future(_after(setup_after, leasing))
+            setup_after = asyncio.gather(*(x for x in (setup_after, leasing) if x is not None))
             setup_after.add_done_callback(lambda f: f.cancelled() or f.exception())  # the replicas report it
         for replica in svc.replicas:
             replica.setup_after = setup_after
