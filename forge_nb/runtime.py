@@ -11,10 +11,9 @@ controller: every mesh it spawns is recorded here, so that
   *imported* (setting it later has no effect; measured). We set it when we are first to import
   monarch, and in any case a watchdog task on the kernel's loop checks the recorded pids every
   ``WATCHDOG_PERIOD_S``, so detection never depends on import order.
-* nothing outlives the kernel. Spawned procs are children of the kernel with PR_SET_PDEATHSIG, so a
-  killed kernel takes them along; on a clean exit an ``atexit`` handler kills whatever is still running.
-  (A job's hosts, ``forge_nb.cluster``, are the job's: its meshes are placed there, and their pids are
-  watched only where they are this machine's.) :func:`end_process` skips monarch's exit-time teardown.
+* nothing outlives the kernel. Spawned procs are children of the kernel with PR_SET_PDEATHSIG; on a clean
+  exit an ``atexit`` handler kills what still runs. (A job's hosts, ``forge_nb.cluster``, are the job's; their
+  pids are watched only on this machine.) :func:`end_process` skips monarch's exit-time teardown.
 
 Importing this module has no side effects; :func:`ensure_started` does the work, once.
 
