@@ -20,6 +20,7 @@ _EXPORTS = {
     "end_process": "forge_nb.runtime",
     "use_job": "forge_nb.cluster",
     "release_job": "forge_nb.cluster",
+    "SlurmJob": "forge_nb.slurm",  # not a runtime start: its transport must be chosen before the first context
     "spawn": "forge_nb.spawning",
     "resume": "forge_nb.spawning",
     "Run": "forge_nb.run",

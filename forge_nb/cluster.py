@@ -21,7 +21,9 @@ supervision timeout (60 s) and reports nothing for meshes nobody calls (measured
 each host runs a probe, a one-process mesh with a :class:`~forge_nb._procinfo.ProcInfo` actor that the
 kernel calls every ``PROBE_PERIOD_S``; a probe that fails, or misses ``PROBE_MISSES`` answers in a row, marks
 the host lost (:attr:`Host.lost`), the runtime's watchdog fails every mesh on it (their services respawn
-them on the hosts left), and placement skips it from then on.
+them on the hosts left), and placement skips it from then on. A job that can say its scheduler ended it
+(``forge_nb.slurm.SlurmJob.describe``: ``scancel``, a time limit) is asked every ``JOB_CHECK_S``; then every host
+is lost with that reason, so what fails next names the job.
 
 Pids: a host whose probe runs on the kernel's machine and pid namespace (:func:`~forge_nb._procinfo.machine`)
 is *local*: the runtime may watch and signal its processes' pids, as for the kernel's own. On any other host
@@ -48,13 +50,14 @@ from typing import Any
 from forge_nb._gpus import ResourceError
 from forge_nb._monarch_compat import await_maybe
 
-__all__ = ["KERNEL", "Cluster", "Host", "current", "lost", "one_host", "release_job", "use_job", "where"]
+__all__ = ["KERNEL", "Cluster", "Host", "current", "job_line", "lost", "one_host", "release_job", "use_job", "where"]
 
 logger = logging.getLogger(__name__)
 
 PROBE_PERIOD_S = 1.0
 PROBE_TIMEOUT_S = 5.0
 PROBE_MISSES = 2
+JOB_CHECK_S = 2.0  #: how often a job that can say it ended (a SLURM job) is asked
 SUSPECT_S = 30.0
 KERNEL = "kernel"  #: ``hosts=KERNEL`` keeps a mesh on the kernel's host when a job is in use
 
@@ -89,6 +92,7 @@ class Cluster:
         self.job, self.hosts = job, hosts
         self.groups = sorted({h.group for h in hosts})
         self.cached_path: str | None = None  #: where the job is saved for a later kernel (use_job(path))
+        self.described: dict[str, Any] = {}  #: what the job last said of itself (a SLURM job: id, state, nodes)
         self._watch: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
@@ -124,6 +128,11 @@ class Cluster:
             same = sum(1 for host, o, _ in meshes if host == h.name and owner is not None and o == owner)
             suspect = time.monotonic() - h.failed_at < SUSPECT_S
             fits.append((suspect, same, sum(1 for host, _, _ in meshes if host == h.name), i, h))
+        if not fits and self.described.get("ended"):
+            raise ResourceError(f"{self.described.get('scheduler', 'the').upper()} job {self.described.get('job_id')} "
+                                f"ended ({self.described['ended']}), and its hosts with it: nothing can run there. "
+                                "%forge_shutdown, allocate again (%forge_cluster ...) and %forge_attach the run "
+                                "directory to go on from its last checkpoint")
         if not fits:
             where = f"host mesh {group!r}" if group else "the job"
             raise ResourceError(f"no host of {where} can take {name} ({procs} proc(s)"
@@ -159,9 +168,30 @@ class Cluster:
             except Exception as e:  # monarch's supervision: the probe's process, or the host, is gone
                 self._lose(h, f"its probe failed: {str(e).splitlines()[0][:200]}")
 
+        checked = time.monotonic()
         while True:  # every host at once: one that hangs does not delay the others' checks
             await asyncio.sleep(PROBE_PERIOD_S)
             await asyncio.gather(*(probe(h) for h in self.hosts if h.lost is None))
+            if hasattr(self.job, "describe") and time.monotonic() - checked > JOB_CHECK_S:
+                checked = time.monotonic()
+                await self._check_job()
+
+    async def _check_job(self) -> None:
+        """Ask the job how its scheduler sees it (``forge_nb.slurm.SlurmJob.describe``; kept for tables). A job
+        the scheduler ended (``scancel``, a time limit) takes every host with it, and says so: what fails on
+        them next names the job."""
+        self.described = await asyncio.to_thread(self.job.describe)
+        why = self.described.get("ended")
+        if why is not None:
+            for h in self.hosts:
+                if h.lost is None or not h.lost.startswith("job "):
+                    self._lose(h, f"job {self.described.get('job_id')} ended: {why}")
+
+    def status(self) -> dict[str, Any]:
+        """The job for tables: its kind, what its scheduler last said (id, state, nodes), and each host's
+        state ("alive", or why it is lost)."""
+        return {"kind": type(self.job).__name__, **self.described,
+                "hosts": {h.name: h.lost or "alive" for h in self.hosts}}
 
     def _lose(self, host: Host, why: str) -> None:
         host.lost = why
@@ -201,6 +231,16 @@ def where(name: str, hosts: int | str | None, *, procs: int, with_gpus: bool, ow
     host = job.place(name, group=hosts if isinstance(hosts, str) else None, procs=procs, with_gpus=with_gpus,
                      owner=owner, meshes=meshes)
     return host, job.gpu_ids(host, procs, meshes) if with_gpus else []
+
+
+def job_line(job: dict[str, Any]) -> str:
+    """A job's :meth:`Cluster.status` in a line (``%forge_status``, ``%forge_cluster``, the dashboard): its
+    scheduler's id, state and nodes, and which of its hosts are alive."""
+    hosts = ", ".join(f"{name} {'alive' if why == 'alive' else 'LOST: ' + why}" for name, why in job["hosts"].items())
+    if job.get("job_id") is None:
+        return f"{job['kind']}: hosts {hosts}"
+    return (f"{job.get('scheduler', '').upper()} job {job['job_id']}: {job['state']}, nodes "
+            f"{', '.join(job.get('nodes') or [])}; hosts {hosts}")
 
 
 def one_host(hosts: Any) -> bool:
@@ -333,6 +373,8 @@ async def use_job(job: Any, *, cached_path: str | None = None, log_dir: str | Pa
         raise
     cluster = Cluster(job, hosts)
     cluster.cached_path = cached_path
+    if hasattr(job, "describe"):
+        cluster.described = await asyncio.to_thread(job.describe)
     cluster._watch = asyncio.get_running_loop().create_task(cluster._watch_probes(), name="forge_nb.cluster.probes")
     _current = cluster
     logger.info("using %s", cluster)

@@ -141,8 +141,17 @@ class Run:
                 "version": self.version, "mode": self.mode, "buffer": len(self.replay_buffer),
                 "loops": self._ctl.loops(), "services": {n: s.status() for n, s in self.services.items()},
                 "last": self.metrics.last(), "pending": self.pending, "run_dir": str(self.dir.path),
-                "health": self.health, "ledger": self.ledger(),
+                "health": self.health, "ledger": self.ledger(), "job": self.job,
                 "openai": self.openai.status() if self.openai is not None else None}
+
+    @property
+    def job(self) -> dict[str, Any] | None:
+        """The monarch job the run's hosts come from (``forge_nb.cluster.Cluster.status``: a SLURM job's id,
+        state and nodes, each host alive or why lost), or None: everything runs on the kernel's host."""
+        from forge_nb import cluster
+
+        job = cluster.current()
+        return job.status() if job is not None else None
 
     @property
     def health(self) -> str:
@@ -318,3 +327,4 @@ class Run:
 
 def _kwargs(changes: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in changes.items())
+

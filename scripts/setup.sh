@@ -13,6 +13,8 @@
 #     installed when running as root with apt-get available; tests that need it skip otherwise.
 #   * Debian's bubblewrap (bwrap), the sandbox SandboxedPythonCoder runs model-written code in; without
 #     it the coder refuses to start (isolation='none' opts out) and its sandbox tests skip.
+#   * Debian's slurm-wlm and munge: tests/test_slurm.py starts a SLURM controller and three nodes on this
+#     machine to run %forge_cluster slurm for real; it skips where they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-$(command -v python3.11 || command -v python3)}
@@ -50,4 +52,10 @@ if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-ge
   echo "setup: installing Debian's bubblewrap for SandboxedPythonCoder"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
     || echo "setup: could not install bubblewrap; SandboxedPythonCoder will refuse to start without it"
+fi
+
+if ! command -v slurmctld >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "setup: installing Debian's slurm-wlm and munge for the SLURM tests"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null) \
+    || echo "setup: could not install slurm-wlm; tests/test_slurm.py will skip"
 fi

@@ -10,6 +10,8 @@ Magic                                                  What it does
 %forge_spawn --procs N [--gpus] [--hosts H] -o NAME    a bare process mesh for your own actors
 %forge_cluster [JOB | --processes M=N ...]             put what spawns next on a monarch job's hosts (SLURM,
   [--attach PATH] [--release]                          Kubernetes, ProcessJob); no argument: show the hosts
+%forge_cluster slurm --nodes N [--partition P]         nodes from SLURM (sbatch), released at %forge_shutdown
+  [--gpus-per-node G] [--time T]
 %%forge_config [-o VAR]                                the cell's YAML as a validated RunConfig
 %forge_attach PATH [-o VAR]                            bring back a run from its directory (new kernel)
 %forge_run [--steps N]                                 start the loops in the background (N steps, then pause)

@@ -18,7 +18,13 @@ DEFAULT_SAVE = ".monarch/job_state.pkl"
 @magics_class
 class ClusterMagics(Magics):
     @magic_arguments()
-    @argument("job", nargs="?", help="a variable holding a monarch job (SlurmJob, KubernetesJob, ProcessJob, ...)")
+    @argument("job", nargs="?", help="slurm (nodes from SLURM, with --nodes), or a variable holding a monarch job "
+              "(SlurmJob, KubernetesJob, ProcessJob, ...)")
+    @argument("--nodes", nargs="+", metavar="N | MESH=N",
+              help="slurm: how many nodes (one host mesh, 'hosts'), or nodes per host mesh: trainer=1 generators=2")
+    @argument("--partition", help="slurm: the partition to ask (default: the cluster's)")
+    @argument("--gpus-per-node", type=int, help="slurm: GPUs to ask on each node")
+    @argument("--time", metavar="T", help="slurm: the job's time limit, e.g. 2:00:00 (default: the partition's)")
     @argument("--processes", nargs="+", metavar="MESH=HOSTS",
               help="a ProcessJob: hosts simulated on this machine, e.g. --processes trainer=1 generators=2")
     @argument("--attach", metavar="PATH", help="the job an earlier kernel saved at PATH (re-attach after a restart)")
@@ -37,6 +43,11 @@ class ClusterMagics(Magics):
                                           ("--attach", args.attach), ("--release", args.release)) if value]
         if len(given) > 1:
             raise UsageError(f"give one of JOB, --processes, --attach or --release, not {' and '.join(given)}")
+        slurm_only = [name for name, value in (("--nodes", args.nodes), ("--partition", args.partition),
+                                               ("--gpus-per-node", args.gpus_per_node), ("--time", args.time))
+                      if value is not None]
+        if slurm_only and args.job != "slurm":
+            raise UsageError(f"{', '.join(slurm_only)}: for %forge_cluster slurm (e.g. %forge_cluster slurm --nodes 3)")
         if args.release:
             return self._release()
         if args.attach:
@@ -49,6 +60,8 @@ class ClusterMagics(Magics):
             if bad:
                 raise UsageError(f"--processes {bad}: each host mesh needs a whole number of hosts >= 1")
             return self._use(ProcessJob(sizes), args.save)
+        if args.job == "slurm" and (args.nodes or "slurm" not in self.shell.user_ns):
+            return self._use(_slurm_job(args), args.save)
         if args.job:
             job = self.shell.user_ns.get(args.job)
             if job is None or not hasattr(job, "state"):
@@ -62,11 +75,17 @@ class ClusterMagics(Magics):
 
         if cluster.current() is not None:
             raise UsageError(f"a job is in use already ({cluster.current()}); %forge_cluster --release first")
+        from forge_nb.slurm import SlurmRefused
+
         try:
             used = await cluster.use_job(job, cached_path=save)
-        except FileNotFoundError as e:
+        except (FileNotFoundError, SlurmRefused) as e:
             raise UsageError(str(e)) from None
         reaped = sum(len(h.reaped) for h in used.hosts)
+        described = used.described
+        if "job_id" in described:
+            print(f"{described['scheduler'].upper()} job {described['job_id']} ({described['state']}) on "
+                  f"{', '.join(described['nodes'])}")
         print(f"{len(used.hosts)} host(s) of the job in use: {', '.join(h.name for h in used.hosts)}"
               + (f"; ended {reaped} process(es) an earlier kernel left there" if reaped else "")
               + (f"; saved at {used.cached_path} (%forge_cluster --attach {used.cached_path} after a restart)"
@@ -81,6 +100,8 @@ class ClusterMagics(Magics):
                   "trainer=1 generators=2 simulates hosts; %forge_cluster JOB takes a monarch job)")
             return
         meshes = runtime.meshes()
+        if job.described:
+            print(cluster.job_line(job.status()))
         for h in job.hosts:
             names = [m.name for m in meshes if m.host == h.name]
             state = "alive" if h.lost is None else f"LOST ({h.lost})"
@@ -98,3 +119,31 @@ class ClusterMagics(Magics):
             raise UsageError(f"meshes still run on the job's hosts ({', '.join(on_job)}); %forge_shutdown first")
         await cluster.release_job()
         print(f"released the job's {len(job.hosts)} host(s)")
+
+
+def _slurm_job(args: Any) -> Any:
+    """``%forge_cluster slurm --nodes ...``: a forge_nb.slurm.SlurmJob, or a UsageError that says what to give."""
+    if not args.nodes:
+        raise UsageError("%forge_cluster slurm needs --nodes: a count (--nodes 3) or nodes per host mesh "
+                         "(--nodes trainer=1 generators=2)")
+    if len(args.nodes) == 1 and "=" not in args.nodes[0]:
+        try:
+            meshes = {"hosts": int(args.nodes[0])}
+        except ValueError:
+            raise UsageError(f"--nodes {args.nodes[0]}: give a whole number of nodes, or MESH=N pairs") from None
+    else:
+        meshes = _parse.assignments(args.nodes, example="trainer=1 generators=2")
+    if args.gpus_per_node is not None and args.gpus_per_node < 0:
+        raise UsageError(f"--gpus-per-node {args.gpus_per_node}: give 0 or more")
+    import shutil
+
+    if shutil.which("sbatch") is None:
+        raise UsageError("no sbatch on this machine's PATH: %forge_cluster slurm runs where SLURM's commands do "
+                         "(a login node), or give a monarch job: %forge_cluster JOB")
+    from forge_nb.slurm import SlurmJob
+
+    try:
+        return SlurmJob(meshes, partition=args.partition, gpus_per_node=args.gpus_per_node or None,
+                        time_limit=args.time)
+    except ValueError as e:
+        raise UsageError(str(e)) from None

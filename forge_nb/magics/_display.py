@@ -7,6 +7,8 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+from forge_nb.cluster import job_line
+
 _MAX_CELL = 60  # characters shown of a long value (a prompt, a response, an error)
 
 
@@ -83,6 +85,8 @@ def status_report(status: dict[str, Any]) -> Report:
         parts.append(f"error: {status['error']}")
     replicas = [{**dataclasses.asdict(r), "service": name} for name, rs in status["services"].items() for r in rs]
     parts.append(Table(replicas, REPLICA_COLUMNS, title="replicas"))
+    if status.get("job"):
+        parts.append(job_line(status["job"]))
     loops = status.get("loops") or {}
     parts.append("loops: " + (", ".join(f"{n} {s}" for n, s in loops.items()) or "not started (%forge_run)"))
     if status.get("openai"):

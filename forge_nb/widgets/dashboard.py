@@ -52,7 +52,7 @@ class Dashboard(LiveView):
         self.controls = Controls(run, self.caller, self.errors)
         self.health = HealthGrid(lambda: getattr(run, "services", None) or {},
                                  lambda: getattr(run, "version", None), self.loop,
-                                 self.errors.reporter("health grid"))
+                                 self.errors.reporter("health grid"), job=lambda: getattr(run, "job", None))
         self.curves = Curves(update_interval, self.loop, self.errors.reporter("curves"))
         self.explorer = Explorer(run, self.errors)
         self._explorer_box = w.Accordion([self.explorer.widget], titles=("episodes",))
@@ -182,7 +182,7 @@ class Dashboard(LiveView):
         run = self.run
         services = getattr(run, "services", None) or {}
         try:
-            health = render_health(snapshot(services), getattr(run, "version", None))
+            health = render_health(snapshot(services), getattr(run, "version", None), getattr(run, "job", None))
         except Exception as e:
             health = f"<div>replica status unavailable: {html.escape(repr(e))}</div>"
         return "".join([

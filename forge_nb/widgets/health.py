@@ -18,6 +18,7 @@ from typing import Any
 
 import ipywidgets as w
 
+from forge_nb.cluster import job_line
 from forge_nb.widgets._throttle import Throttle
 
 FIELDS = ("service", "index", "state", "pids", "in_flight", "served", "failures", "restarts",
@@ -47,14 +48,24 @@ def _cell(value: Any, unit: str = "") -> str:
     return f"{html.escape(str(value))}{unit}"
 
 
-def render_health(snap: Snapshot, run_version: int | None) -> str:
-    """The HTML tables of a snapshot (also the grid's part of the plain HTML view)."""
+def render_job(job: dict[str, Any] | None) -> str:
+    """The job the hosts come from (``Run.job``: a SLURM job's id, state, nodes), or nothing on one machine."""
+    if not job:
+        return ""
+    lost = any(why != "alive" for why in job["hosts"].values())
+    return (f"<div class='forge-job' data-job='{html.escape(str(job.get('job_id')))}' "
+            f"data-job-state='{html.escape(str(job.get('state')))}' style='margin:2px 0;font-size:12px;"
+            f"color:{'#7f0000' if lost else 'inherit'}'>{html.escape(job_line(job))}</div>")
+
+
+def render_health(snap: Snapshot, run_version: int | None, job: dict[str, Any] | None = None) -> str:
+    """The HTML tables of a snapshot (also the grid's part of the plain HTML view), under the job's line."""
     if not snap:
-        return "<div class='forge-health'><i>no services yet</i></div>"
+        return f"<div class='forge-health'>{render_job(job)}<i>no services yet</i></div>"
     head = "".join(f"<th style='padding:2px 6px;text-align:left'>{h}</th>" for h in (
         "replica", "state", "pids", "in flight", "served", "failures", "restarts", "p50 ms", "p95 ms",
         "version lag", "last error"))
-    parts = ["<div class='forge-health'>"]
+    parts = ["<div class='forge-health'>", render_job(job)]
     for name, rows in snap.items():
         healthy = sum(r["state"] == "healthy" for r in rows)
         parts.append(f"<div data-service='{html.escape(name)}' style='margin:4px 0'>"
@@ -87,9 +98,11 @@ class HealthGrid:
 
     def __init__(self, services: Callable[[], dict[str, Any]], version: Callable[[], int | None],
                  loop: asyncio.AbstractEventLoop | None = None,
-                 on_error: Callable[[BaseException], None] | None = None, interval: float = 0.1):
+                 on_error: Callable[[BaseException], None] | None = None, interval: float = 0.1,
+                 job: Callable[[], dict[str, Any] | None] = lambda: None):
         self._services = services
         self._version = version
+        self._job = job
         self.html = w.HTML(render_health({}, None))
         self.widget = self.html
         self.snapshot: Snapshot = {}
@@ -104,7 +117,7 @@ class HealthGrid:
         for svc in services.values():
             self._subscribe(svc)
         self.snapshot = snapshot(services)
-        value = render_health(self.snapshot, self._version())
+        value = render_health(self.snapshot, self._version(), self._job())
         if value != self.html.value:
             self.html.value = value
 

@@ -112,7 +112,8 @@ class PanelDashboard:
         def take() -> None:
             run = self.run
             self._latest = {"summary": run_summary(run), "health": snapshot(getattr(run, "services", None) or {}),
-                            "version": getattr(run, "version", None), "hparams": read_hparams(run)}
+                            "version": getattr(run, "version", None), "hparams": read_hparams(run),
+                            "job": getattr(run, "job", None)}
 
         self._on_kernel(take)
 
@@ -172,7 +173,7 @@ class PanelDashboard:
             final = latest["summary"]["state"] in FINAL_STATES  # nothing left to control
             for button in (*self.buttons.values(), self.apply):
                 button.disabled = final
-            health = render_health(latest["health"], latest["version"])
+            health = render_health(latest["health"], latest["version"], latest["job"])
             if health != self.health.object:
                 self.health.object = health
             hparams = latest["hparams"]

@@ -90,3 +90,16 @@ def test_a_replica_on_a_job_s_host_shows_where_it_runs() -> None:
     there = render_health({"policy": [status_dict({**row, "host": "generators[1]"})]}, 3)
     here = render_health({"policy": [status_dict({**row, "host": "kernel"})]}, 3)
     assert "41,42 @generators[1]" in there and "41,42<" in here and "@" not in here
+
+
+def test_the_job_s_line_heads_the_grid_and_turns_red_when_a_host_is_lost():
+    job = {"kind": "SlurmJob", "scheduler": "slurm", "job_id": "42", "state": "RUNNING",
+           "nodes": ["n1", "n2"], "hosts": {"hosts[0]": "alive", "hosts[1]": "alive"}}
+    html = render_health({}, None, job)
+    assert "data-job='42' data-job-state='RUNNING'" in html
+    assert "SLURM job 42: RUNNING, nodes n1, n2; hosts hosts[0] alive, hosts[1] alive" in html
+    assert "color:inherit" in html
+    lost = {**job, "state": "CANCELLED", "hosts": {"hosts[0]": "job 42 ended: CANCELLED", "hosts[1]": "alive"}}
+    html = render_health({}, None, lost)
+    assert "hosts[0] LOST: job 42 ended: CANCELLED" in html and "color:#7f0000" in html
+    assert "forge-job" not in render_health({}, None, None)  # one machine: no line
