@@ -19,10 +19,11 @@ three differences, each a place where monarch 0.7 assumes more than clusters giv
   in the first monarch context where the host name resolves only to 127.x (a laptop, a container): there
   the kernel listens on ``TcpWithLocalhost`` instead (its nodes can then only be on the same machine).
 
-Also: the job is submitted with ``--no-kill`` unless told otherwise, so a node that fails ends its workers,
-not the allocation, and its replicas respawn on the nodes left (SLURM's default ends the whole job, and the
-run with it); a job SLURM holds for a reason waiting cannot cure (more nodes than the partition has, ...)
-is cancelled with that reason instead of waited on for ever; the job's logs (SLURM's ``slurm_<id>_*.out``,
+Also: the job and its workers' step run with SLURM's ``--no-kill`` unless told otherwise, so a node that
+fails ends its own worker, not the allocation nor the other nodes' workers, and its replicas respawn on the
+nodes left (SLURM's default ends the whole step, and the run with it); a job SLURM holds for a reason
+waiting cannot cure (more nodes than the partition has, ...) is cancelled with that reason instead of
+waited on for ever; the job's logs (SLURM's ``slurm_<id>_*.out``,
 monarch's messages) go to the kernel's log folder, not the notebook's folder and cell; and
 :meth:`SlurmJob.describe` says the job's id, state and nodes for ``%forge_status``, ``%forge_cluster`` and
 the dashboard, and whether SLURM ended it (``scancel``, its time limit): ``forge_nb.cluster``'s watch asks.
@@ -128,10 +129,13 @@ class SlurmJob(_MonarchSlurmJob):
     ``meshes`` maps host mesh names to node counts, e.g. ``{"trainer": 1, "generators": 2}``; the other
     arguments are monarch's (``partition``, ``gpus_per_node``, ``time_limit``, ``slurm_args``, ...).
     ``python_exe`` defaults to the kernel's interpreter, which the nodes must be able to run (a shared
-    file system, or the same environment at the same path); ``log_dir`` to the kernel's log folder."""
+    file system, or the same environment at the same path); ``log_dir`` to the kernel's log folder.
+    ``no_kill`` (default True): a node that fails takes its own worker, not the job (``sbatch --no-kill``)
+    nor the other nodes' workers (``srun --no-kill --kill-on-bad-exit=0``; monarch's script runs
+    ``srun <python_exe> -c ...``, so these go in front of the interpreter); False is SLURM's default."""
 
     def __init__(self, meshes: dict[str, int], *, python_exe: str | None = None, log_dir: str | None = None,
-                 **kwargs: Any) -> None:
+                 no_kill: bool = True, **kwargs: Any) -> None:
         from forge_nb._proclogs import default_log_dir
 
         bad = {k: v for k, v in meshes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1}
@@ -139,11 +143,12 @@ class SlurmJob(_MonarchSlurmJob):
             raise ValueError(f"SlurmJob({meshes!r}): give each host mesh a whole number of nodes >= 1")
         logs = Path(log_dir or default_log_dir() / "slurm")
         _quiet(logs)
+        python_exe = python_exe or f"{shlex.quote(sys.executable)} -m forge_nb._slurm_worker"
         slurm_args = list(kwargs.pop("slurm_args", ()))
-        if not {"-k", "--no-kill"} & {a.split("=")[0] for a in slurm_args}:
-            slurm_args.append("--no-kill")  # a node that fails leaves the others: its replicas respawn there
-        super().__init__(meshes, python_exe=python_exe or f"{shlex.quote(sys.executable)} -m forge_nb._slurm_worker",
-                         log_dir=str(logs), slurm_args=slurm_args, **kwargs)
+        if no_kill:
+            slurm_args.append("--no-kill")
+            python_exe = f"--no-kill --kill-on-bad-exit=0 {python_exe}"
+        super().__init__(meshes, python_exe=python_exe, log_dir=str(logs), slurm_args=slurm_args, **kwargs)
         _choose_transport()
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # job_load in a later kernel

@@ -86,7 +86,7 @@ def test_quickstart_on_three_slurm_nodes_outlives_its_kernel_a_node_and_ends_wit
             assert re.search(f"UsageError: {says}. `sinfo` lists the partitions and their nodes", refused.stderr), \
                 refused
         assert slurm.jobs() == [] and value(first, "cluster.current() is None")
-        out = ok(first.run(f"%forge_cluster slurm --nodes 3 --save {save}", timeout=120))
+        out = ok(first.run(f"%forge_cluster slurm --nodes trainer=1 generators=2 --save {save}", timeout=120))
         job_id = value(first, "cluster.current().job.job_id")
         assert f"SLURM job {job_id} (RUNNING) on 127.0.0.11, 127.0.0.12, 127.0.0.13" in out.stdout
         assert out.stderr == "", out.stderr  # monarch's job messages go to the log folder
@@ -94,12 +94,10 @@ def test_quickstart_on_three_slurm_nodes_outlives_its_kernel_a_node_and_ends_wit
         workers = value(first, "[psutil.Process(h.probe_pid).ppid() for h in cluster.current().hosts]")
         assert all("forge_nb._slurm_worker" in " ".join(psutil.Process(w).cmdline()) for w in workers)
 
-        ok(first.run("from forge_nb.config import LoopConfig\n"
-                     f"cfg = forge_nb.quickstart(name='onslurm', run_dir={str(runs)!r}, "
-                     "loop=LoopConfig(mode='async', rollout_loops=4, checkpoint_every=5))"))
-        ok(first.run("%forge_spawn cfg", timeout=300))
+        ok(first.run(f"%forge_spawn quickstart --set name=onslurm run_dir={runs} loop.checkpoint_every=5 "
+                     "trainer.hosts=trainer generator.hosts=generators", timeout=300))
         hosts = value(first, "{s: [r.mesh.host for r in getattr(run, s).replicas] for s in ('policy', 'trainer')}")
-        assert hosts["policy"] != hosts["trainer"], hosts  # the weights cross nodes
+        assert hosts["trainer"] == ["trainer[0]"] and hosts["policy"][0].startswith("generators[")  # weights cross
         ok(first.run("%forge_step 10", timeout=300))
         assert value(first, "run.current_step") == 10
         via = value(first, "sorted({json.load(open(p))['via'] for p in weights.shm_root().glob("
@@ -124,16 +122,22 @@ def test_quickstart_on_three_slurm_nodes_outlives_its_kernel_a_node_and_ends_wit
             sorted(set(hosts["policy"] + hosts["trainer"]))
         assert value(second, "[r['step'] for r in await run.step(2)]") == [11, 12]
 
-        # the generator's node dies (its worker and what it started): the replica respawns on another node
+        # the generator's node dies, as SLURM sees it: the job goes on without it (--no-kill), the worker
+        # there is killed, and the replica respawns on the other generators' node. (Not the trainer's: SLURM
+        # runs the batch script on the job's first node, and that node's end is the job's, as on a cluster.)
         victim = hosts["policy"][0]
+        node = value(second, f"cluster.current().described['nodes'][{1 + int(victim[-2])}]")
         worker = value(second, f"psutil.Process(cluster.current().host({victim!r}).probe_pid).ppid()")
-        os.kill(worker, signal.SIGKILL)
+        slurm.run("scontrol", "update", f"nodename={node}", "state=down", "reason=forge_nb test")
+        assert until_sync(lambda: not psutil.pid_exists(worker), timeout=30), "SLURM left the node's worker"
         assert value(second, "[r['step'] for r in await run.step(3)]") == [13, 14, 15]
         lost = f"cluster.current().host({victim!r}).lost is not None"
         assert until_sync(lambda: value(second, lost), timeout=30)
         assert value(second, "[r.healthy for r in run.policy.replicas]") == [True]
         moved = value(second, "run.policy.replicas[0].mesh.host")
-        assert moved != victim
+        assert moved != victim and moved.startswith("generators[")
+        left = slurm.run("scontrol", "show", "hostlist", ",".join(n for n in slurm_cluster.NODES if n != node))
+        assert [line.split()[1:] for line in slurm.jobs()] == [["RUNNING", left.strip()]]  # two nodes go on
         assert value(second, "run.ledger()['balanced']")
         assert value(second, "await run.policy.get_version.fanout() == [run.version]")
 
