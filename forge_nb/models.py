@@ -107,7 +107,15 @@ def _build_tiny_model(path: Path, config: TinyModelConfig) -> Path:
     ))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(path)
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # "Writing model shards" for a one-shard model: a bar in the spawn cell
+    try:
+        model.save_pretrained(path)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     stamp.write_text(wanted)
     return path
 
