@@ -6,12 +6,18 @@
       config.json       the RunConfig, as data (forge_nb.config.from_dict reads it back)
       metrics.jsonl     one line per training step      (forge_nb.metrics.MetricsStore)
       events.jsonl      one line per event
-      checkpoints/      the trainer's torch.distributed.checkpoint folders (step_N, written then renamed)
-      state.pt          step, version, replay-buffer snapshot, hot changes (written then renamed)
+      checkpoints/      the trainer's torch.distributed.checkpoint folders (step_N, written then renamed,
+                        each with its commit marker COMMITTED.json)
+        state_N.pt      the run's side of checkpoint N: step, version, replay-buffer snapshot, hot changes,
+        state_N.json    ledger, and which trainer checkpoint goes with it; its commit marker, written last
       model/            the locally built tiny model, when the config asks for "tiny"
 
-Files written whole (state.pt) go to a temporary name first and are renamed, so a crash mid-write
-leaves the previous complete snapshot in place.
+A checkpoint is whole when its trainer folder and its run state both match their commit markers (sizes and
+CRC-32s, ``forge_nb._commit``). :meth:`RunDir.checkpoint_to_resume` picks the newest whole one before
+anything is spawned, and sets aside (renames ``*.skipped``) what is newer and damaged or uncommitted, so
+neither the resumed trainer nor a respawned one loads it; ``resume`` records a ``checkpoint_skipped`` event
+for each. Run directories from before the markers have one ``state.pt`` and unmarked trainer folders: they
+are adopted as they are (markers written on resume, nothing checked).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from forge_nb._commit import MARKER, commit, verify, verify_folder
 
 
 class RunDir:
@@ -67,16 +75,117 @@ class RunDir:
     def model(self) -> Path:
         return self.path / "model"
 
-    def save_state(self, **state: Any) -> None:
-        tmp = self.path / "state.pt.tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, self.path / "state.pt")
+    def save_state(self, version: int, trainer_checkpoint: str, **state: Any) -> Path:
+        """The run's side of checkpoint ``version`` (the trainer's is ``trainer_checkpoint``), committed with
+        its marker; older run states beyond the newest ``KEEP_STATES`` are removed."""
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        path = self.checkpoints / f"state_{version:08d}.pt"
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save({**state, "version": version, "trainer_checkpoint": str(trainer_checkpoint)}, tmp)
+        os.replace(tmp, path)
+        commit(self.checkpoints, [path.name], path.with_suffix(".json"), version=version,
+               trainer_checkpoint=str(trainer_checkpoint))
+        for old in self._states()[:-KEEP_STATES]:
+            for leftover in (old, old.with_suffix(".json")):
+                leftover.unlink(missing_ok=True)
+        return path
+
+    def _states(self) -> list[Path]:
+        """The run states of the checkpoints, oldest first."""
+        return sorted(self.checkpoints.glob("state_*.pt")) if self.checkpoints.is_dir() else []
+
+    def checkpoint_to_resume(self) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
+        """The newest whole checkpoint's run state (None when the run never checkpointed), and what was
+        skipped on the way: (what, why) for each newer checkpoint that is damaged or uncommitted, each set
+        aside (renamed ``*.skipped``, its trainer folder too) so that no trainer loads it.
+        ``CheckpointsDamaged``, with every checkpoint and why, when some exist and none is whole; nothing is
+        renamed then."""
+        states = self._states()
+        legacy = self.path / "state.pt"
+        if not states and legacy.exists():  # a run directory from before commit markers: adopted unchecked
+            for folder in _trainer_folders(self.checkpoints):
+                if (folder / ".metadata").exists() and not (folder / MARKER).exists():
+                    commit(folder, [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()],
+                           folder / MARKER, adopted=True)
+            return load_plain(legacy), []
+        skipped: list[tuple[Path, str]] = []
+        chosen: dict[str, Any] | None = None
+        for path in reversed(states):
+            why = verify(self.checkpoints, path.with_suffix(".json"))
+            if why is None:
+                state = load_plain(path)
+                why = _trainer_checkpoint_damage(Path(state["trainer_checkpoint"]))
+                if why is None:
+                    chosen = state
+                    break
+            skipped.append((path, why))
+        newest = int(chosen["version"]) if chosen is not None else -1
+        with_state = {_version(p) for p, _ in skipped}
+        skipped += [(folder, "no run state was committed for it (the run stopped while checkpointing)")
+                    for folder in _trainer_folders(self.checkpoints)
+                    if _version(folder) > newest and _version(folder) not in with_state]
+        if chosen is None and skipped:
+            raise CheckpointsDamaged(
+                f"{self.path}: no whole checkpoint to resume from; " + "; ".join(
+                    f"{p.name}: {why}" for p, why in skipped) + ". Nothing was spawned. Copy a whole checkpoint "
+                "back, or move the checkpoints folder away to start from the initial weights")
+        for path, _ in skipped:
+            aside = [path, path.with_suffix(".json")] if path.suffix == ".pt" else [path]
+            if path.suffix == ".pt":  # a run state: the trainer's checkpoint of the same version goes with it
+                aside += [p for p in _trainer_folders(self.checkpoints) if _version(p) == _version(path)]
+                trainer = _trainer_of(path)
+                if trainer is not None and not trainer.name.startswith("step_"):
+                    aside.append(trainer)  # a custom trainer's file
+            for item in aside:
+                if item.exists():
+                    item.rename(item.with_name(item.name + ".skipped"))
+        return chosen, [(str(p), why) for p, why in skipped]
 
     def load_state(self) -> dict[str, Any] | None:
-        """The last checkpoint's state, or None. Loaded with ``weights_only=True``: tensors, plain data and
-        forge_nb's episode types only, so a file someone put in the run directory cannot run code."""
-        path = self.path / "state.pt"
-        return load_plain(path) if path.exists() else None
+        """The newest committed run state (``checkpoint_to_resume`` checks the trainer's side too), or the
+        ``state.pt`` of a run directory from before commit markers, or None. Loaded with ``weights_only=True``:
+        tensors, plain data and forge_nb's episode types only, so a file someone put in the run directory
+        cannot run code."""
+        for path in reversed(self._states()):
+            if verify(self.checkpoints, path.with_suffix(".json")) is None:
+                return load_plain(path)
+        legacy = self.path / "state.pt"
+        return load_plain(legacy) if legacy.exists() else None
+
+
+KEEP_STATES = 3  #: run states kept: a damaged newest checkpoint falls back to one of these
+
+
+class CheckpointsDamaged(RuntimeError):
+    """A run directory holds checkpoints and none of them is whole."""
+
+
+def _trainer_folders(checkpoints: Path) -> list[Path]:
+    if not checkpoints.is_dir():
+        return []
+    return sorted(p for p in checkpoints.iterdir() if p.is_dir() and p.name.startswith("step_")
+                  and p.name[5:].isdigit())
+
+
+def _trainer_checkpoint_damage(path: Path) -> str | None:
+    """Why the trainer's checkpoint ``path`` cannot be loaded: a committed folder (RLTrainer's) is verified
+    against its marker; any other kind (a file of a custom trainer) has to be there."""
+    if path.is_dir() or path.name.startswith("step_"):
+        why = verify_folder(path)
+        return None if why is None else f"trainer checkpoint {path.name}: {why}"
+    return None if path.exists() else f"trainer checkpoint {path.name} is not there"
+
+
+def _version(path: Path) -> int:
+    """N of ``state_N.pt`` or ``step_N``."""
+    return int(path.name.split("_")[1].split(".")[0])
+
+
+def _trainer_of(state_path: Path) -> Path | None:
+    try:
+        return Path(json.loads(state_path.with_suffix(".json").read_text())["trainer_checkpoint"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def load_plain(path: str | Path) -> Any:

@@ -76,16 +76,25 @@ async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progr
     buffer and hot changes come back from the snapshot, and the metric history stays. Steps recorded
     after the checkpoint are shown as a "rewind" event: they are trained again. ``actors`` as for
     :func:`spawn` (the classes the run was spawned with).
+
+    Checkpoints are checked against their commit markers first (``RunDir.checkpoint_to_resume``): a newer
+    one that is damaged or uncommitted is set aside with a ``checkpoint_skipped`` event that names its file
+    and why, and the run resumes from the newest whole one; with none whole, ``CheckpointsDamaged`` lists
+    them all and nothing is spawned.
     """
     directory = RunDir.open(path)
     cfg = from_dict({**directory.config, "run_dir": str(directory.path)})
+    state, skipped = directory.checkpoint_to_resume()  # before anything spawns: CheckpointsDamaged if none whole
     saved = directory.path / JOB_FILE
     if cluster.current() is None and saved.exists():  # the run was on a job's hosts: back to them
         cached = json.loads(saved.read_text())["cached_path"]
         logger.info("resume %s: re-attaching to the job saved at %s", directory.path, cached)
         await cluster.use_job(cached, log_dir=directory.logs)
     run = await _bring_up(cfg, directory, episode_fn, progress, _actor_classes(actors))
-    state = directory.load_state()
+    for what, why in skipped:
+        logger.warning("resume %s: checkpoint %s skipped: %s", directory.path, what, why)
+        run.metrics.event("checkpoint_skipped", path=what, reason=why,
+                          message=f"{Path(what).name} skipped ({why}); set aside as {Path(what).name}.skipped")
     if state is None:
         run._ctl.step = run.metrics.step  # step numbers go on; the weights start again
         run.metrics.event("resume", from_step=run.current_step,

@@ -5,8 +5,10 @@ Layout inside the run's checkpoint folder::
     step_00000010/          complete: DCP shards + .metadata (model, optimizer, trainer state)
     step_00000020.partial/  being written, or left behind by a crash: never loaded, removed on the next save
 
-DCP writes ``.metadata`` last, but a crash can still leave a folder that looks plausible; the rename is
-the commit point, so :func:`latest` trusts only ``step_*`` folders (that also hold ``.metadata``). Every
+DCP writes ``.metadata`` last, but a crash can still leave a folder that looks plausible, and a full disk or a
+bad copy can damage a file after the fact. So rank 0 writes a commit marker (``COMMITTED.json``: every file's
+size and CRC-32, ``forge_nb._commit``) before the rename, which is the commit point, and :func:`latest`
+trusts only ``step_*`` folders whose files match their marker (:func:`check`), skipping damaged ones. Every
 rank calls :func:`save` and :func:`load` (DCP is collective over the trainer's process group); rank 0
 alone touches folder names, between barriers. The state dicts come from ``get_state_dict``, so a
 checkpoint saved by N ranks loads on M.
@@ -14,6 +16,7 @@ checkpoint saved by N ranks loads on M.
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import warnings
@@ -27,7 +30,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-__all__ = ["keep_fresh", "latest", "load", "save", "step_dir"]
+from forge_nb._commit import MARKER, commit, verify_folder
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MARKER", "check", "keep_fresh", "latest", "load", "newest_intact", "save", "step_dir"]
 
 _COMPLETE = re.compile(r"^step_(\d+)$")
 
@@ -93,6 +100,8 @@ def save(
         )
     _barrier()
     if _rank() == 0:
+        files = [str(p.relative_to(partial)) for p in partial.rglob("*") if p.is_file()]
+        commit(partial, files, partial / MARKER, step=step)
         if final.exists():  # the same step saved again: the new one wins
             shutil.rmtree(final)
         partial.rename(final)
@@ -115,10 +124,29 @@ def _complete(folder: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def check(path: str | Path) -> str | None:
+    """Why the checkpoint folder ``path`` cannot be loaded (a file missing, cut short or changed, no commit
+    marker), or None when it is whole."""
+    return verify_folder(path)
+
+
+def newest_intact(folder: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The whole checkpoint with the highest step in ``folder`` (or None), and the newer ones skipped, with why."""
+    skipped: list[tuple[Path, str]] = []
+    for _, path in reversed(_complete(folder)):
+        why = check(path)
+        if why is None:
+            return path, skipped
+        skipped.append((path, why))
+    return None, skipped
+
+
 def latest(folder: str | Path) -> Path | None:
-    """The complete checkpoint with the highest step in ``folder``, or None."""
-    found = _complete(folder)
-    return found[-1][1] if found else None
+    """The whole checkpoint with the highest step in ``folder``, or None (damaged newer ones are logged)."""
+    found, skipped = newest_intact(folder)
+    for path, why in skipped:
+        logger.warning("checkpoint %s skipped: %s", path, why)
+    return found
 
 
 def load(
@@ -130,10 +158,11 @@ def load(
     defaults; returns it filled from the checkpoint.
     """
     path = Path(path)
-    if not (path / ".metadata").exists():
+    why = check(path)
+    if why is not None:
         raise FileNotFoundError(
-            f"{str(path)!r} is not a complete checkpoint (no .metadata); pass a step_* folder that "
-            "save_checkpoint wrote, or path=None for the latest complete one"
+            f"{str(path)!r} is not a whole checkpoint ({why}); pass a step_* folder that save_checkpoint "
+            "wrote, or path=None for the latest whole one"
         )
     model_state, optim_state = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_state, "optim": optim_state, "trainer": dict(trainer_state)}

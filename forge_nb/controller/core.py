@@ -408,7 +408,7 @@ class Controller(SupervisedLoop):
     async def checkpoint(self) -> str:
         """Trainer checkpoint, buffer snapshot, ledger and counters, in the run directory."""
         path = (await self.trainer.save_checkpoint.call(self.sync.version))[0]
-        self.dir.save_state(step=self.step, version=self.sync.version, buffer=self.buffer.state_dict(),
+        self.dir.save_state(self.sync.version, path, step=self.step, buffer=self.buffer.state_dict(),
                             hparams=self.hot.values, ledger=self.ledger.state_dict(), mode=self.mode)
         self.metrics.event("checkpoint", path=path, version=self.sync.version)
         return path

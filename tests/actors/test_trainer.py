@@ -7,6 +7,7 @@ trainer actors into it. The FSDP2 test adds a 2-proc mesh and compares with a 1-
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -287,10 +288,15 @@ async def test_checkpoint_round_trip_and_incomplete_checkpoints_are_ignored(env:
     assert saved_at.name == "step_00000002" and (saved_at / ".metadata").exists()
     snapshot = first(await trainer.state_dict.call())
 
-    # A crash mid-save leaves a .partial folder; a folder without DCP's .metadata is no checkpoint either.
+    # A crash mid-save leaves a .partial folder; a folder without its commit marker is no checkpoint either,
+    # nor is one whose file was cut short after the write (a full disk, a bad copy).
+    assert (saved_at / "COMMITTED.json").exists()
     (folder / "step_00000009.partial").mkdir()
     (folder / "step_00000009.partial" / "__0_0.distcp").write_bytes(b"half")
     (folder / "step_00000008").mkdir()
+    shutil.copytree(saved_at, folder / "step_00000007")
+    shard = next((folder / "step_00000007").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-7])
 
     await trainer.train_step.call(batch)
     assert differs(snapshot["model"], first(await trainer.state_dict.call())["model"])
@@ -308,8 +314,10 @@ async def test_checkpoint_round_trip_and_incomplete_checkpoints_are_ignored(env:
     b = first(await resumed.train_step.call(batch))
     assert a["step"] == b["step"] == 3.0 and a["loss"] == pytest.approx(b["loss"], abs=1e-6)
 
-    with pytest.raises(Exception, match="not a complete checkpoint"):
+    with pytest.raises(Exception, match=r"is not a whole checkpoint \(no commit marker \(COMMITTED.json\)"):
         await trainer.load_checkpoint.call(str(folder / "step_00000009.partial"))
+    with pytest.raises(Exception, match=rf"is not a whole checkpoint \({shard.name} is \d+ bytes; \d+ were written"):
+        await trainer.load_checkpoint.call(str(folder / "step_00000007"))
 
 
 def _flat(optim_state: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -353,3 +353,43 @@ async def test_checkpoint_then_resume_in_a_fresh_run_keeps_history(run):
         assert rows[-1]["step"] == last_step + 1 and again.version == version + 1
     finally:
         await again.shutdown()
+
+
+async def test_damaged_checkpoints_are_skipped_by_name_and_none_whole_refuses_before_spawning(run):
+    """The module's run directory holds the checkpoints the tests above made. The newest has a tensor file cut
+    short, the one before lost its trainer folder's commit marker: resume comes back from the third, says
+    why it skipped each, and sets them aside. With that one damaged too, resume refuses before spawning."""
+    from forge_nb import runtime
+    from forge_nb.rundir import CheckpointsDamaged
+
+    checkpoints = run.dir.checkpoints
+    states = sorted(checkpoints.glob("state_*.pt"))
+    assert len(states) == 3, sorted(p.name for p in checkpoints.iterdir())
+    versions = [int(p.stem.split("_")[1]) for p in states]
+    newest, second, third = (checkpoints / f"step_{v:08d}" for v in reversed(versions))
+    shard = next(newest.glob("*.distcp"))
+    size = shard.stat().st_size
+    shard.write_bytes(shard.read_bytes()[: size // 2])  # as a full disk or a bad copy leaves it
+    (second / "COMMITTED.json").unlink()
+
+    again = await forge_nb.resume(run.dir.path, progress=False)
+    try:
+        assert again.version == versions[0]  # the third newest, the newest whole one
+        assert (await again.trainer.info.call())[0]["step"] == versions[0]
+        skipped = [e for e in again.metrics.events if e["kind"] == "checkpoint_skipped"]
+        assert [e["reason"] for e in skipped] == [
+            f"trainer checkpoint {newest.name}: {shard.name} is {size // 2} bytes; {size} were written",
+            f"trainer checkpoint {second.name}: no commit marker (COMMITTED.json): its write did not finish"]
+        assert [e["path"] for e in skipped] == [str(p) for p in reversed(states[1:])]
+        assert not newest.exists() and (checkpoints / f"{newest.name}.skipped").is_dir()  # set aside, kept
+        await again.step(1)
+        assert again.version == versions[0] + 1 and again.ledger()["balanced"], again.ledger()
+    finally:
+        await again.shutdown()
+
+    (checkpoints / f"step_{versions[0]:08d}" / ".metadata").unlink()
+    before = len(runtime.meshes())
+    with pytest.raises(CheckpointsDamaged, match=rf"no whole checkpoint to resume from; state_{versions[0]:08d}.pt: "
+                       rf"trainer checkpoint step_{versions[0]:08d}: .metadata is missing\. Nothing was spawned"):
+        await forge_nb.resume(run.dir.path, progress=False)
+    assert len(runtime.meshes()) == before
