@@ -49,6 +49,23 @@ KERNEL_LOGGERS = ("forge_nb", "torchstore")
 KERNEL_LOG = "kernel.log"
 
 
+class _FullDiskQuiet(logging.FileHandler):
+    """A log file whose disk is full drops the record, and says so once, on the logger's other handlers'
+    terms, instead of logging's traceback in the cell for each one (``forge_nb.metrics`` keeps the rows)."""
+
+    said = False
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        from forge_nb._diskspace import is_no_space
+
+        error = sys.exc_info()[1]
+        if error is None or not is_no_space(error):
+            super().handleError(record)
+        elif not self.said:
+            self.said = True
+            sys.stderr.write(f"forge_nb: the disk of {self.baseFilename} is full: its log records are dropped\n")
+
+
 class KernelLog:
     """While a run lives, what the kernel's forge_nb and torchstore loggers record, in ``<folder>/kernel.log``.
 
@@ -57,7 +74,7 @@ class KernelLog:
 
     def __init__(self, folder: Path):
         self.path = Path(folder) / KERNEL_LOG
-        self.handler = logging.FileHandler(self.path, delay=True, encoding="utf-8")
+        self.handler = _FullDiskQuiet(self.path, delay=True, encoding="utf-8")
         self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         for name in KERNEL_LOGGERS:
             logging.getLogger(name).addHandler(self.handler)

@@ -10,7 +10,9 @@ Rows are plain dicts ``{"step": int, "time": float, name: float, ...}``; events 
 evictions, skipped steps, quarantined episodes). Both append to JSON-lines files in the run
 directory when one is attached, so ``forge_nb.resume`` starts with the history intact. Events are
 bounded: at most ``MAX_EVENTS`` in memory and ``MAX_EVENTS_BYTES`` in ``events.jsonl`` (the older part
-moves to ``events.jsonl.1``); rows are one per step and stay whole.
+moves to ``events.jsonl.1``); rows are one per step and stay whole. On a full disk, rows and events stay in
+memory (``unwritten``) and go to the files with the next write that fits: training goes on, nothing is lost
+unless the kernel dies before space returns.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from forge_nb._diskspace import is_no_space
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +46,8 @@ class MetricsStore:
         self.observer_errors: list[str] = []
         self._observers: list[Observer] = []
         self._dir = Path(directory) if directory is not None else None
+        self._unwritten: dict[str, list[str]] = {}  # file -> lines a full disk kept back
+        self.disk_full: str | None = None  #: why the last write failed for space, while it does
         if self._dir is not None:
             self._dir.mkdir(parents=True, exist_ok=True)
             self.rows = _read_jsonl(self._dir / "metrics.jsonl")
@@ -138,14 +144,48 @@ class MetricsStore:
     # -- files ------------------------------------------------------------------------------------
 
     def _append(self, name: str, row: Row) -> None:
+        """Append ``row`` (after what an earlier full disk kept back, in every file) as whole lines: a write that
+        fails is cut back to where it began, and its lines wait in memory for the next write (said once)."""
         if self._dir is None:
             return
+        self._unwritten.setdefault(name, []).append(json.dumps(row, default=_jsonable) + "\n")
+        for file, waiting in self._unwritten.items():
+            if waiting and not self._write(file, waiting):
+                return
+        if self.disk_full:
+            logger.warning("space is back on the disk of %s: the rows and events kept meanwhile are written", self._dir)
+            self.disk_full = None
+
+    def _write(self, name: str, waiting: list[str]) -> bool:
         path = self._dir / name
-        with open(path, "a") as f:
-            f.write(json.dumps(row, default=_jsonable) + "\n")
-            full = name == "events.jsonl" and f.tell() > MAX_EVENTS_BYTES
-        if full:  # bounded: the older half of the events moves to events.jsonl.1 (replacing an older one)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            start = os.fstat(fd).st_size
+            try:
+                data = "".join(waiting).encode()
+                while data:
+                    data = data[os.write(fd, data):]
+            except OSError as e:
+                os.ftruncate(fd, start)
+                if not is_no_space(e):
+                    raise
+                if not self.disk_full:
+                    self.disk_full = f"{self._dir}: {e.strerror}"
+                    logger.warning("the disk of %s is full: metric rows and events are kept in memory and "
+                                   "written when space returns; training goes on", self._dir)
+                return False
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        waiting.clear()
+        if name == "events.jsonl" and size > MAX_EVENTS_BYTES:  # bounded: the older half moves to events.jsonl.1
             os.replace(path, path.with_name(name + ".1"))
+        return True
+
+    @property
+    def unwritten(self) -> int:
+        """Rows and events a full disk kept in memory, to be written with the next ones."""
+        return sum(len(lines) for lines in self._unwritten.values())
 
 
 def _jsonable(value: Any) -> Any:

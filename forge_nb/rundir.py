@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from forge_nb._commit import MARKER, commit, verify, verify_folder
+from forge_nb._diskspace import size_of
 
 
 class RunDir:
@@ -81,7 +82,11 @@ class RunDir:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         path = self.checkpoints / f"state_{version:08d}.pt"
         tmp = path.with_name(path.name + ".tmp")
-        torch.save({**state, "version": version, "trainer_checkpoint": str(trainer_checkpoint)}, tmp)
+        try:
+            torch.save({**state, "version": version, "trainer_checkpoint": str(trainer_checkpoint)}, tmp)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk leaves half a file: not kept
+            raise
         os.replace(tmp, path)
         commit(self.checkpoints, [path.name], path.with_suffix(".json"), version=version,
                trainer_checkpoint=str(trainer_checkpoint))
@@ -89,6 +94,11 @@ class RunDir:
             for leftover in (old, old.with_suffix(".json")):
                 leftover.unlink(missing_ok=True)
         return path
+
+    def checkpoint_bytes(self) -> int:
+        """About what a checkpoint takes on disk: the newest one's trainer folder and run state (0: none yet)."""
+        states, trainers = self._states(), _trainer_folders(self.checkpoints)
+        return (size_of(states[-1]) if states else 0) + (size_of(trainers[-1]) if trainers else 0)
 
     def _states(self) -> list[Path]:
         """The run states of the checkpoints, oldest first."""

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "forge_nb"
 LAYERS = {
     "_procs": 0, "_gpus": 0, "_monarch_compat": 0, "_importpath": 0, "_proclogs": 0, "leases": 0, "rl": 0, "data": 0,
     "models": 0, "metrics": 0, "sft": 0, "exporters": 1, "runtime": 1, "_procinfo": 1, "cluster": 1, "slurm": 1,
-    "_slurm_worker": 0, "_commit": 0,
+    "_slurm_worker": 0, "_commit": 0, "_diskspace": 0,
     "_weights_shm": 2, "_weights_stream": 2, "_leftovers": 2, "_torchstore": 2, "weights": 2, "config": 2,
     "service": 3, "actors": 4, "rundir": 4, "apps": 5, "controller": 5, "envs": 5, "agents": 5, "run": 6, "spawning": 7,
     "recipes": 7, "widgets": 8, "magics": 9,

@@ -93,11 +93,16 @@ def save(
     _barrier()
     with keep_fresh(optimizer):
         model_state, optim_state = get_state_dict(model, optimizer)
-    with _quiet():
-        dcp.save(
-            {"model": model_state, "optim": optim_state, "trainer": dict(trainer_state)},
-            checkpoint_id=str(partial),
-        )
+    try:
+        with _quiet():
+            dcp.save(
+                {"model": model_state, "optim": optim_state, "trainer": dict(trainer_state)},
+                checkpoint_id=str(partial),
+            )
+    except BaseException:
+        if _rank() == 0:  # a full disk: the half-written folder goes, and gives its space back
+            shutil.rmtree(partial, ignore_errors=True)
+        raise
     _barrier()
     if _rank() == 0:
         files = [str(p.relative_to(partial)) for p in partial.rglob("*") if p.is_file()]

@@ -13,7 +13,6 @@
       generators <── update_weights.fanout(v) <── push_weights(v) <── WeightSync.publish(v+1)
                                                                             │
                                               hot changes, eval, checkpoint at the step boundary
-
 Backpressure: what each loop consumes, what it waits for, and what unblocks it.
 
 ===============  ===================  =============================================  ==========================
@@ -27,15 +26,13 @@ train            a batch              ``running``; ``batch_ready`` (buffer short
 sft              ``sft_data`` batches ``running``                                     resume
 ===============  ===================  =============================================  ==========================
 
-Rules: a paused run stops rollouts after their in-flight generation and training after its step.
-Nothing cancels a training step in flight: ``stop()`` waits until the training loop is parked at a
-boundary (``training_idle``), then cancels every loop. A loop that raises or returns stops the run
-with its name and error (``_loop_done``): ``error`` keeps it, an "error" event records it, the
-other loops stop as ``stop()`` stops them. A trainer that dies mid-step or between steps is
-respawned by its service with its last complete checkpoint, and the run rewinds to it, visibly.
-
-The controller is the only writer of ``step``, the state and the ledger; ``WeightSync`` the only
-writer of the version. ``forge_nb.Run`` is the user's handle over it.
+Rules: a paused run stops rollouts after their in-flight generation and training after its step. Nothing
+cancels a training step in flight: ``stop()`` waits until the training loop is parked at a boundary
+(``training_idle``), then cancels every loop. A loop that raises or returns stops the run with its name and
+error (``_loop_done``; a full disk while checkpointing is ``DiskFull``, saying so): ``error`` keeps it, an
+"error" event records it, the other loops stop as ``stop()`` stops them. A trainer that dies is respawned
+by its service with its last complete checkpoint, and the run rewinds to it, visibly. The controller is
+the only writer of ``step``, the state and the ledger; ``WeightSync`` the only writer of the version.
 """
 
 from __future__ import annotations
@@ -49,6 +46,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from forge_nb._diskspace import full_disk_as
 from forge_nb.controller.episodes import episode_metrics, episode_row, evaluate
 from forge_nb.controller.hot import HotChanges
 from forge_nb.controller.ledger import Ledger
@@ -406,10 +404,12 @@ class Controller(SupervisedLoop):
     # -- checkpoints and the trainer's deaths -----------------------------------------------------
 
     async def checkpoint(self) -> str:
-        """Trainer checkpoint, buffer snapshot, ledger and counters, in the run directory."""
-        path = (await self.trainer.save_checkpoint.call(self.sync.version))[0]
-        self.dir.save_state(self.sync.version, path, step=self.step, buffer=self.buffer.state_dict(),
-                            hparams=self.hot.values, ledger=self.ledger.state_dict(), mode=self.mode)
+        """Trainer checkpoint, buffer snapshot, ledger and counters, in the run directory (DiskFull, saying so)."""
+        with full_disk_as(self.dir.checkpoints, f"the checkpoint of version {self.sync.version}",
+                          self.dir.checkpoint_bytes()):
+            path = (await self.trainer.save_checkpoint.call(self.sync.version))[0]
+            self.dir.save_state(self.sync.version, path, step=self.step, buffer=self.buffer.state_dict(),
+                                hparams=self.hot.values, ledger=self.ledger.state_dict(), mode=self.mode)
         self.metrics.event("checkpoint", path=path, version=self.sync.version)
         return path
 
