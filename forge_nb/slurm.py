@@ -170,8 +170,9 @@ class SlurmJob(_MonarchSlurmJob):
                                + f"): {said}. `sinfo` lists the partitions and their nodes") from None
 
     def _get_job_info_json(self, job_id: str) -> dict[str, Any] | None:
-        """monarch polls this while the job waits to start: a job that can never start is refused here
-        (monarch then cancels it), and the first wait for nodes is said once, in the cell."""
+        """monarch polls this while the job waits to start: a job that can never start is cancelled and
+        refused here (``SlurmRefused`` with SLURM's reason), and the first wait for nodes is said once, in the
+        cell."""
         try:
             info = job_info(job_id)
         except (subprocess.CalledProcessError, json.JSONDecodeError, OSError) as e:
