@@ -73,9 +73,7 @@ class Controller(SupervisedLoop):
         self.config, self.trainer, self.policy, self.task = config, trainer, policy, task
         self.buffer, self.ledger, self.sync, self.hot = buffer, ledger, sync, hot
         self.metrics, self.dir, self.episode_fn = metrics, directory, episode_fn
-        self.name = config.name
-        self.state, self.error, self.mode = "ready", None, "rl"
-        self.step = 0
+        self.name, self.state, self.error, self.mode, self.step = config.name, "ready", None, "rl", 0
         self.sft_data: Any = None
         self.recent: deque[dict[str, Any]] = deque(maxlen=2000)
         self.quarantine = QuarantineWatch(window=max(32, 4 * config.batch_size))
@@ -85,7 +83,7 @@ class Controller(SupervisedLoop):
         self.collect_allowed, self.batch_ready = asyncio.Event(), asyncio.Event()
         self.collect_allowed.set()
         self.training_idle = asyncio.Event()  # set while the training loop is between steps
-        self._steps_left: int | None = None
+        self._steps_left: int | None = None  # run_steps' budget, and its waiter
         self._steps_waiter: asyncio.Future[None] | None = None
         self._rewound_to: list[int] = []  # the version each rewind went back to, in order
         self._gen_tokens, self._gen_since = 0, time.monotonic()
@@ -96,8 +94,7 @@ class Controller(SupervisedLoop):
     def start(self) -> None:
         """Start (or resume) the loops in the background."""
         self.require_not_shut_down()
-        if self._cleanup is not None and not self._cleanup.done():
-            # the failed loops are still stopping (a step in flight finishes first): start right after
+        if self._cleanup is not None and not self._cleanup.done():  # failed loops still stopping: start after
             self._cleanup.add_done_callback(lambda _: self.start())
             return
         if self.error is not None:  # the user fixed the cause (e.g. replaced run.episode_fn): go on
@@ -124,12 +121,15 @@ class Controller(SupervisedLoop):
             self.set_state("paused")
 
     async def run_steps(self, n: int) -> int:
-        """Run exactly ``n`` training steps, then pause (a step already in flight is not one of them);
-        returns the index in ``metrics.rows`` of the first of them."""
+        """Run exactly ``n`` training steps, then pause (a step already in flight is not one of them); returns
+        the index in ``metrics.rows`` of the first. One rule for a budget still pending (``run.step``,
+        ``%forge_step``, ``%forge_run --steps``, the dashboard): the new one replaces it at the step boundary,
+        and the older call returns then with the steps it got."""
         self.pause()
         await self.no_step_in_flight()
-        first = len(self.metrics.rows)
-        self._steps_left = n
+        if self._steps_waiter is not None and not self._steps_waiter.done():
+            self._steps_waiter.set_result(None)
+        first, self._steps_left = len(self.metrics.rows), n
         self._steps_waiter = asyncio.get_running_loop().create_future()
         self.start()
         await self._steps_waiter

@@ -88,8 +88,7 @@ class ControlMagics(Magics):
         return self._step(self._startable(args.name), args.n)
 
     async def _step(self, run: Any, n: int) -> None:
-        self.runs.cancel_stepping(run.name)
-        seen = len(run.metrics.events)
+        seen = len(run.metrics.events)  # a budget still pending (%forge_run --steps) returns: run.step's rule
         try:
             rows = await run.step(n)
         except asyncio.CancelledError:

@@ -170,14 +170,14 @@ class Runs:
         self.cancel_stepping(run.name)
 
     def step_in_background(self, run: Any, n: int) -> None:
-        """``run.step(n)`` as a task: the run pauses after ``n`` steps; the cell does not wait."""
-        self.cancel_stepping(run.name)
+        """``run.step(n)`` as a task: the run pauses after ``n`` steps; the cell does not wait. A budget still
+        pending is replaced as ``run.step`` replaces one (its task ends with the steps it got)."""
         task = asyncio.get_running_loop().create_task(run.step(n), name=f"forge_nb.{run.name}.magic_steps")
         task.add_done_callback(_log_failure)
         self.stepping[run.name] = task
 
     def cancel_stepping(self, name: str) -> None:
-        """A newer ``step(n)`` replaces the run's step budget; the older waiter would never be woken."""
+        """Stop waiting on the run's background budget (the run is stopped, started without one, shut down)."""
         task = self.stepping.pop(name, None)
         if task is not None and not task.done():
             task.cancel()

@@ -148,6 +148,31 @@ def test_spawn_with_name_and_o_binds_only_free_service_names(ip, runs, capsys):
     ip.user_ns.pop("cfg_c")
 
 
+def test_a_new_step_budget_replaces_a_pending_one_the_same_way_from_python_and_from_the_magics(ip, runs):
+    """``run.step(10000)`` pending, then ``run.step(3)``: the first returns at the next boundary with the steps
+    it got, the second trains exactly 3, then the run pauses; ``%forge_run --steps 10000`` then ``%forge_step
+    3`` does the same (the background request ends with its steps, it is not cancelled)."""
+    run_a, run_b = runs
+    ok(ip, "import asyncio\nfirst = asyncio.ensure_future(run_b.step(10000))\nawait asyncio.sleep(0.3)")
+    ok(ip, "second = await run_b.step(3)\nfirst_rows = await first")
+    first_rows, second = ip.user_ns["first_rows"], ip.user_ns["second"]
+    assert len(first_rows) < 10000 and len(second) == 3
+    steps = [r["step"] for r in first_rows + second]
+    assert steps == list(range(steps[0], steps[0] + len(steps)))  # one run of steps, none counted twice
+    assert run_b.state == "paused" and run_b.current_step == steps[-1]
+
+    control = ip.magics_manager.registry["ControlMagics"]
+    before = run_a.current_step
+    ok(ip, "%forge_run --steps 10000 --name a\nawait asyncio.sleep(0.3)")
+    background = control.runs.stepping["a"]
+    ok(ip, "%forge_step 3 --name a")
+    assert background.done() and not background.cancelled()
+    got = background.result()
+    assert len(got) < 10000 and run_a.current_step == before + len(got) + 3 and run_a.state == "paused"
+    for name in ("first", "first_rows", "second"):
+        ip.user_ns.pop(name)
+
+
 def test_shutdown_by_name_leaves_the_other_run_training(ip, runs, capsys):
     run_a, run_b = runs
     ok(ip, "%forge_shutdown --name a")
