@@ -100,6 +100,12 @@ class RunDir:
         states, trainers = self._states(), _trainer_folders(self.checkpoints)
         return (size_of(states[-1]) if states else 0) + (size_of(trainers[-1]) if trainers else 0)
 
+    def _here(self, trainer_checkpoint: str | Path) -> Path:
+        """Where a trainer checkpoint recorded as ``trainer_checkpoint`` is now: in this directory's checkpoints
+        folder when it is there by name (a run directory that was moved or copied), else where it was."""
+        local = self.checkpoints / Path(trainer_checkpoint).name
+        return local if local.exists() else Path(trainer_checkpoint)
+
     def _states(self) -> list[Path]:
         """The run states of the checkpoints, oldest first."""
         return sorted(self.checkpoints.glob("state_*.pt")) if self.checkpoints.is_dir() else []
@@ -124,7 +130,7 @@ class RunDir:
             why = verify(self.checkpoints, path.with_suffix(".json"))
             if why is None:
                 state = load_plain(path)
-                why = _trainer_checkpoint_damage(Path(state["trainer_checkpoint"]))
+                why = _trainer_checkpoint_damage(self._here(state["trainer_checkpoint"]))
                 if why is None:
                     chosen = state
                     break
@@ -144,6 +150,7 @@ class RunDir:
             if path.suffix == ".pt":  # a run state: the trainer's checkpoint of the same version goes with it
                 aside += [p for p in _trainer_folders(self.checkpoints) if _version(p) == _version(path)]
                 trainer = _trainer_of(path)
+                trainer = self._here(trainer) if trainer is not None else None
                 if trainer is not None and not trainer.name.startswith("step_"):
                     aside.append(trainer)  # a custom trainer's file
             for item in aside:

@@ -59,6 +59,14 @@ def test_the_newest_whole_checkpoint_is_chosen_and_what_is_newer_is_set_aside(tm
     assert run.load_state()["version"] == 3
 
 
+def test_a_run_directory_moved_elsewhere_resumes_from_its_own_checkpoints(tmp_path):
+    run = RunDir.create({}, "r", str(tmp_path / "run"))
+    _checkpoint(run, 1)
+    (tmp_path / "run").rename(tmp_path / "moved")
+    state, skipped = RunDir.open(tmp_path / "moved").checkpoint_to_resume()
+    assert (state["version"], skipped) == (1, [])
+
+
 def test_none_whole_refuses_with_each_and_renames_nothing(tmp_path):
     run = RunDir.create({}, "r", str(tmp_path / "run"))
     _checkpoint(run, 1)
