@@ -174,7 +174,10 @@ class Cluster:
             await asyncio.gather(*(probe(h) for h in self.hosts if h.lost is None))
             if hasattr(self.job, "describe") and time.monotonic() - checked > JOB_CHECK_S:
                 checked = time.monotonic()
-                await self._check_job()
+                try:
+                    await self._check_job()
+                except Exception as e:  # a scheduler that cannot say: the probes go on watching the hosts
+                    logger.warning("could not ask the job how its scheduler sees it: %s", e)
 
     async def _check_job(self) -> None:
         """Ask the job how its scheduler sees it (``forge_nb.slurm.SlurmJob.describe``; kept for tables). A job
