@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MARKER", "commit", "digest", "verify", "verify_folder"]
+__all__ = ["MARKER", "commit", "commit_folder", "digest", "verify", "verify_folder"]
 
 _CHUNK = 16 << 20
 MARKER = "COMMITTED.json"  #: a committed folder's marker (a trainer checkpoint's)
@@ -81,6 +81,13 @@ def verify(base: str | os.PathLike[str], marker: str | os.PathLike[str]) -> str 
         if crc != listed[name][1]:
             return f"{name} does not hold what was written (its CRC-32 differs)"
     return None
+
+
+def commit_folder(folder: str | os.PathLike[str], **meta: Any) -> None:
+    """:func:`commit` of every file under ``folder``, with the marker inside it (``MARKER``)."""
+    folder = Path(folder)
+    files = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != MARKER]
+    commit(folder, files, folder / MARKER, **meta)
 
 
 def verify_folder(folder: str | os.PathLike[str]) -> str | None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from forge_nb._commit import MARKER, commit, verify, verify_folder
+from forge_nb._commit import MARKER, commit, commit_folder, verify, verify_folder
 from forge_nb._diskspace import size_of
 
 
@@ -121,8 +121,7 @@ class RunDir:
         if not states and legacy.exists():  # a run directory from before commit markers: adopted unchecked
             for folder in _trainer_folders(self.checkpoints):
                 if (folder / ".metadata").exists() and not (folder / MARKER).exists():
-                    commit(folder, [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()],
-                           folder / MARKER, adopted=True)
+                    commit_folder(folder, adopted=True)
             return load_plain(legacy), []
         skipped: list[tuple[Path, str]] = []
         chosen: dict[str, Any] | None = None

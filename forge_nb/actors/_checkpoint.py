@@ -30,11 +30,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from forge_nb._commit import MARKER, commit, verify_folder
+from forge_nb._commit import commit_folder, verify_folder
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MARKER", "check", "keep_fresh", "latest", "load", "newest_intact", "save", "step_dir"]
+__all__ = ["check", "keep_fresh", "latest", "load", "newest_intact", "save", "step_dir"]
 
 _COMPLETE = re.compile(r"^step_(\d+)$")
 
@@ -105,8 +105,7 @@ def save(
         raise
     _barrier()
     if _rank() == 0:
-        files = [str(p.relative_to(partial)) for p in partial.rglob("*") if p.is_file()]
-        commit(partial, files, partial / MARKER, step=step)
+        commit_folder(partial, step=step)
         if final.exists():  # the same step saved again: the new one wins
             shutil.rmtree(final)
         partial.rename(final)
