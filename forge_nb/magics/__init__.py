@@ -25,7 +25,7 @@ Magic                                                  What it does
 %forge_logs [SERVICE[i]] [-n N] [--level L]           what the processes wrote (vLLM, monarch, torch): to
                                                        files in the run directory, not to the cells
 %forge_dashboard [--side]                              the live dashboard (forge_nb.widgets); --side: in a
-                                                       JupyterLab side panel that stays in view
+                                                       JupyterLab panel beside the notebook, always in view
 %forge_serve [--tool-parser P] [--port N] [-o VAR]     the policy as an OpenAI-compatible endpoint on 127.0.0.1
   [--stop]                                             (token: VAR.token); agent code trains through it
 %forge_meshes                                          every process mesh the kernel holds

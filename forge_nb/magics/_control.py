@@ -194,15 +194,18 @@ class ControlMagics(Magics):
 
     @magic_arguments()
     @argument("--side", action="store_true",
-              help="open it in a JupyterLab side panel (the sidecar package) that stays in view while cells run")
+              help="open it in a JupyterLab panel beside the notebook (the sidecar package) that stays in view "
+                   "while cells run")
     @argument("--name", help=NAME_HELP)
     @line_magic
     def forge_dashboard(self, line: str) -> None:
         """The live dashboard of the run (controls, replica health, curves, episodes).
 
-        ``--side`` puts it in a tab of JupyterLab's right side panel through the maintained ``sidecar``
-        extension (an ipywidgets Output that the lab docks beside the notebook), rather than in the cell
-        where later output would scroll it away. Running it again for a run replaces that run's tab."""
+        ``--side`` puts it in a JupyterLab tab beside the notebook through the maintained ``sidecar``
+        extension (an ipywidgets Output that the lab docks), rather than in the cell where later output
+        would scroll it away. It splits the main area (sidecar's ``anchor="split-right"``): JupyterLab's
+        right sidebar, sidecar's default, opens ~250 px wide, too narrow for the controls and curves.
+        Running it again for a run replaces that run's tab."""
         args = parse_argstring(self.forge_dashboard, line)
         sidecar = _sidecar_class() if args.side else None
         run = self.runs.get(args.name)
@@ -218,13 +221,13 @@ class ControlMagics(Magics):
         old = self._sidecars.pop(run.name, None)
         if old is not None:
             old.close()  # its tab closes in the lab
-        panel = sidecar(title=f"dashboard: {run.name}")
+        panel = sidecar(title=f"dashboard: {run.name}", anchor="split-right")
         # Set as the panel's outputs, not captured with `with panel: display(...)`: nothing depends on the
         # front end routing this cell's messages, and a headless run (nbclient) sees no output at all.
         panel.append_display_data(view.widget)
         self._sidecars[run.name] = panel
-        print(f"the dashboard of run {run.name!r} is in JupyterLab's right side panel (tab "
-              f"'dashboard: {run.name}'); %forge_dashboard without --side shows it in the cell")
+        print(f"the dashboard of run {run.name!r} is beside the notebook (JupyterLab tab 'dashboard: {run.name}'; "
+              "drag its tab to move it); %forge_dashboard without --side shows it in the cell")
 
     @line_magic
     def forge_help(self, line: str) -> None:

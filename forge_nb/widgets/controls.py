@@ -23,6 +23,7 @@ ICONS = {"start": "play", "pause": "pause", "resume": "play-circle", "step": "st
 #: The run state badge's colour; each state has its own ("shut down" is not "ready").
 STATE_COLORS = {"ready": "#1f77b4", "running": "#2ca02c", "paused": "#ff7f0e", "stopping": "#8c564b",
                 "stopped": "#7f7f7f", "failed": "#d62728", "shut down": "#262626"}
+_FIT = {"width": "auto", "flex": "0 0 auto"}  # a button's Layout: its label's width, never squeezed
 #: States in which no control can act any more: every button and input is disabled.
 FINAL_STATES = ("shut down",)
 
@@ -68,23 +69,26 @@ class Controls:
         self._caller = caller
         self._errors = errors
         self.status = w.HTML(render_status(run_summary(run)))
-        self.buttons = {a: w.Button(description=a, icon=ICONS[a], layout=w.Layout(width="90px"),
-                                    tooltip=f"run.{a}()") for a in ACTIONS}
+        # Buttons as wide as their labels and rows that wrap: the dashboard is read in a panel beside the
+        # notebook, often 500-700 px wide, where fixed widths cut labels ("pa...") and inputs.
+        self.buttons = {a: w.Button(description=a, icon=ICONS[a], layout=_FIT, tooltip=f"run.{a}()")
+                        for a in ACTIONS}
         self.step_n = w.BoundedIntText(value=1, min=1, max=1_000_000, layout=w.Layout(width="70px"),
                                        tooltip="steps for the step button")
         for action, button in self.buttons.items():
             button.add_class(f"forge-{action}")
             button.on_click(errors.guard(f"{action} button")(self._clicked(action)))
         self.message = w.HTML()
-        self.apply = w.Button(description="apply", icon="check", tooltip="run.set(**edited values)")
+        self.apply = w.Button(description="apply", icon="check", tooltip="run.set(**edited values)", layout=_FIT)
         self.apply.on_click(errors.guard("apply button")(lambda _: self.apply_changes()))
         self.inputs: dict[str, w.ValueWidget] = {}
         self._seen: dict[str, Any] = {}
         self.hparams_box = w.HBox(layout=w.Layout(flex_flow="row wrap"))
         self._build_inputs(read_hparams(run))
         b = self.buttons
-        row = w.HBox([b["start"], b["pause"], b["resume"], b["step"], self.step_n, b["stop"], self.message])
-        self.widget = w.VBox([self.status, row, self.hparams_box])
+        row = w.HBox([b["start"], b["pause"], b["resume"], b["step"], self.step_n, b["stop"]],
+                     layout=w.Layout(flex_flow="row wrap"))
+        self.widget = w.VBox([self.status, row, self.message, self.hparams_box])
 
     def _clicked(self, action: str) -> Any:
         def handler(_: Any) -> None:
@@ -152,7 +156,8 @@ def _input(name: str, value: Any) -> w.ValueWidget:
     # The label as wide as its name needs ("max_policy_age" was cut at a fixed 90px); 7.5px a character
     # is the width of JupyterLab's 13px UI font, with room for the label's padding.
     label = max(60, round(7.5 * len(name)) + 12)
-    layout = w.Layout(width=f"{label + 110}px")
+    field = 110 if isinstance(value, bool | int | float) else max(110, round(7.5 * len(shown_text(value))) + 24)
+    layout = w.Layout(width=f"{label + field}px")
     style = {"description_width": f"{label}px"}
     if isinstance(value, bool):
         return w.Checkbox(value=value, description=name, layout=layout, style=style)

@@ -30,7 +30,7 @@
 // (messages, draws, syncs, draw_ms, and the titles of the panels last drawn empty).
 
 const FONT = "11px system-ui, -apple-system, 'Segoe UI', sans-serif";
-const TOOLBAR = 26, TITLE = 16, LEGEND = 22, GAP = 16;
+const TOOLBAR = 26, TITLE = 16, LEGEND = 22, GAP = 16, COLUMN = 300;
 let views = 0;
 
 function series() {
@@ -181,16 +181,22 @@ function render({ model: host, el }) {
     schedule();
   };
 
+  function columns() {
+    // Two columns of panels where each gets at least COLUMN px, one in a narrow panel beside the notebook.
+    return (el.clientWidth || 800) >= 2 * COLUMN + GAP ? 2 : 1;
+  }
+
   function sizes() {
-    // Each panel's plot size: rows share the height (the first row 1.6x); a row with one panel spans both columns.
-    const panels = model.get("panels"), width = Math.max(300, el.clientWidth || 800);
+    // Each panel's plot size: rows share the height (the first row 1.6x); a row with one panel spans both
+    // columns; in one column every panel is as wide as the view.
+    const panels = model.get("panels"), width = Math.max(160, el.clientWidth || 800), two = columns() === 2;
     const rows = Math.max(1, ...panels.map(p => p.row)), weight = r => (r === 1 ? 1.6 : 1);
     let total = 0;
     for (let r = 1; r <= rows; r++) total += weight(r);
     const free = model.get("height") - TOOLBAR - rows * (TITLE + LEGEND + 6);
     return panels.map(p => {
       const alone = panels.filter(q => q.row === p.row).length === 1;
-      return { width: Math.floor(alone ? width : (width - GAP) / 2),
+      return { width: Math.floor(alone || !two ? width : (width - GAP) / 2),
                height: Math.max(60, Math.floor((free * weight(p.row)) / total)) };
     });
   }
@@ -200,7 +206,8 @@ function render({ model: host, el }) {
     for (const c of charts) c.plot.destroy();
     grid.replaceChildren();
     const panels = model.get("panels"), traces = model.get("traces"), dims = sizes();
-    grid.style.gridTemplateColumns = `repeat(2, ${dims.length ? "1fr" : "auto"})`;
+    const two = columns() === 2;
+    grid.style.gridTemplateColumns = `repeat(${two ? 2 : 1}, ${dims.length ? "minmax(0, 1fr)" : "auto"})`;
     charts = panels.map((panel, k) => {
       const mine = traces.map((t, i) => ({ t, i })).filter(({ t }) => t.panel === k && t.kind !== "mark");
       const cols = [], uSeries = [{ label: "step" }], bands = [];
@@ -227,7 +234,7 @@ function render({ model: host, el }) {
       const box = document.createElement("div");
       box.className = "forge-curves-panel";
       box.dataset.title = panel.title;
-      if (dims[k].width > (el.clientWidth || 800) * 0.6) box.style.gridColumn = "1 / span 2";
+      if (two && dims[k].width > (el.clientWidth || 800) * 0.6) box.style.gridColumn = "1 / span 2";
       box.innerHTML = "<div class='forge-curves-title'></div><div class='forge-mark-label'></div>"
         + "<div class='forge-curves-empty'></div>";
       box.firstChild.textContent = panel.title;
@@ -325,7 +332,7 @@ function render({ model: host, el }) {
     stale = false;
     stats.draws++;
     last = performance.now();
-    const shape = JSON.stringify([model.get("panels"), model.get("traces"), model.get("height")]);
+    const shape = JSON.stringify([model.get("panels"), model.get("traces"), model.get("height"), columns()]);
     if (shape !== built) { build(); built = shape; }
     const weight = model.get("smoothing") || 0, dims = sizes();
     let xlo = Infinity, xhi = -Infinity;

@@ -2,10 +2,11 @@
 
 The grid reads ``service.status()`` (plain ``ReplicaStatus`` records, duck-typed here: widgets never
 import the service layer) and renders an HTML table per service: state, pids, requests in flight,
-served, failures, restarts, latency p50/p95, and the weight-version lag (the run's version minus
-the replica's). It refreshes when a service reports a state change (``service.subscribe``) and
-when the dashboard's poll ticks (in-flight counts and latencies change without events). Rows carry
-``data-replica`` and ``data-state`` so a browser test can read them.
+served, failures / restarts, latency p50 / p95, and the weight-version lag (the run's version minus
+the replica's), with a replica's last error on a row of its own under it. It refreshes when a service
+reports a state change (``service.subscribe``) and when the dashboard's poll ticks (in-flight counts and
+latencies change without events). Rows carry ``data-replica`` and ``data-state`` so a browser test can
+read them.
 """
 
 from __future__ import annotations
@@ -58,17 +59,20 @@ def render_job(job: dict[str, Any] | None) -> str:
             f"color:{'#7f0000' if lost else 'inherit'}'>{html.escape(job_line(job))}</div>")
 
 
+HEAD = ("replica", "state", "pids", "in flight", "served", "failures / restarts", "p50 / p95 ms", "version lag")
+
+
 def render_health(snap: Snapshot, run_version: int | None, job: dict[str, Any] | None = None) -> str:
     """The HTML tables of a snapshot (also the grid's part of the plain HTML view), under the job's line."""
     if not snap:
         return f"<div class='forge-health'>{render_job(job)}<i>no services yet</i></div>"
-    head = "".join(f"<th style='padding:2px 6px;text-align:left'>{h}</th>" for h in (
-        "replica", "state", "pids", "in flight", "served", "failures", "restarts", "p50 ms", "p95 ms",
-        "version lag", "last error"))
+    # Nine narrow columns (pairs of numbers share one) and the last error on a row of its own under its
+    # replica: the grid fits a dashboard ~500 px wide beside the notebook without cutting a column.
+    head = "".join(f"<th style='padding:2px 4px;text-align:left'>{h}</th>" for h in HEAD)
     parts = ["<div class='forge-health'>", render_job(job)]
     for name, rows in snap.items():
         healthy = sum(r["state"] == "healthy" for r in rows)
-        parts.append(f"<div data-service='{html.escape(name)}' style='margin:4px 0'>"
+        parts.append(f"<div data-service='{html.escape(name)}' style='margin:4px 0;overflow-x:auto'>"
                      f"<b>{html.escape(name)}</b> &mdash; {healthy}/{len(rows)} healthy"
                      f"<table style='border-collapse:collapse;font-size:12px'><tr>{head}</tr>")
         for r in rows:
@@ -81,13 +85,16 @@ def render_health(snap: Snapshot, run_version: int | None, job: dict[str, Any] |
                 f"border-radius:3px'>{html.escape(state)}</span>",
                 _cell(",".join(str(p) for p in r["pids"] or []) + (f" @{r['host']}" if r["host"] not in (None, "kernel")
                                                                   else "") or None),
-                _cell(r["in_flight"]), _cell(r["served"]), _cell(r["failures"]), _cell(r["restarts"]),
-                _cell(r["latency_p50_ms"]), _cell(r["latency_p95_ms"]), _cell(lag),
-                f"<span title='{html.escape(error)}'>{html.escape(error[:60])}</span>",
+                _cell(r["in_flight"]), _cell(r["served"]), f"{_cell(r['failures'])}&nbsp;/&nbsp;{_cell(r['restarts'])}",
+                f"{_cell(r['latency_p50_ms'])}&nbsp;/&nbsp;{_cell(r['latency_p95_ms'])}", _cell(lag),
             ]
-            tds = "".join(f"<td style='padding:2px 6px'>{c}</td>" for c in cells)
+            tds = "".join(f"<td style='padding:2px 4px'>{c}</td>" for c in cells)
             parts.append(f"<tr data-replica='{html.escape(name)}[{r['index']}]' "
                          f"data-state='{html.escape(state)}'>{tds}</tr>")
+            if error:
+                parts.append(f"<tr class='forge-last-error'><td colspan='{len(HEAD)}' title='{html.escape(error)}' "
+                             "style='padding:0 4px 4px 16px;color:#b00020'>"
+                             f"last error: {html.escape(error[:200])}</td></tr>")
         parts.append("</table></div>")
     parts.append("</div>")
     return "".join(parts)
@@ -103,7 +110,8 @@ class HealthGrid:
         self._services = services
         self._version = version
         self._job = job
-        self.html = w.HTML(render_health({}, None))
+        # as wide as the dashboard, scrolling sideways where a narrower view cannot hold the table
+        self.html = w.HTML(render_health({}, None), layout=w.Layout(width="100%", overflow="auto"))
         self.widget = self.html
         self.snapshot: Snapshot = {}
         self.throttle = Throttle(self.refresh, interval=interval, loop=loop, on_error=on_error)

@@ -48,8 +48,9 @@ async def test_healthturns_recovering_within_a_second_then_healthy_again(runtime
         svc.replicas[1].version = 2
         health.refresh()
         cells = _cells(health.html.value, "worker[1]")
-        assert cells[0] == "worker[1]" and cells[1] == "healthy" and cells[9] == "1"  # version lag 3 - 2
-        assert int(cells[4]) >= 1 and float(cells[7]) > 0  # served, p50 latency
+        assert cells[0] == "worker[1]" and cells[1] == "healthy" and cells[7] == "1"  # version lag 3 - 2
+        assert int(cells[4]) >= 1 and cells[5] == "0&nbsp;/&nbsp;0"  # served; failures / restarts
+        assert float(cells[6].split("&nbsp;")[0]) > 0  # p50 latency
 
         os.kill(svc.replicas[0].mesh.pids[0], signal.SIGKILL)
         drawn: dict[str, float] = {}
@@ -63,6 +64,9 @@ async def test_healthturns_recovering_within_a_second_then_healthy_again(runtime
         assert drawn["recovering"] - seen["recovering"] < 1.0
         assert drawn["healthy"] - seen["healthy"] < 1.0
         assert "#d62728" in render_health({"worker": [status_dict(svc.status()[0]) | {"state": "recovering"}]}, 0)
+        error_row = re.search(r"data-replica='worker\[0\]'.*?</tr><tr class='forge-last-error'>(.*?)</tr>",
+                              health.html.value)
+        assert error_row and "last error: " in error_row.group(1) and "process died" in error_row.group(1)
         row = health.snapshot["worker"][0]
         assert row["restarts"] == 1 and row["failures"] == 1 and "process died" in (row["last_error"] or "")
         assert health.states() == {"worker[0]": "healthy", "worker[1]": "healthy"}
