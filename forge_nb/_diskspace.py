@@ -3,7 +3,7 @@
 A write that fails for space surfaces deep in a stack as ``OSError: [Errno 28] No space left on device``
 (or, from an actor on another process, as that text inside monarch's error). :func:`full_disk_as` turns it
 into :class:`DiskFull`, whose message names the folder, what was not written, the free space and about how
-much is needed; the run's loop stops with it (``run.start()`` goes on once space is back). Metric rows
+much is needed; a checkpoint's pauses the run with it (``run.start()`` goes on once space is back). Metric rows
 and events that cannot be written are kept in memory and written later (``forge_nb.metrics``).
 """
 

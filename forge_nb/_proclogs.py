@@ -65,6 +65,16 @@ class _FullDiskQuiet(logging.FileHandler):
             self.said = True
             sys.stderr.write(f"forge_nb: the disk of {self.baseFilename} is full: its log records are dropped\n")
 
+    def close(self) -> None:
+        """Closed on a full disk too: the records still buffered are lost, as said (a run shuts down anyway)."""
+        from forge_nb._diskspace import is_no_space
+
+        try:
+            super().close()
+        except OSError as error:
+            if not is_no_space(error):
+                raise
+
 
 class KernelLog:
     """While a run lives, what the kernel's forge_nb and torchstore loggers record, in ``<folder>/kernel.log``.

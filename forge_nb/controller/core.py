@@ -29,10 +29,10 @@ sft              ``sft_data`` batches ``running``                               
 Rules: a paused run stops rollouts after their in-flight generation and training after its step. Nothing
 cancels a training step in flight: ``stop()`` waits until the training loop is parked at a boundary
 (``training_idle``), then cancels every loop. A loop that raises or returns stops the run with its name and
-error (``_loop_done``; a full disk while checkpointing is ``DiskFull``, saying so): ``error`` keeps it, an
-"error" event records it, the other loops stop as ``stop()`` stops them. A trainer that dies is respawned
-by its service with its last complete checkpoint, and the run rewinds to it, visibly. The controller is
-the only writer of ``step``, the state and the ledger; ``WeightSync`` the only writer of the version.
+error (``_loop_done``): ``error`` keeps it, an "error" event records it, the other loops stop as ``stop()``
+stops them. A full disk at a checkpoint pauses the run with ``DiskFull`` (a "disk_full" event). A trainer
+that dies is respawned by its service with its last complete checkpoint, and the run rewinds to it, visibly.
+The controller is the only writer of ``step``, the state and the ledger; ``WeightSync`` of the version.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from forge_nb._diskspace import full_disk_as
+from forge_nb._diskspace import DiskFull, full_disk_as
 from forge_nb.controller.episodes import episode_metrics, episode_row, evaluate
 from forge_nb.controller.hot import HotChanges
 from forge_nb.controller.ledger import Ledger
@@ -220,20 +220,20 @@ class Controller(SupervisedLoop):
         if (report := self.quarantine.flush()) is not None:
             self.metrics.event("quarantine", **report)
 
-    def _stop_with(self, message: str, event: str) -> None:
-        """Pause the run because of ``message`` (kept in ``error``; a waiting ``run.step(n)`` raises it)."""
+    def _stop_with(self, message: str, event: str, error: BaseException | None = None) -> None:
+        """Pause the run because of ``message`` (kept in ``error``); a waiting ``run.step(n)`` raises ``error``/it."""
         self.error = message
         logger.error("run %s paused: %s", self.name, message)
         self.metrics.event(event, message=message)
         self.pause()
-        self._tell(f"run {self.name!r} paused: {message}", error=message)
+        self._tell(f"run {self.name!r} paused: {message}", error=error or message)
 
-    def _tell(self, line: str, error: str) -> None:
+    def _tell(self, line: str, error: str | BaseException) -> None:
         """What stopped the run reaches the user: a waiting ``run.step(n)`` raises ``error`` (its cell shows
         it); with nobody waiting (after ``run.start()``), ``line`` is printed once, to the cell's stderr."""
         if self._steps_waiter is not None and not self._steps_waiter.done():
             self._steps_left = None
-            self._steps_waiter.set_exception(RuntimeError(error))
+            self._steps_waiter.set_exception(error if isinstance(error, BaseException) else RuntimeError(error))
         else:
             print(f"forge_nb: {line}", file=sys.stderr)
 
@@ -300,9 +300,8 @@ class Controller(SupervisedLoop):
         """Between steps: park (``training_idle`` set, so ``stop()`` may cancel the loop) until the run
         is running; from then on a step may be in flight, so ``stop()`` waits for it instead. A trainer
         that died meanwhile rewinds the run first (False: start over); otherwise the queued hot changes
-        are applied and the step may begin (True), unless the run was paused meanwhile (False: park again).
-        A ``resume(); pause()`` in one cell wakes the loop after ``_running`` was cleared again: it is
-        re-checked, so no step begins after ``pause()`` returned."""
+        are applied and the step may begin (True), unless the run was paused meanwhile (False: park again;
+        ``resume(); pause()`` in one cell wakes the loop after ``_running`` was cleared: no step begins)."""
         if not self._running.is_set():
             await self.sync.settle()  # parked, the generators have the run's version (run.version)
         self.training_idle.set()
@@ -379,7 +378,10 @@ class Controller(SupervisedLoop):
             self.metrics.event("eval", **values)
             self.metrics.rows[-1].update(values)
         if every.checkpoint_every and self.step % every.checkpoint_every == 0:
-            await self.checkpoint()
+            try:
+                await self.checkpoint()
+            except DiskFull as full:  # the step counts; the run waits for room, then run.start() goes on
+                self._stop_with(str(full), event="disk_full", error=full)
 
     async def _step_budget_spent(self) -> bool:
         """After each step: True when ``run_steps(n)``'s budget ran out: the run pauses, the weights load."""
@@ -448,9 +450,8 @@ class Controller(SupervisedLoop):
     # -- stopping --------------------------------------------------------------------------------
 
     async def no_step_in_flight(self, timeout: float | None = None) -> None:
-        """Return once the training loop is parked between steps (or not running); TimeoutError after
-        ``timeout``. Re-checked after every wake-up (the loop may start a step in between). Cancelling a
-        step in flight would lose its episodes and could leave the trainer a step ahead of the version."""
+        """Return once the training loop is parked between steps (or not running); TimeoutError after ``timeout``.
+        Re-checked at every wake-up. Cancelling a step in flight would lose its episodes and the version."""
         training = self._tasks.get("sft" if self.mode == "sft" else "train")
         deadline = None if timeout is None else time.monotonic() + timeout
         while training is not None and not training.done() and not self.training_idle.is_set():
@@ -461,8 +462,7 @@ class Controller(SupervisedLoop):
     def _loop_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():
             return
-        error = task.exception()
-        name = task.get_name()
+        error, name = task.exception(), task.get_name()
         if self.state == "failed":  # the run already stopped with the first failure; this one is logged
             logger.info("run %s: loop %s also raised after the run failed: %r", self.name, name, error)
             return

@@ -1,5 +1,7 @@
 """A full disk under a run: the run directory on a small tmpfs of its own, filled to the last byte while the run
-trains (light actors on real processes and a real torchstore; the trainer's checkpoint is a small file)."""
+trains (light actors on real processes and a real torchstore; the trainer's checkpoint is a small file). The
+run pauses with ``DiskFull`` (what was not written, where, the space it needs); room back and run.start()
+goes on."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import subprocess
 import pytest
 
 import forge_nb
+from forge_nb._diskspace import DiskFull
 from forge_nb.config import LoopConfig
 from tests.controller.conftest import light_config
 from tests.light_actors import LightGenerator, LightTrainer
@@ -47,35 +50,39 @@ def _fill(disk) -> os.PathLike:
     return filler
 
 
-async def test_a_full_disk_stops_the_run_saying_so_keeps_every_row_and_space_back_goes_on(runtime, small_disk):
+async def test_a_full_disk_pauses_the_run_saying_so_keeps_every_row_and_space_back_goes_on(runtime, small_disk):
     cfg = light_config(str(small_disk / "run"), "full", loop=LoopConfig(rollout_loops=2, checkpoint_every=3))
     run = await forge_nb.spawn(cfg, progress=False, actors={"policy": LightGenerator, "trainer": LightTrainer})
     try:
-        await run.step(2)
+        await run.step(3)  # step 3's checkpoint: the size the next one needs
         filler = _fill(small_disk)
-        with pytest.raises(RuntimeError) as raised:
-            await run.step(2)  # step 3 checkpoints
+        with pytest.raises(DiskFull) as raised:
+            await run.step(3)  # step 6 checkpoints
         said = str(raised.value)
         checkpoints = run.dir.checkpoints
-        assert f"DiskFull: the disk of {checkpoints} is full: the checkpoint of version 3 was not written " \
-               "(0.0 MB free" in said, said
+        assert said.startswith(f"the disk of {checkpoints} is full: the checkpoint of version 6 was not written "
+                               "(0.0 MB free; it needs about "), said
         assert "run.start() (%forge_run) goes on from where it stopped" in said
-        assert run.state == "failed"
+        assert run.state == "paused" and run.error == said  # paused with the reason, not failed
+        assert run.current_step == 6 and not run._ctl.running  # step 6 counts; nothing trains on a full disk
+        (event,) = [e for e in run.metrics.events if e["kind"] == "disk_full"]
+        assert event["message"] == said
         rows_written = [json.loads(line)["step"] for line in (run.dir.path / "metrics.jsonl").read_text().splitlines()]
-        assert rows_written == [1, 2, 3][: len(rows_written)]  # whole lines (step 3's fits in the file's last page)
-        assert not [p.name for p in checkpoints.iterdir() if p.name.startswith("state_")]  # nothing half-written
+        assert rows_written == [1, 2, 3, 4, 5, 6][: len(rows_written)]  # whole lines (the file's last page)
+        states = sorted(p.name for p in checkpoints.glob("state_*"))
+        assert states == ["state_00000003.json", "state_00000003.pt"]  # nothing half-written of version 6
 
         filler.unlink()  # space is back
         run.start()
         rows = await run.step(3)
-        assert [r["step"] for r in rows] == [4, 5, 6]
+        assert [r["step"] for r in rows] == [7, 8, 9]
         assert run.metrics.unwritten == 0 and run.metrics.disk_full is None
         written = [json.loads(line)["step"] for line in (run.dir.path / "metrics.jsonl").read_text().splitlines()]
-        assert written == [r["step"] for r in run.metrics.rows] == [1, 2, 3, 4, 5, 6]  # nothing lost
-        assert sorted(p.name for p in checkpoints.glob("state_*")) == ["state_00000006.json", "state_00000006.pt"]
+        assert written == [r["step"] for r in run.metrics.rows] == list(range(1, 10))  # nothing lost
+        assert sorted(p.name for p in checkpoints.glob("state_*"))[-2:] == ["state_00000009.json", "state_00000009.pt"]
         assert run.ledger()["balanced"], run.ledger()
         state, skipped = run.dir.checkpoint_to_resume()
-        assert state["version"] == 6 and skipped == []
+        assert state["version"] == 9 and skipped == []
     finally:
         await run.shutdown()
 
