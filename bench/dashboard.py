@@ -159,18 +159,19 @@ def schedule(pairs: int) -> list[str]:
 
 def busy_cpu_s() -> float:
     """CPU seconds the whole machine has spent busy (every core, every process) since boot."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    import psutil
+
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0) - getattr(times, "guest", 0.0) \
+        - getattr(times, "guest_nice", 0.0)
 
 
 def proc_cpu_s(pid: int) -> float:
     """CPU seconds (user + system, every thread) process ``pid`` has used."""
-    from forge_nb._procs import stat_fields
+    import psutil
 
-    fields = stat_fields(pid)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 async def measure(pairs: int, window_s: float, settle_s: float, synthetic: bool, step_s: float,

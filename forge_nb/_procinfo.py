@@ -18,18 +18,16 @@ def machine() -> tuple[str, str, int]:
 
 
 def _siblings() -> list[tuple[int, int]]:
-    """(pid, process group) of every other process this one's parent started."""
-    from forge_nb._procs import stat_fields
+    """(pid, process group) of every other live process this one's parent started."""
+    from forge_nb._procs import live_children
 
-    parent, found = os.getppid(), []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                fields = stat_fields(entry)  # after the name: state, ppid, pgrp, ...
-            except OSError:
-                continue
-            if int(fields[1]) == parent:
-                found.append((int(entry), int(fields[2])))
+    found = []
+    for child in live_children(os.getppid()):
+        try:
+            if child.pid != os.getpid():
+                found.append((child.pid, os.getpgid(child.pid)))
+        except OSError:  # gone meanwhile
+            continue
     return found
 
 

@@ -8,6 +8,11 @@ segments the group's processes map before it kills them and removes those no oth
 also removes the kernel's and the procs' socket folders and weight files. What these miss (the
 ``vllm_dist_*`` files, which nobody holds open; a reaper that was itself killed) goes at the next spawn or
 shutdown (``forge_nb._leftovers``).
+
+Which processes live, their parents, states and start times come from psutil. Which files a process maps
+or holds open is read from ``/proc/<pid>/maps`` and ``fd`` directly: psutil's ``memory_maps()`` parses
+``smaps`` (tens of ms a process, and :func:`kill_groups` asks every process of the machine) and its
+``open_files()`` leaves out what is not a regular file.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import psutil
+
 SHM = Path("/dev/shm")
 #: Where each generator process's vLLM sockets go, in a folder named by its pid (forge_nb.actors.generator).
 SOCKETS_ROOT = Path(tempfile.gettempdir()) / "forge_nb-vllm"
@@ -36,35 +43,48 @@ def weight_files_root() -> Path:
     return Path(os.environ.get("FORGE_NB_SHM_DIR", "/dev/shm/forge_nb"))
 
 
-def stat_fields(pid: int | str) -> list[str]:
-    """The fields of ``/proc/<pid>/stat`` after the command name (which may hold spaces and parentheses):
-    ``[0]`` state, ``[1]`` parent pid, ``[11]`` user and ``[12]`` system CPU in clock ticks. OSError when
-    there is no such process."""
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()
-
-
-def started(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), or None if there is no
-    such process. With the pid it names one process for good: pids are reused, start times are not."""
+def started(pid: int) -> float | None:
+    """When ``pid`` started (psutil's ``create_time``), or None if there is no such process. With the pid it
+    names one process for good: pids are reused, start times are not (compare them with :func:`same_start`)."""
     try:
-        return int(stat_fields(pid)[19])
-    except (OSError, IndexError, ValueError):
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, ValueError):
         return None
 
 
-def same_process(pid: int, start: int | None) -> bool:
+def same_process(pid: int, start: float | None) -> bool:
     """True while ``pid`` is alive and is the process that started at ``start`` (not a later one that got its
     pid); with ``start`` None, only whether ``pid`` is alive."""
-    return pid_alive(pid) and (start is None or started(pid) == start)
+    return pid_alive(pid) and (start is None or same_start(started(pid), start))
+
+
+def same_start(a: float | None, b: float | None) -> bool:
+    """Whether two :func:`started` times are one process's: to the second, as the time since the epoch moves
+    with the clock's adjustments (NTP), while a pid is never handed out again within a second of its start."""
+    return a is not None and b is not None and abs(a - b) < 1.0
+
+
+def status(pid: int) -> str | None:
+    """psutil's state of ``pid`` (``psutil.STATUS_*``: "running", "sleeping", "stopped", "zombie", ...), or
+    None if there is no such process."""
+    try:
+        return psutil.Process(pid).status()
+    except (psutil.Error, ValueError):
+        return None
 
 
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` runs. A zombie counts as dead; we never reap (monarch waits on its children)."""
+    return status(pid) not in (None, psutil.STATUS_ZOMBIE)
+
+
+def live_children(root: int, recursive: bool = False) -> list[psutil.Process]:
+    """The live (not zombie) children of ``root`` (with ``recursive``, every process under it)."""
     try:
-        return stat_fields(pid)[0] != "Z"
-    except (OSError, IndexError):
-        return False
+        found = psutil.Process(root).children(recursive=recursive)
+    except (psutil.Error, ValueError):
+        return []
+    return [p for p in found if status(p.pid) not in (None, psutil.STATUS_ZOMBIE)]
 
 
 class StoppedWatch:
@@ -78,11 +98,7 @@ class StoppedWatch:
         self._since: dict[int, float] = {}
 
     def hung(self, pid: int) -> bool:
-        try:
-            stopped = stat_fields(pid)[0] in ("T", "t")
-        except (OSError, IndexError):
-            stopped = False
-        if not stopped:
+        if status(pid) not in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
             self._since.pop(pid, None)
             return False
         first = self._since.setdefault(pid, time.monotonic())
@@ -144,19 +160,17 @@ def kill_pids(pids: list[int], grace: float) -> None:
 
 def group_members(pgids: Iterable[int]) -> list[int]:
     """The live processes of the process groups ``pgids``."""
-    groups, members = set(map(str, pgids)), []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = stat_fields(entry)
-            except (OSError, IndexError):
-                continue
-            if fields[2] in groups and fields[0] != "Z":
-                members.append(int(entry))
+    groups, members = set(pgids), []
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) in groups and pid_alive(pid):
+                members.append(pid)
+        except OSError:
+            continue
     return members
 
 
-def kill_groups(pgids: list[int], leaders: dict[int, int | None] | None = None) -> list[int]:
+def kill_groups(pgids: list[int], leaders: dict[int, float | None] | None = None) -> list[int]:
     """SIGKILL whole process groups: what a dead proc's children (vLLM's engine and workers) still share;
     then remove the shared-memory segments that only they used. Returns the processes it killed.
 
@@ -182,27 +196,27 @@ def kill_groups(pgids: list[int], leaders: dict[int, int | None] | None = None) 
         except (ProcessLookupError, PermissionError):
             pass
     if theirs:
-        others = [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) not in members]
+        others = [pid for pid in psutil.pids() if pid not in members]
         for path in theirs - set(map(Path, files_in_use(others))):
             path.unlink(missing_ok=True)
     return members
 
 
-def _still_ours(pgids: list[int], leaders: dict[int, int | None] | None) -> list[int]:
+def _still_ours(pgids: list[int], leaders: dict[int, float | None] | None) -> list[int]:
     """The groups of ``pgids`` a kill may hit: not this process's own, not one whose pid was reused."""
     own, leaders = os.getpgid(0), leaders or {}
     return [g for g in pgids if g > 1 and g != own and not _taken_over(g, leaders.get(g))]
 
 
-def _taken_over(pgid: int, start: int | None) -> bool:
+def _taken_over(pgid: int, start: float | None) -> bool:
     """Whether the pid ``pgid`` now names a process other than the group's leader that started at ``start``."""
     if start is None:
         return False
     now = started(pgid)
-    return now is not None and now != start
+    return now is not None and not same_start(now, start)
 
 
-def reap(kernel: int, pgids: list[int], wait_s: float = 10.0, leaders: dict[int, int | None] | None = None) -> None:
+def reap(kernel: int, pgids: list[int], wait_s: float = 10.0, leaders: dict[int, float | None] | None = None) -> None:
     """The reaper's last act once the kernel is gone: stop the groups (nothing more starts or maps a
     segment meanwhile), kill them (and remove their segments, see :func:`kill_groups`), wait for them to
     be gone, then remove the socket folders and weight files named by the kernel or the groups' leaders
@@ -240,7 +254,7 @@ done
 
 
 def start_reaper(pgids: list[int], period: float = 0.5,
-                 leaders: dict[int, int | None] | None = None) -> subprocess.Popen[bytes] | None:
+                 leaders: dict[int, float | None] | None = None) -> subprocess.Popen[bytes] | None:
     """Start a process that SIGKILLs the process groups ``pgids`` if this process dies, however it dies.
 
     It ends by itself once the groups are empty; ``Mesh.stop`` ends it at once (the groups are killed

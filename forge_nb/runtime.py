@@ -211,7 +211,7 @@ class Mesh:
         self.proc_mesh: Any = None
         self.pids: list[int] = []
         self.pgids: list[int] = []
-        self.starts: list[int | None] = []  # each proc's start (_procs.started): its pid may be reused later
+        self.starts: list[float | None] = []  # each proc's start (_procs.started): its pid may be reused later
         self.state: MeshState = "running"
         self.failures: list[Failure] = []
         self.created = time.time()

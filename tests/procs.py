@@ -1,41 +1,23 @@
-"""What runs under a process, read from /proc (no helper process of our own that would show up)."""
+"""What runs under a process (psutil; no helper process of our own that would show up)."""
 
 from __future__ import annotations
 
-import os
+import psutil
 
-from forge_nb._procs import stat_fields
-
-
-def _children_by_parent() -> dict[int, list[int]]:
-    """Live (non-zombie) processes by parent pid."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = stat_fields(entry)
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                children.setdefault(int(fields[1]), []).append(int(entry))
-    return children
+from forge_nb._procs import live_children
 
 
 def children(root: int) -> set[int]:
     """Live child processes of ``root``."""
-    return set(_children_by_parent().get(root, []))
+    return {p.pid for p in live_children(root)}
 
 
 def descendants(root: int) -> dict[int, str]:
     """Every live process under ``root``, with the start of its command line."""
-    children = _children_by_parent()
-    found, todo = {}, list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
+    found = {}
+    for child in live_children(root, recursive=True):
         try:
-            with open(f"/proc/{pid}/cmdline") as f:
-                found[pid] = f.read().replace("\0", " ")[:120]
-        except OSError:
+            found[child.pid] = " ".join(child.cmdline())[:120]
+        except psutil.Error:  # gone meanwhile
             continue
-        todo += children.get(pid, [])
     return found

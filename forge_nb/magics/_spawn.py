@@ -257,28 +257,17 @@ async def _wait_gone(pids: list[int], within: float) -> list[int]:
 
 
 def _children(root: int) -> dict[int, str]:
-    """Live descendants of ``root`` -> their command line (Linux /proc; empty elsewhere)."""
-    from forge_nb._procs import pid_alive, stat_fields
+    """Live descendants of ``root`` -> their command line."""
+    import psutil
 
-    if not os.path.isdir("/proc"):
-        return {}
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        try:
-            parent[int(entry)] = int(stat_fields(entry)[1])
-        except (OSError, ValueError, IndexError):
-            continue
+    from forge_nb._procs import live_children
+
     found: dict[int, str] = {}
-    todo = [p for p, pp in parent.items() if pp == root]
-    while todo:
-        pid = todo.pop()
-        if pid_alive(pid):
-            try:
-                with open(f"/proc/{pid}/cmdline") as f:
-                    found[pid] = " ".join(f.read().split("\0")).strip()[:80]
-            except OSError:
-                continue
-        todo += [p for p, pp in parent.items() if pp == pid]
+    for child in live_children(root, recursive=True):
+        try:
+            found[child.pid] = " ".join(child.cmdline()).strip()[:80]
+        except psutil.Error:  # gone meanwhile
+            continue
     return found
 
 

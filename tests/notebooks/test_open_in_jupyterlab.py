@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from forge_nb._procs import stat_fields
+from forge_nb._procs import same_start, started
 from tests.procs import descendants
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -222,15 +222,6 @@ OUTPUT_LINES = """async () => {
 }"""
 
 
-def _started(pid: int) -> str | None:
-    """The process's start time (field 22 of /proc/PID/stat), which tells it from a later one with its pid."""
-    try:
-        fields = stat_fields(pid)
-    except (OSError, IndexError):
-        return None
-    return fields[19] if fields[0] != "Z" else None
-
-
 def _resize_dashboard(page: Any, by: int) -> None:
     """Drag the handle between the notebook and the dashboard ``by`` px (negative: to the left), as a user does."""
     panel = page.locator(SIDE).bounding_box()
@@ -275,7 +266,7 @@ def _zoom_every_panel_after_a_resize(page: Any) -> None:
     assert all(r == [lo, hi] for r in zoomed), f"not every panel shows the zoomed steps: {zoomed}"
 
 
-def _run_all(page: Any, url: str, seen: dict[tuple[int, str | None], str], lab_pid: int) -> None:
+def _run_all(page: Any, url: str, seen: dict[tuple[int, float | None], str], lab_pid: int) -> None:
     """Open, set STEPS, Run All Cells, wait for the last cell; check the dashboard beside the notebook during
     and after, then the cells' output, then a zoom after a resize."""
     console: list[str] = []
@@ -297,7 +288,7 @@ def _run_all(page: Any, url: str, seen: dict[tuple[int, str | None], str], lab_p
     cut: list[str] | None = None  # what the dashboard cut at its opening width
     deadline = time.monotonic() + 1200
     while True:
-        seen.update({(pid, _started(pid)): cmd for pid, cmd in descendants(lab_pid).items()})
+        seen.update({(pid, started(pid)): cmd for pid, cmd in descendants(lab_pid).items()})
         cells = page.evaluate(CELLS)
         prompts = [prompt for _, prompt in cells]
         if all(p[1:-2].strip().isdigit() for p in prompts):  # "[12]:" everywhere: the last cell ran
@@ -360,7 +351,7 @@ def test_the_quickstart_runs_from_the_file_browser_with_its_dashboard_in_the_sid
     from playwright.sync_api import sync_playwright
 
     url, root, lab_pid = lab
-    seen: dict[tuple[int, str | None], str] = {}  # (pid, start) -> command: what ran under the lab
+    seen: dict[tuple[int, float | None], str] = {}  # (pid, start) -> command: what ran under the lab
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
@@ -380,7 +371,7 @@ def test_the_quickstart_runs_from_the_file_browser_with_its_dashboard_in_the_sid
     # %forge_shutdown and the kernel's shutdown leave nothing running
     assert any("vllm" in cmd.lower() or "monarch" in cmd.lower() for cmd in seen.values()), seen
     deadline = time.monotonic() + 60
-    while (left := {pid: cmd for (pid, start), cmd in seen.items() if start and _started(pid) == start}) \
+    while (left := {pid: cmd for (pid, start), cmd in seen.items() if start and same_start(started(pid), start)}) \
             and time.monotonic() < deadline:
         time.sleep(1)
     assert not left, f"processes left running: {left}"
