@@ -350,15 +350,21 @@ class SlowEchoEnv:
 from forge_nb.actors.generator import Generator  # noqa: E402
 
 
-def _drop_model(worker: Any) -> None:
-    worker.model_runner.model = None
+def _break_model(worker: Any) -> None:
+    """The model's forward raises from now on, so vLLM's next step fails inside vLLM. (Dropping the model, as
+    this did, failed a request before any step when the engine had not served one yet: vLLM reads which tasks
+    a model supports from it on the first request, and with no model it refused "generation" instead.)"""
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the test broke this engine's model")
+
+    worker.model_runner.model.forward = broken
 
 
 class BreakableGenerator(Generator):
     """A Generator whose vLLM engine a test breaks from outside: ``break_engine()`` asks the engine's
-    worker (in the actor's process on CPU) to drop its model, so vLLM's next step raises inside vLLM
+    worker (in the actor's process on CPU) to break its model, so vLLM's next step raises inside vLLM
     itself, the failure the Generator must survive by ending its process (the service respawns it)."""
 
     @endpoint
     async def break_engine(self) -> None:
-        await self._require_engine("break_engine").collective_rpc(_drop_model)
+        await self._require_engine("break_engine").collective_rpc(_break_model)
