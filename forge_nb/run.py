@@ -28,6 +28,7 @@ from forge_nb import rundir
 from forge_nb._leftovers import remove_leftovers
 from forge_nb.config import RunConfig, check_change
 from forge_nb.controller import Controller, EpisodeFn, HotChanges, Ledger, WeightSync, generate_episode
+from forge_nb.controller.state import RunState
 from forge_nb.metrics import MetricsStore
 from forge_nb.rl import ReplayBuffer
 from forge_nb.sft import SftData
@@ -78,8 +79,9 @@ class Run:
         return {k: v for k, v in found.items() if v is not None}
 
     @property
-    def state(self) -> str:
-        """"ready", "running", "paused", "stopped", "failed" or "shut down"."""
+    def state(self) -> RunState:
+        """"ready", "running", "paused", "stopped", "failed" or "shut down" (a str; transitions:
+        ``forge_nb.controller.state``)."""
         return self._ctl.state
 
     @property
@@ -316,7 +318,7 @@ class Run:
                     await service.shutdown()
         finally:
             await self._sync.close()
-            self._ctl.set_state("shut down")
+            self._ctl.shut_down()
             removed = remove_leftovers(min_age_s=5.0)  # what engines killed during the run could not clean
             if any(removed.values()):
                 logger.info("run %s: removed what killed processes left: %s", self.name, removed)

@@ -95,25 +95,7 @@ async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progr
         logger.warning("resume %s: checkpoint %s skipped: %s", directory.path, what, why)
         run.metrics.event("checkpoint_skipped", path=what, reason=why,
                           message=f"{Path(what).name} skipped ({why}); set aside as {Path(what).name}.skipped")
-    if state is None:
-        run._ctl.step = run.metrics.step  # step numbers go on; the weights start again
-        run.metrics.event("resume", from_step=run.current_step,
-                          message="no checkpoint yet: starting from the initial weights")
-        return run
-    checkpoint_step, last_recorded = int(state["step"]), run.metrics.step
-    await run._ctl.restore(state)
-    if last_recorded > checkpoint_step:
-        run.metrics.event("rewind", checkpoint_step=checkpoint_step, version=run.version,
-                          message=f"steps {checkpoint_step + 1}..{last_recorded} came after the last checkpoint: "
-                                  f"their weights are gone; training goes on from version {run.version} "
-                                  f"as step {last_recorded + 1}")
-    if state.get("mode") == "sft":  # the SFT examples live in the notebook, not in the checkpoint
-        message = ("checkpointed during SFT: the run resumes in RL mode; `await run.sft(examples)` goes on "
-                   "with supervised steps")
-        logger.warning("resume %s: %s", directory.path, message)
-        run.metrics.event("resume", from_step=run.current_step, version=run.version, message=message)
-    else:
-        run.metrics.event("resume", from_step=run.current_step, version=run.version)
+    await run._ctl.resume_from(state)  # the controller writes the step, the rewind and resume events
     return run
 
 

@@ -153,3 +153,33 @@ def test_importing_forge_nb_loads_nothing_heavy_and_changes_no_environment():
 def test_rl_imports_neither_monarch_nor_ipython():
     loaded = _fresh_import("import forge_nb.rl")
     assert not {"monarch", "IPython", "vllm"} & loaded
+
+
+def _writes_of_a_run(path: Path) -> list[str]:
+    """Where ``path`` writes a run's step, state or version: an assignment to ``<not self>.step|state|version``
+    (``run._ctl.step = ...``) or a call of a ``set_state``. A class's own ``self.state`` (a mesh's, a
+    replica's, the trainer's ``self.step``) is its own business."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+        for target in [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]:
+            if isinstance(target, ast.Attribute) and target.attr in ("step", "state", "version") \
+                    and not (isinstance(target.value, ast.Name) and target.value.id == "self"):
+                found.append(f"line {node.lineno}: {ast.unparse(target)} = ...")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "set_state":
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_only_the_controller_writes_a_run_s_step_state_and_version():
+    assert _writes_of_a_run(PACKAGE / "spawning.py") == []
+    planted = PACKAGE.parent / "tests" / "test_import_graph.py"  # this file's own example below is found
+    assert any("run._ctl.step = ..." in w for w in _writes_of_a_run(planted))
+    outside = {str(p.relative_to(PACKAGE)): w for p in sorted(PACKAGE.rglob("*.py"))
+               if p.relative_to(PACKAGE).parts[0] != "controller" and (w := _writes_of_a_run(p))}
+    assert not outside, f"a run's step, state and version are the controller's to write: {outside}"
+
+
+def _example_of_what_the_check_above_refuses(run) -> None:  # never called: the check's own test reads it
+    run._ctl.step = 0

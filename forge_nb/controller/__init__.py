@@ -2,13 +2,53 @@
 hot changes (``HotChanges``) and the default episode function (``generate_episode``).
 
 ``forge_nb.Run`` is the user's handle over one Controller; nothing here imports the Run, the
-magics or the widgets.
+magics or the widgets. A run's loops (``forge_nb.controller.core``), one step's path through them:
+
+::
+
+      task.sample()                                       (N rollout loops, "rollout<i>")
+           │
+           v
+      episode_fn(run, sample) ──> accept(group) ──> ReplayBuffer ──sample(version)──┐
+      generate, score, ref logprobs,   │  quarantined / rolled back: counted, dropped │
+      advantages                       v                                            v
+                                     Ledger                       trainer.train_step(batch)   ("train")
+                                                                            │
+      generators <── update_weights.fanout(v) <── push_weights(v) <── WeightSync.publish(v+1)
+                                                                            │
+                                              hot changes, eval, checkpoint at the step boundary
+
+Backpressure: what each loop consumes, what it waits for, and what unblocks it.
+
+===============  ===================  =============================================  ==========================
+loop             consumes             waits for                                      unblocked by
+===============  ===================  =============================================  ==========================
+rollout<i>       a task sample        ``running`` (pause), ``collect_allowed``        resume; a batch leaving
+                                      (buffer full: one batch in sync mode,           the buffer (async) or the
+                                      ``max_policy_age + 1`` batches in async mode)   step's weight sync (sync)
+train            a batch              ``running``; ``batch_ready`` (buffer short;     resume; accept(); at most
+                                      stale episodes just evicted frees room)         ``starved_after_s``
+sft              ``sft_data`` batches ``running``                                     resume
+===============  ===================  =============================================  ==========================
 """
 
-from forge_nb.controller.core import Controller, EpisodeFn
-from forge_nb.controller.episodes import evaluate, generate_episode
-from forge_nb.controller.hot import HotChanges
-from forge_nb.controller.ledger import Ledger
-from forge_nb.controller.weight_sync import WeightSync
+from __future__ import annotations
 
-__all__ = ["Controller", "EpisodeFn", "HotChanges", "Ledger", "WeightSync", "evaluate", "generate_episode"]
+import importlib
+from typing import Any
+
+# Loaded when first used: ``forge_nb.controller.state`` (read by the widgets, which must not load torch or
+# monarch) imports this package first.
+_EXPORTS = {"Controller": "core", "EpisodeFn": "core", "evaluate": "episodes", "generate_episode": "episodes",
+            "HotChanges": "hot", "Ledger": "ledger", "WeightSync": "weight_sync"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'forge_nb.controller' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"forge_nb.controller.{module}"), name)
+    globals()[name] = value
+    return value

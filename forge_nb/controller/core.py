@@ -1,30 +1,6 @@
 """Controller: the loops of one run, their events and counters, as named asyncio tasks in the kernel.
 
-::
-
-      task.sample()                                       (N rollout loops, "rollout<i>")
-           │
-           v
-      episode_fn(run, sample) ──> accept(group) ──> ReplayBuffer ──sample(version)──┐
-      generate, score, ref logprobs,   │  quarantined / rolled back: counted, dropped │
-      advantages                       v                                            v
-                                     Ledger                       trainer.train_step(batch)   ("train")
-                                                                            │
-      generators <── update_weights.fanout(v) <── push_weights(v) <── WeightSync.publish(v+1)
-                                                                            │
-                                              hot changes, eval, checkpoint at the step boundary
-Backpressure: what each loop consumes, what it waits for, and what unblocks it.
-
-===============  ===================  =============================================  ==========================
-loop             consumes             waits for                                      unblocked by
-===============  ===================  =============================================  ==========================
-rollout<i>       a task sample        ``running`` (pause), ``collect_allowed``        resume; a batch leaving
-                                      (buffer full: one batch in sync mode,           the buffer (async) or the
-                                      ``max_policy_age + 1`` batches in async mode)   step's weight sync (sync)
-train            a batch              ``running``; ``batch_ready`` (buffer short;     resume; accept(); at most
-                                      stale episodes just evicted frees room)         ``starved_after_s``
-sft              ``sft_data`` batches ``running``                                     resume
-===============  ===================  =============================================  ==========================
+The loops' picture and backpressure: ``forge_nb.controller``'s docstring; states: ``forge_nb.controller.state``.
 
 Rules: a paused run stops rollouts after their in-flight generation and training after its step. Nothing
 cancels a training step in flight: ``stop()`` waits until the training loop is parked at a boundary
@@ -52,6 +28,7 @@ from forge_nb.controller.hot import HotChanges
 from forge_nb.controller.ledger import Ledger
 from forge_nb.controller.quarantine import QuarantineWatch
 from forge_nb.controller.sft import SupervisedLoop
+from forge_nb.controller.state import RunState, transition
 from forge_nb.controller.weight_sync import WeightSync
 from forge_nb.metrics import MetricsStore
 from forge_nb.rl import Episode, ReplayBuffer, collate
@@ -73,7 +50,7 @@ class Controller(SupervisedLoop):
         self.config, self.trainer, self.policy, self.task = config, trainer, policy, task
         self.buffer, self.ledger, self.sync, self.hot = buffer, ledger, sync, hot
         self.metrics, self.dir, self.episode_fn = metrics, directory, episode_fn
-        self.name, self.state, self.error, self.mode, self.step = config.name, "ready", None, "rl", 0
+        self.name, self.state, self.error, self.mode, self.step = config.name, RunState.READY, None, "rl", 0
         self.sft_data: Any = None
         self.recent: deque[dict[str, Any]] = deque(maxlen=2000)
         self.quarantine = QuarantineWatch(window=max(32, 4 * config.batch_size))
@@ -112,13 +89,13 @@ class Controller(SupervisedLoop):
                 task = loop.create_task(make(), name=f"forge_nb.{self.name}.{name}")
                 task.add_done_callback(self._loop_done)
                 self._tasks[name] = task
-        self.set_state("running")
+        self.set_state(RunState.RUNNING)
         self._running.set()
 
     def pause(self) -> None:
         self._running.clear()
-        if self.state == "running":
-            self.set_state("paused")
+        if self.state is RunState.RUNNING:
+            self.set_state(RunState.PAUSED)
 
     async def run_steps(self, n: int) -> int:
         """Run exactly ``n`` training steps, then pause (a step already in flight is not one of them); returns
@@ -148,8 +125,8 @@ class Controller(SupervisedLoop):
         except Exception as error:  # the next publish loads the generators again; recorded, not raised
             self.metrics.event("weight_load_failed", error=f"{type(error).__name__}: {error}"[:300])
         self._report_quarantine()  # what was quarantined since the last report, now that nothing runs
-        if self.state != "failed":
-            self.set_state("stopped")
+        if self.state is not RunState.FAILED:
+            self.set_state(RunState.STOPPED)
 
     async def switch(self, mode: str) -> None:
         """Stop the loops (at a step boundary) and make ``mode`` ("rl" or "sft") the next start's loops."""
@@ -163,13 +140,19 @@ class Controller(SupervisedLoop):
         return {n: ("running" if not t.done() else "done") for n, t in self._tasks.items()}
 
     def require_not_shut_down(self) -> None:
-        if self.state in ("stopping", "shut down"):
-            raise RuntimeError(f"run {self.name!r} is {self.state}; spawn a new one (forge_nb.spawn)")
+        if self.state is RunState.SHUT_DOWN:
+            raise RuntimeError(f"run {self.name!r} is shut down; spawn a new one (forge_nb.spawn)")
 
-    def set_state(self, state: str) -> None:
+    def set_state(self, state: RunState) -> None:
+        """The run's state, if ``forge_nb.controller.state`` allows the move; a "state" event records it."""
+        state = transition(self.state, state)
         if state != self.state:
             self.state = state
-            self.metrics.event("state", state=state)
+            self.metrics.event("state", state=state.value)
+
+    def shut_down(self) -> None:
+        """The run's services are gone (``Run.shutdown``): nothing can start it again."""
+        self.set_state(RunState.SHUT_DOWN)
 
     @property
     def running(self) -> bool:
@@ -190,9 +173,8 @@ class Controller(SupervisedLoop):
     def accept(self, group: list[Episode], rewinds_before: int | None = None) -> None:
         """A finished group: quarantined episodes are counted and dropped, the rest buffered.
 
-        ``rewinds_before``: the rewinds when the group's generation began. Episodes of weights a rewind
-        since then took back (versions above the one it went back to) are dropped as ``rolled_back``;
-        the version alone cannot tell, as a rewind's new weights use the same numbers again."""
+        ``rewinds_before``: the rewinds when the group's generation began; episodes of weights a rewind since
+        then took back (versions above the one it went back to, whose numbers come again) end ``rolled_back``."""
         taken_back = min(self._rewound_to[rewinds_before:], default=None) if rewinds_before is not None else None
         for episode in group:
             completion = episode.completion
@@ -240,8 +222,7 @@ class Controller(SupervisedLoop):
     @property
     def buffer_limit(self) -> int:
         """Episodes buffered before rollouts wait: one batch in sync mode, max_policy_age + 1 in async."""
-        batch = self.config.batch_size
-        return batch if self.config.loop.mode == "sync" else batch * (self.buffer.max_policy_age + 1)
+        return self.config.batch_size * (1 if self.config.loop.mode == "sync" else self.buffer.max_policy_age + 1)
 
     def clear_buffer(self, reason: str) -> int:
         """Drop every buffered episode, counted in the ledger and recorded as an event."""
@@ -415,10 +396,29 @@ class Controller(SupervisedLoop):
         self.metrics.event("checkpoint", path=path, version=self.sync.version)
         return path
 
+    async def resume_from(self, state: dict[str, Any] | None) -> None:
+        """A resumed run goes on from ``state``, a checkpoint's (None: the initial weights). Step numbers go on from
+        the last recorded row: steps after the checkpoint are a "rewind" event, trained again, not renumbered."""
+        recorded, said = self.metrics.step, {}
+        if state is None:
+            self.step = recorded
+            said["message"] = "no checkpoint yet: starting from the initial weights"
+        else:
+            await self.restore(state)
+            if recorded > int(state["step"]):
+                self.metrics.event("rewind", checkpoint_step=int(state["step"]), version=self.sync.version,
+                                   message=f"steps {int(state['step']) + 1}..{recorded} came after the last "
+                                           f"checkpoint: their weights are gone; training goes on from version "
+                                           f"{self.sync.version} as step {recorded + 1}")
+            said["version"] = self.sync.version
+            if state.get("mode") == "sft":  # the SFT examples live in the notebook, not in the checkpoint
+                said["message"] = ("checkpointed during SFT: the run resumes in RL mode; `await run.sft(examples)` "
+                                   "goes on with supervised steps")
+                logger.warning("resume %s: %s", self.name, said["message"])
+        self.metrics.event("resume", from_step=self.step, **said)
+
     async def restore(self, state: dict[str, Any]) -> None:
-        """A resumed run: buffer, ledger and hot changes from a checkpoint's state; the trainer (which
-        loaded that checkpoint) publishes its weights again as the same version. Step numbers go on
-        from the last recorded row: steps after the checkpoint are undone, not numbered again."""
+        """Buffer, ledger and hot changes from a checkpoint's state; the trainer republishes its weights."""
         self.step = max(int(state["step"]), self.metrics.step)
         self.buffer.load_state_dict(state["buffer"])
         self.ledger.load_state_dict(state.get("ledger", {}))
@@ -463,7 +463,7 @@ class Controller(SupervisedLoop):
         if task.cancelled():
             return
         error, name = task.exception(), task.get_name()
-        if self.state == "failed":  # the run already stopped with the first failure; this one is logged
+        if self.state is RunState.FAILED:  # the run already stopped with the first failure; this one is logged
             logger.info("run %s: loop %s also raised after the run failed: %r", self.name, name, error)
             return
         if error is None:
@@ -472,7 +472,7 @@ class Controller(SupervisedLoop):
         logger.error("run %s stopped: loop %s raised", self.name, name, exc_info=error)  # to its kernel.log
         self.metrics.event("error", loop=name, error=self.error)
         self._running.clear()
-        self.set_state("failed")
+        self.set_state(RunState.FAILED)
         self._tell(f"run {self.name!r} stopped: loop {name} raised {type(error).__name__}: {last_line(error)}\n"
                    "  fix the cause, then run.start() (%forge_run); the traceback: run.logs('kernel') "
                    "(%forge_logs kernel)", error=self.error)

@@ -12,6 +12,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
+from forge_nb.controller.state import RunState
 from forge_nb.magics import _display, _parse
 from forge_nb.magics._runs import Runs
 
@@ -29,9 +30,9 @@ class ControlMagics(Magics):
 
     def _startable(self, name: str | None) -> Any:
         run = self.runs.get(name)
-        if run.state in ("stopping", "shut down"):
-            raise UsageError(f"run {run.name!r} is {run.state}; spawn a new one (%forge_spawn)")
-        if run.state == "failed":
+        if run.state == RunState.SHUT_DOWN:
+            raise UsageError(f"run {run.name!r} is shut down; spawn a new one (%forge_spawn)")
+        if run.state == RunState.FAILED:
             raise UsageError(f"run {run.name!r} failed: {run.error}. Fix the cause, then %forge_shutdown and "
                              f"%forge_attach {run.dir.path} continue from the last checkpoint")
         return run
@@ -128,7 +129,7 @@ class ControlMagics(Magics):
             pending = run.set(**changes)
         except (ValueError, TypeError) as e:
             raise UsageError(str(e).replace("run.set()", "%forge_set")) from None
-        when = "at the next step boundary" if run.state == "running" else "now (no step is running)"
+        when = "at the next step boundary" if run.state == RunState.RUNNING else "now (no step is running)"
         print(f"run {run.name!r}: {', '.join(f'{k}={v!r}' for k, v in pending.items())} applies {when}")
 
     @magic_arguments()

@@ -15,17 +15,18 @@ from typing import Any
 
 import ipywidgets as w
 
+from forge_nb.controller.state import RunState
 from forge_nb.widgets._calls import LoopCaller
 from forge_nb.widgets._errors import ErrorLog
 
 ACTIONS = ("start", "pause", "resume", "step", "stop")
 ICONS = {"start": "play", "pause": "pause", "resume": "play-circle", "step": "step-forward", "stop": "stop"}
 #: The run state badge's colour; each state has its own ("shut down" is not "ready").
-STATE_COLORS = {"ready": "#1f77b4", "running": "#2ca02c", "paused": "#ff7f0e", "stopping": "#8c564b",
-                "stopped": "#7f7f7f", "failed": "#d62728", "shut down": "#262626"}
+STATE_COLORS = {RunState.READY: "#1f77b4", RunState.RUNNING: "#2ca02c", RunState.PAUSED: "#ff7f0e",
+                RunState.STOPPED: "#7f7f7f", RunState.FAILED: "#d62728", RunState.SHUT_DOWN: "#262626"}
 _FIT = {"width": "auto", "flex": "0 0 auto"}  # a button's Layout: its label's width, never squeezed
 #: States in which no control can act any more: every button and input is disabled.
-FINAL_STATES = ("shut down",)
+FINAL_STATES = (RunState.SHUT_DOWN,)
 
 
 def read_hparams(run: Any) -> dict[str, Any]:
@@ -130,9 +131,9 @@ class Controls:
         final = state in FINAL_STATES
         for action, button in self.buttons.items():
             button.disabled = final or {
-                "pause": state in ("paused", "stopping", "stopped", "failed"),
-                "resume": state != "paused",
-                "stop": state in ("stopping", "stopped"),
+                "pause": state in (RunState.PAUSED, RunState.STOPPED, RunState.FAILED),
+                "resume": state != RunState.PAUSED,
+                "stop": state == RunState.STOPPED,
             }.get(action, False)
         self.step_n.disabled = self.apply.disabled = final
         if final:

@@ -16,6 +16,8 @@ pytestmark = pytest.mark.timeout(120)
 WIDGETS = Path(forge_nb.widgets.__file__).parent
 FORBIDDEN = ("monarch", "forge_nb.service", "forge_nb.runtime", "forge_nb.actors", "forge_nb.run",
              "forge_nb.spawning", "forge_nb.controller", "torch", "vllm")
+# the words of a run's public ``state`` (a StrEnum, no code of the controller's): the badge and buttons read them
+ALLOWED = {"forge_nb.controller.state"}
 
 
 def _imported(tree: ast.AST) -> set[str]:
@@ -36,7 +38,7 @@ def test_no_widget_module_imports_monarch_or_the_service_layer() -> None:
         tree = ast.parse(source)
         assert ast.get_docstring(tree), f"{path.name} needs a module docstring"
         assert len(source.splitlines()) < 300, f"{path.name} is over 300 lines"
-        bad = {n for n in _imported(tree) for f in FORBIDDEN if n == f or n.startswith(f + ".")}
+        bad = {n for n in _imported(tree) for f in FORBIDDEN if n == f or n.startswith(f + ".")} - ALLOWED
         assert not bad, f"{path.name} imports {bad}"
 
 
