@@ -113,7 +113,7 @@ def fair_trl_settings(cfg: Any) -> dict[str, Any]:
 
     Everything that shapes a step or the learning is read from ``cfg``: group size, batch, completion length,
     sampling, learning rate, clip range, KL weight, gradient clipping, weight decay. The optimizer is AdamW with
-    torch's fused CPU kernel on both sides (``forge_nb.actors._trainer_config.OptimizerConfig.build``), float32 on
+    torch's fused CPU kernel on both sides (``forge_nb.config.trainer_sections.OptimizerConfig.build``), float32 on
     both (the tiny model is saved in float32 and the quickstart's generator and trainer run it so).
     """
     from forge_nb.rl.losses import make_loss

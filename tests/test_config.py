@@ -65,7 +65,7 @@ def test_the_multi_turn_gpu_recipe_fits_its_episodes():
         (lambda: GeneratorConfig(num_replicas=0), r"num_replicas=0"),
         (lambda: GeneratorConfig(procs=0), r"procs=0"),
         (lambda: TrainerConfig(loss="ppo2"), r"loss='ppo2': unknown loss; choose one of \['cispo'"),
-        (lambda: TrainerConfig(lr=-1), r"lr=-1: must be a positive number"),
+        (lambda: TrainerConfig(lr=-1), r"TrainerConfig\.lr=-1: must be a number > 0"),
         (lambda: LoopConfig(mode="fast"), r"mode='fast': must be 'async' or 'sync'"),
         (lambda: RunConfig(trainer=TrainerConfig(loss_config={"beta": 0.1})), r"beta=0.1, which needs reference"),
         (lambda: RunConfig(trainer=TrainerConfig(loss_config={"nonsense": 1}, )), r"loss_config=.*nonsense"),
@@ -138,8 +138,9 @@ def _hot_fields_of_every_config_class() -> dict[str, str]:
 
 
 def test_the_run_gets_exactly_the_fields_declared_hot_and_the_trainer_the_same_names():
-    from forge_nb.actors._trainer_config import OptimizerConfig, TrainingConfig, hparams
+    from forge_nb.actors._trainer_config import hparams
     from forge_nb.config import hot_fields, trainer_changes
+    from forge_nb.config.trainer_sections import OptimizerConfig, TrainingConfig
     from forge_nb.rl import LOSSES, make_loss
 
     declared = _hot_fields_of_every_config_class()
@@ -198,7 +199,7 @@ def test_initial_hparams_are_the_configured_values():
 
 
 CHANGE_ERRORS = [
-    ("lr", -1, r"run\.set\(lr=-1\): TrainerConfig\.lr=-1: must be a positive number"),
+    ("lr", -1, r"run\.set\(lr=-1\): TrainerConfig\.lr=-1: must be a number > 0"),
     ("weight_decay", -0.1, r"TrainerConfig\.weight_decay=-0\.1: must be a number >= 0"),
     ("max_norm", "big", r"TrainerConfig\.max_norm='big'"),
     ("max_tokens", 99, r"max_tokens=99: must be between 1 and max_res_tokens=4 \(longer responses"),
@@ -295,7 +296,7 @@ def test_temperature_zero_is_greedy_sampling_with_groups_of_one():
 
 
 def test_the_trainer_divides_logits_by_one_at_temperature_zero():
-    from forge_nb.actors._trainer_config import TrainingConfig
+    from forge_nb.config.trainer_sections import TrainingConfig
 
     assert TrainingConfig(temperature=0).logits_temperature == 1.0
     assert TrainingConfig(temperature=0.5).logits_temperature == 0.5

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from forge_nb.config import REFERENCE_SECTIONS, from_yaml
-from forge_nb.config._keys import DTYPES, MUST_BE_ONE, TRAINER_SECTION_KEYS, TRAINER_SEED_SECTIONS
 
 SEEDS = Path(__file__).resolve().parents[1].parent / "shared" / "seeds"
 SKILL_CARD = SEEDS / "torchforge_skill_card.md"
@@ -261,20 +260,22 @@ def test_mapped_values_that_forge_nb_honours():
     assert from_yaml("training: {gradient_accumulation_steps: 1}\n").batch_size == 16  # 1 is what forge_nb does
 
 
-def test_the_load_time_key_tables_match_what_the_trainer_and_reference_accept():
-    from forge_nb.actors import _trainer_config as tc
+def test_the_yaml_loader_the_trainer_and_the_reference_read_one_schema():
+    """Every key the loader lets through, the trainer's section reads (forge_nb.config.trainer_sections)."""
     from forge_nb.actors import reference_model, trainer
+    from forge_nb.config import trainer_sections as ts
 
-    classes = {"optimizer": tc.OptimizerConfig, "training": tc.TrainingConfig, "lr_scheduler": tc.LRSchedulerConfig,
-               "checkpoint": tc.CheckpointConfig, "parallelism": tc.ParallelismConfig}
-    for name, cls in classes.items():
-        accepted = ({f.name for f in fields(cls)} - {"seed_degrees"}) | tc._SEED_IGNORED.get(name, set())
-        accepted |= set(tc._ALIASES.get(name, {})) | (tc._MUST_BE_ONE if name == "parallelism" else set())
-        assert TRAINER_SECTION_KEYS[name] == accepted, name
-    assert MUST_BE_ONE == tc._MUST_BE_ONE
-    assert TRAINER_SEED_SECTIONS == trainer._SEED_SECTIONS
-    assert REFERENCE_SECTIONS == reference_model._SEED_SECTIONS | {"training"}
-    assert set(DTYPES) == set(tc.DTYPES)
+    assert trainer.TRAINER_SEED_SECTIONS is ts.TRAINER_SEED_SECTIONS
+    assert reference_model._SEED_SECTIONS | {"training"} == REFERENCE_SECTIONS
+    for name, cls in ts.SECTIONS.items():
+        defaults = {f.name: getattr(cls(), f.name) for f in fields(cls)}
+        for key in ts.TRAINER_SECTION_KEYS[name]:
+            value = defaults.get(key, -1 if key == "data_parallel_shard_degree" else 1)
+            ts.read_section(cls, name, {key: value})  # an ignored seed key, an alias, a degree of 1, a field
+        with pytest.raises(ValueError, match=f"{name} has no setting 'nope'"):
+            ts.read_section(cls, name, {"nope": 1})
+        with pytest.raises(ValueError, match=rf"unknown key\(s\) \['trainer\.{name}\.nope'\]"):
+            from_yaml(f"trainer:\n  {name}: {{nope: 1}}\n")
 
 
 def test_forge_config_cell_uses_the_same_loader():
@@ -290,19 +291,20 @@ def test_forge_config_cell_uses_the_same_loader():
 def test_a_yaml_trainer_reaches_the_actor_sections_as_configured():
     from forge_nb.actors import _trainer_config as tc
     from forge_nb.config import trainer_actor_kwargs
+    from forge_nb.config import trainer_sections as ts
 
     cfg = from_yaml(QWEN3_SHAPED.replace("${oc.env:FORGE_TEST_USER,nobody}", "x"))
     kwargs = trainer_actor_kwargs(cfg, checkpoint_folder="/runs/r/ckpt")
-    run_sections = {k: kwargs[k] for k in tc.SECTION_NAMES if k in kwargs}
+    run_sections = {k: kwargs[k] for k in ts.SECTION_NAMES if k in kwargs}
     sections, loss, loss_config = tc.trainer_arguments(kwargs["trainer"], run_sections, None, None)
-    opt = tc.read_section(tc.OptimizerConfig, "optimizer", sections["optimizer"])
-    training = tc.read_section(tc.TrainingConfig, "training", sections["training"])
-    ckpt = tc.read_section(tc.CheckpointConfig, "checkpoint", sections["checkpoint"])
-    sched = tc.read_section(tc.LRSchedulerConfig, "lr_scheduler", sections["lr_scheduler"])
+    opt = ts.read_section(ts.OptimizerConfig, "optimizer", sections["optimizer"])
+    training = ts.read_section(ts.TrainingConfig, "training", sections["training"])
+    ckpt = ts.read_section(ts.CheckpointConfig, "checkpoint", sections["checkpoint"])
+    sched = ts.read_section(ts.LRSchedulerConfig, "lr_scheduler", sections["lr_scheduler"])
     assert (opt.lr, opt.eps, training.max_norm, training.temperature, training.dtype) == (
         2e-5, 1e-7, 0.5, 0.9, "bfloat16")
     assert (ckpt.folder, ckpt.interval, sched.warmup_steps) == ("./ckpt", 7, 3)  # the YAML's folder wins
-    assert set(sections) - set(tc.SECTION_NAMES) == {"compile", "activation_checkpoint"}  # torchtitan's, ignored
+    assert set(sections) - set(ts.SECTION_NAMES) == {"compile", "activation_checkpoint"}  # torchtitan's, ignored
     assert (loss, loss_config) == (cfg.trainer.loss, cfg.trainer.loss_config)
     with pytest.raises(ValueError, match=r"trainer= and optimizer\.lr=0\.1: set TrainerConfig\.lr instead"):
         tc.trainer_arguments(cfg.trainer, {"optimizer": {"lr": 0.1}}, None, None)

@@ -34,8 +34,6 @@ from forge_nb.actors._titan import TitanQwen3, why_not_trainable
 
 logger = logging.getLogger(__name__)
 
-ENGINES = ("auto", "torchtitan", "transformers")
-
 _logged_fallbacks: set[str] = set()
 
 

@@ -1,226 +1,21 @@
-"""RLTrainer's configuration: one dataclass per section, read from dicts in forge_nb's or torchforge's shape.
+"""RLTrainer's arguments: a ``TrainerConfig`` or torchforge's sections, and the hyperparameters it changes.
 
-The trainer takes ``RunConfig.trainer`` (a ``TrainerConfig``) as it is, or torchforge's sections as keyword
-arguments (``trainer_arguments``). Which of its values ``set_hparams`` changes is declared on the config
-fields (``forge_nb.config.hot``), not listed here.
-
-torchforge's YAML (``apps/grpo/qwen3_1_7b.yaml``) passes torchtitan job sections to the trainer. Keys that
-mean the same thing here are read (``data_parallel_shard_degree`` -> ``dp_shard``); keys that only
-steer torchtitan's own engine (``seq_len``, ``gc_freq``, ``compile``...) are accepted and ignored, so a
-seed config loads unchanged; anything else is a ValueError that lists the known names.
+The sections themselves (one dataclass each, their keys and checks) are ``forge_nb.config.trainer_sections``,
+the one schema the YAML loader and the actors read. The trainer takes ``RunConfig.trainer`` (a
+``TrainerConfig``) as it is, or torchforge's sections as keyword arguments (``trainer_arguments``). Which
+of its values ``set_hparams`` changes is declared on the config fields (``forge_nb.config.hot``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import fields, is_dataclass, replace
 from typing import Any
 
-import torch
-
-from forge_nb.actors._policy_model import ENGINES
 from forge_nb.config import TrainerConfig, trainer_hparam_sections
+from forge_nb.config.trainer_sections import OptimizerConfig, TrainingConfig
 
-__all__ = [
-    "CheckpointConfig",
-    "LRSchedulerConfig",
-    "OptimizerConfig",
-    "ParallelismConfig",
-    "SECTION_NAMES",
-    "TrainingConfig",
-    "hparams",
-    "model_source",
-    "read_section",
-    "trainer_arguments",
-    "with_hparams",
-]
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-# Keys of torchforge/torchtitan sections that steer torchtitan's engine only.
-_SEED_IGNORED = {
-    "optimizer": {"implementation", "early_step_in_backward"},
-    "training": {
-        "seq_len", "steps", "gc_freq", "gc_debug", "global_batch_size", "mixed_precision_param",
-        "mixed_precision_reduce", "enable_cpu_offload", "dataset", "dataset_path", "deterministic",
-    },
-    "lr_scheduler": {"decay_ratio", "decay_type", "min_lr_factor", "lr_min"},
-    "checkpoint": {
-        "enable", "initial_load_path", "initial_load_in_hf", "last_save_in_hf", "async_mode",
-        "initial_load_model_only", "export_dtype", "exclude_from_loading", "last_save_model_only",
-    },
-    "parallelism": {"disable_loss_parallel", "enable_async_tensor_parallel", "fsdp_reshard_after_forward"},
-}
-_ALIASES = {"parallelism": {"data_parallel_shard_degree": "dp_shard"}}
-# Seed parallelism degrees forge_nb does not implement: accepted only at 1.
-_MUST_BE_ONE = {
-    "data_parallel_replicate_degree", "tensor_parallel_degree", "pipeline_parallel_degree",
-    "context_parallel_degree", "expert_parallel_degree",
-}
-
-
-def _positive(owner: str, name: str, value: float, *, allow_zero: bool = False) -> None:
-    ok = value >= 0 if allow_zero else value > 0
-    if isinstance(value, bool) or not isinstance(value, int | float) or not ok:
-        raise ValueError(f"{owner}.{name}={value!r}: must be a number {'>= 0' if allow_zero else '> 0'}")
-
-
-@dataclass(kw_only=True, slots=True)
-class OptimizerConfig:
-    name: str = "AdamW"
-    """A class of ``torch.optim`` (AdamW, Adam, SGD)."""
-    lr: float = 1e-5
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-
-    def __post_init__(self) -> None:
-        if not isinstance(getattr(torch.optim, self.name, None), type):
-            raise ValueError(f"optimizer.name={self.name!r}: not a torch.optim class; use 'AdamW'")
-        _positive("optimizer", "lr", self.lr)
-        _positive("optimizer", "eps", self.eps)
-        _positive("optimizer", "weight_decay", self.weight_decay, allow_zero=True)
-
-    def build(self, params: Any) -> torch.optim.Optimizer:
-        """The optimizer over ``params``. Adam(W) on plain CPU tensors uses torch's fused kernel: its default
-        there is a Python loop over the parameters (1.0 ms a step for the quickstart's model, 0.27 fused);
-        on GPUs torch's own default (foreach) stands, and so does anything sharded (DTensors)."""
-        params = list(params)
-        cls = getattr(torch.optim, self.name)
-        kwargs: dict[str, Any] = {"lr": self.lr, "weight_decay": self.weight_decay}
-        if self.name.startswith("Adam"):
-            kwargs.update(eps=self.eps, betas=(self.beta1, self.beta2))
-            if params and all(type(p) is torch.nn.Parameter and p.device.type == "cpu" for p in params):
-                kwargs["fused"] = True
-        return cls(params, **kwargs)
-
-
-@dataclass(kw_only=True, slots=True)
-class TrainingConfig:
-    max_norm: float = 1.0
-    """Gradient clipping norm; 0 disables clipping (the norm is still measured and reported)."""
-    dtype: str = "float32"
-    """Compute dtype (autocast) and the dtype of pushed weights; parameters and optimizer stay float32."""
-    local_batch_size: int | None = None
-    """Episodes per rank and step, checked when given; None accepts any batch the ranks divide evenly."""
-    engine: str = "auto"
-    """"auto" (torchtitan where it can train, else transformers), "torchtitan" or "transformers"."""
-    temperature: float = 1.0
-    """Sampling temperature of the generator: logprobs are computed for logits / temperature (see
-    ``logits_temperature`` for 0, greedy sampling)."""
-    gradient_accumulation_steps: int = 1
-    """Micro-batches per optimizer step: each rank's rows are split into this many, whose gradients add up."""
-    seed: int = 0
-    dist_timeout_s: float = 300.0
-    """How long a collective waits for a missing rank before it raises."""
-
-    def __post_init__(self) -> None:
-        _positive("training", "max_norm", self.max_norm, allow_zero=True)
-        _positive("training", "temperature", self.temperature, allow_zero=True)
-        if self.dtype not in DTYPES:
-            raise ValueError(f"training.dtype={self.dtype!r}: choose one of {sorted(DTYPES)}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"training.engine={self.engine!r}: choose one of {list(ENGINES)}")
-        steps = self.gradient_accumulation_steps
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-            raise ValueError(f"training.gradient_accumulation_steps={steps!r}: an int >= 1")
-        if self.local_batch_size is not None and (
-            not isinstance(self.local_batch_size, int) or self.local_batch_size < 1
-        ):
-            raise ValueError(f"training.local_batch_size={self.local_batch_size!r}: an int >= 1, or None")
-
-    @property
-    def logits_temperature(self) -> float:
-        """What logits are divided by before their logprobs: the sampling temperature, but 1 at temperature 0.
-        Greedy sampling has no distribution of its own (it is the limit of dividing by a vanishing
-        temperature: logprobs 0 or -inf), so the logprobs of greedy answers are those of the raw logits."""
-        return self.temperature or 1.0
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
-
-
-@dataclass(kw_only=True, slots=True)
-class LRSchedulerConfig:
-    warmup_steps: int = 0
-    """Linear warmup from lr / (warmup_steps + 1) to lr over the first optimizer steps."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"lr_scheduler.warmup_steps={self.warmup_steps!r}: an int >= 0")
-
-
-@dataclass(kw_only=True, slots=True)
-class CheckpointConfig:
-    folder: str | None = None
-    """Where checkpoints go (a folder of the run); None disables checkpointing."""
-    interval: int = 0
-    """Save every ``interval`` optimizer steps; 0 saves only when asked (``save_checkpoint``)."""
-    resume: bool = True
-    """At setup, load the latest complete checkpoint in ``folder`` when there is one."""
-    keep_last: int | None = None
-    """Delete all but the newest ``keep_last`` checkpoints after each save; None keeps all."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.interval, int) or self.interval < 0:
-            raise ValueError(f"checkpoint.interval={self.interval!r}: an int >= 0 (0: only on request)")
-        if self.interval and self.folder is None:
-            raise ValueError(f"checkpoint.interval={self.interval} needs checkpoint.folder; set a run folder")
-        if self.keep_last is not None and (not isinstance(self.keep_last, int) or self.keep_last < 1):
-            raise ValueError(f"checkpoint.keep_last={self.keep_last!r}: an int >= 1, or None")
-
-
-@dataclass(kw_only=True, slots=True)
-class ParallelismConfig:
-    dp_shard: int = -1
-    """FSDP2 degree; forge_nb shards over all procs of the trainer's mesh (-1 or the proc count)."""
-    master_port: int | None = None
-    """Port of the trainer's process group; None derives one from the actor mesh's id."""
-    seed_degrees: dict[str, int] = field(default_factory=dict)
-    """torchforge's other parallelism degrees (tensor, pipeline...), as given; only 1 is accepted."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.dp_shard, int) or (self.dp_shard < 1 and self.dp_shard != -1):
-            raise ValueError(f"parallelism.dp_shard={self.dp_shard!r}: -1 (all procs) or the proc count")
-        for name, degree in self.seed_degrees.items():
-            if degree not in (1, -1):
-                raise ValueError(
-                    f"parallelism.{name}={degree}: forge_nb's trainer implements FSDP only; set it to 1 "
-                    "and use dp_shard (= procs) for data parallelism"
-                )
-
-    def check_world(self, world: int) -> None:
-        if self.dp_shard not in (-1, world):
-            raise ValueError(
-                f"parallelism.dp_shard={self.dp_shard} but the trainer runs on {world} proc(s); "
-                f"set dp_shard=-1 or spawn it with procs={self.dp_shard}"
-            )
-
-
-def read_section(cls: type, name: str, value: Mapping[str, Any] | Any | None) -> Any:
-    """``cls`` from a dict (or an instance of ``cls``); unknown keys raise, seed-only keys are ignored."""
-    if value is None:
-        return cls()
-    if isinstance(value, cls):
-        return value
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{name}={value!r}: pass a dict of {cls.__name__} fields")
-    known = {f.name for f in fields(cls)} - {"seed_degrees"}
-    kwargs: dict[str, Any] = {}
-    seed_degrees: dict[str, int] = {}
-    for key, item in value.items():
-        key = _ALIASES.get(name, {}).get(key, key)
-        if key in known:
-            kwargs[key] = item
-        elif name == "parallelism" and key in _MUST_BE_ONE:
-            seed_degrees[key] = item
-        elif key not in _SEED_IGNORED.get(name, set()):
-            raise ValueError(f"{name} has no setting {key!r}; known: {sorted(known)}")
-    if seed_degrees:
-        kwargs["seed_degrees"] = seed_degrees
-    return cls(**kwargs)
+__all__ = ["hparams", "model_source", "trainer_arguments", "with_hparams"]
 
 
 def model_source(model: str | Mapping[str, Any]) -> str:
@@ -234,10 +29,6 @@ def model_source(model: str | Mapping[str, Any]) -> str:
         f"model={model!r}: pass a hub id ('Qwen/Qwen3-1.7B'), a local folder, or "
         "{'hf_assets_path': 'hf://Qwen/Qwen3-1.7B'}"
     )
-
-
-SECTION_NAMES = ("optimizer", "training", "lr_scheduler", "checkpoint", "parallelism")
-"""RLTrainer's own sections (its other keyword sections are torchtitan's, accepted and ignored)."""
 
 
 def trainer_arguments(

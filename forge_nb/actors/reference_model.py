@@ -18,14 +18,16 @@ import torch
 from monarch.actor import endpoint
 
 from forge_nb.actors._policy_model import PolicyModel, mesh_identity, response_logprobs
-from forge_nb.actors._trainer_config import TrainingConfig, model_source, read_section
+from forge_nb.actors._trainer_config import model_source
+from forge_nb.config import REFERENCE_SECTIONS
+from forge_nb.config.trainer_sections import TrainingConfig, read_section
 from forge_nb.rl import TrainBatch
 from forge_nb.service.actor import ForgeActor
 
 __all__ = ["ReferenceModel"]
 
 # Sections of torchforge's ref_model config that only torchtitan's engine reads.
-_SEED_SECTIONS = {"parallelism", "checkpoint", "compile", "comm", "job", "activation_checkpoint"}
+_SEED_SECTIONS = REFERENCE_SECTIONS - {"training"}  # torchforge's, accepted and ignored
 
 
 class ReferenceModel(ForgeActor):

@@ -43,21 +43,19 @@ from forge_nb.actors._policy_model import (
     response_logprobs,
 )
 from forge_nb.actors._trainer_batch import as_train_batch, local_rows, micro_batches, sft_labels
-from forge_nb.actors._trainer_config import (
+from forge_nb.actors._trainer_config import hparams, model_source, trainer_arguments, with_hparams
+from forge_nb.actors._trainer_loss import loss_function, rl_loss, sft_loss, text_loss
+from forge_nb.config import TrainerConfig
+from forge_nb.config.trainer_sections import (
     SECTION_NAMES,
+    TRAINER_SEED_SECTIONS,
     CheckpointConfig,
     LRSchedulerConfig,
     OptimizerConfig,
     ParallelismConfig,
     TrainingConfig,
-    hparams,
-    model_source,
     read_section,
-    trainer_arguments,
-    with_hparams,
 )
-from forge_nb.actors._trainer_loss import loss_function, rl_loss, sft_loss, text_loss
-from forge_nb.config import TrainerConfig
 from forge_nb.rl import TrainBatch
 from forge_nb.rl.types import ForwardBackwardResult, SeedBatch, TextTrainBatch
 from forge_nb.service.actor import ForgeActor
@@ -65,13 +63,6 @@ from forge_nb.service.actor import ForgeActor
 __all__ = ["RLTrainer", "TitanTrainer"]
 
 logger = logging.getLogger(__name__)
-
-# Sections a torchforge trainer config carries that only torchtitan's engine reads.
-_SEED_SECTIONS = {
-    "job", "compile", "activation_checkpoint", "comm", "quantize", "memory_estimation", "float8",
-    "state_dict_key", "use_dcp", "dcp_path", "debug", "validation",
-}
-
 
 class RLTrainer(ForgeActor):
     """Trains the policy. Arguments are kept as given and validated by ``setup()``, where errors reach
@@ -115,7 +106,7 @@ class RLTrainer(ForgeActor):
 
         a = self._args
         sections, loss, loss_config = trainer_arguments(a["trainer"], a["sections"], a["loss"], a["loss_config"])
-        unknown = set(sections) - set(SECTION_NAMES) - _SEED_SECTIONS
+        unknown = set(sections) - set(SECTION_NAMES) - TRAINER_SEED_SECTIONS
         if unknown:
             raise ValueError(f"RLTrainer got unknown argument(s) {sorted(unknown)}")
         self.opt_cfg: OptimizerConfig = read_section(OptimizerConfig, "optimizer", sections.get("optimizer"))

@@ -97,12 +97,13 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         _positive_int(self, "procs")
         _hosts(self)
-        if isinstance(self.lr, bool) or not (isinstance(self.lr, int | float) and self.lr > 0):
-            raise ValueError(f"TrainerConfig.lr={self.lr!r}: must be a positive number (e.g. 1e-5)")
-        for name in ("weight_decay", "max_norm"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not (isinstance(value, int | float) and value >= 0):
-                raise ValueError(f"TrainerConfig.{name}={value!r}: must be a number >= 0 (0 turns it off)")
+        from forge_nb.config.trainer_sections import SECTIONS
+
+        for where in sorted(set(self.section_fields().values())):  # validated by the section that holds each
+            try:
+                SECTIONS[where](**{n: getattr(self, n) for n, w in self.section_fields().items() if w == where})
+            except ValueError as e:
+                raise ValueError(str(e).replace(f"{where}.", "TrainerConfig.", 1)) from None
         for name, where in self.section_fields().items():
             if name in (self.extra.get(where) or {}):
                 raise ValueError(f"TrainerConfig.extra[{where!r}][{name!r}]: set it as TrainerConfig.{name} "

@@ -29,11 +29,11 @@ from typing import Any
 
 import yaml
 
-from forge_nb.config._keys import MUST_BE_ONE
 from forge_nb.config._resolve import resolve
 from forge_nb.config._run import RunConfig
 from forge_nb.config._sections import AnyKey, model_name, same, section
 from forge_nb.config._yaml_trainer import TrainerSections
+from forge_nb.config.trainer_sections import MUST_BE_ONE
 
 _TORCHFORGE = ("local_batch_size", "off_by_n", "rollout_threads", "metric_logging", "dataset", "policy",
                "replay_buffer", "ref_model", "services", "actors", "training", "grpo", "parallelism")

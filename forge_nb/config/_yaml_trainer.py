@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from forge_nb.config._keys import DTYPES, MUST_BE_ONE, TRAINER_SECTION_KEYS, TRAINER_SEED_SECTIONS
 from forge_nb.config._run import REFERENCE_SECTIONS, ReferenceConfig, TrainerConfig
 from forge_nb.config._sections import Tree, model_name, number, same, section
+from forge_nb.config.trainer_sections import DTYPES, MUST_BE_ONE, TRAINER_SECTION_KEYS, TRAINER_SEED_SECTIONS
 
 
 class TrainerSections(Tree):

@@ -369,12 +369,12 @@ async def test_fsdp_over_two_procs_matches_one_proc(env: Any) -> None:
 
 
 def test_torchforge_trainer_sections_load_and_mistakes_name_the_fix() -> None:
-    from forge_nb.actors._trainer_config import (
+    from forge_nb.actors._trainer_config import model_source
+    from forge_nb.config.trainer_sections import (
         CheckpointConfig,
         OptimizerConfig,
         ParallelismConfig,
         TrainingConfig,
-        model_source,
         read_section,
     )
 
