@@ -65,7 +65,7 @@ def test_the_multi_turn_gpu_recipe_fits_its_episodes():
         (lambda: GeneratorConfig(num_replicas=0), r"num_replicas=0"),
         (lambda: GeneratorConfig(procs=0), r"procs=0"),
         (lambda: TrainerConfig(loss="ppo2"), r"loss='ppo2': unknown loss; choose one of \['cispo'"),
-        (lambda: TrainerConfig(lr=-1), r"TrainerConfig\.lr=-1: must be a number > 0"),
+        (lambda: TrainerConfig(lr=-1), r"TrainerConfig\.lr=-1: must be a positive number \(e\.g\. 1e-5\)"),
         (lambda: LoopConfig(mode="fast"), r"mode='fast': must be 'async' or 'sync'"),
         (lambda: RunConfig(trainer=TrainerConfig(loss_config={"beta": 0.1})), r"beta=0.1, which needs reference"),
         (lambda: RunConfig(trainer=TrainerConfig(loss_config={"nonsense": 1}, )), r"loss_config=.*nonsense"),
@@ -199,7 +199,7 @@ def test_initial_hparams_are_the_configured_values():
 
 
 CHANGE_ERRORS = [
-    ("lr", -1, r"run\.set\(lr=-1\): TrainerConfig\.lr=-1: must be a number > 0"),
+    ("lr", -1, r"run\.set\(lr=-1\): TrainerConfig\.lr=-1: must be a positive number"),
     ("weight_decay", -0.1, r"TrainerConfig\.weight_decay=-0\.1: must be a number >= 0"),
     ("max_norm", "big", r"TrainerConfig\.max_norm='big'"),
     ("max_tokens", 99, r"max_tokens=99: must be between 1 and max_res_tokens=4 \(longer responses"),

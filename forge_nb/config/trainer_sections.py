@@ -64,10 +64,11 @@ MUST_BE_ONE = frozenset({
 })
 
 
-def _positive(owner: str, name: str, value: float, *, allow_zero: bool = False) -> None:
+def _positive(owner: str, name: str, value: float, *, allow_zero: bool = False, hint: str = "") -> None:
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if not number or not (value >= 0 if allow_zero else value > 0):
-        raise ValueError(f"{owner}.{name}={value!r}: must be a number {'>= 0' if allow_zero else '> 0'}")
+        raise ValueError(f"{owner}.{name}={value!r}: must be {'a number >= 0' if allow_zero else 'a positive number'}"
+                         + (f" ({hint})" if hint else ""))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -86,9 +87,9 @@ class OptimizerConfig:
 
             if not isinstance(getattr(torch.optim, self.name, None), type):
                 raise ValueError(f"optimizer.name={self.name!r}: not a torch.optim class; use 'AdamW'")
-        _positive("optimizer", "lr", self.lr)
+        _positive("optimizer", "lr", self.lr, hint="e.g. 1e-5")
         _positive("optimizer", "eps", self.eps)
-        _positive("optimizer", "weight_decay", self.weight_decay, allow_zero=True)
+        _positive("optimizer", "weight_decay", self.weight_decay, allow_zero=True, hint="0 turns it off")
 
     def build(self, params: Any) -> Any:
         """The ``torch.optim`` optimizer over ``params``. Adam(W) on plain CPU tensors uses torch's fused
@@ -126,7 +127,7 @@ class TrainingConfig:
     """How long a collective waits for a missing rank before it raises."""
 
     def __post_init__(self) -> None:
-        _positive("training", "max_norm", self.max_norm, allow_zero=True)
+        _positive("training", "max_norm", self.max_norm, allow_zero=True, hint="0 turns it off")
         _positive("training", "temperature", self.temperature, allow_zero=True)
         if self.dtype not in DTYPES:
             raise ValueError(f"training.dtype={self.dtype!r}: choose one of {sorted(DTYPES)}")
