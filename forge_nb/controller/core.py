@@ -14,7 +14,6 @@ The controller is the only writer of ``step``, the state and the ledger; ``Weigh
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 import time
@@ -23,15 +22,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from forge_nb._diskspace import DiskFull, full_disk_as
-from forge_nb.controller.episodes import episode_metrics, episode_row, evaluate
+from forge_nb.controller.episodes import episode_row, evaluate
 from forge_nb.controller.hot import HotChanges
 from forge_nb.controller.ledger import Ledger
+from forge_nb.controller.loop import Batch, RLBatches, SFTBatches
 from forge_nb.controller.quarantine import QuarantineWatch
-from forge_nb.controller.sft import SupervisedLoop
 from forge_nb.controller.state import RunState, transition
 from forge_nb.controller.weight_sync import WeightSync
 from forge_nb.metrics import MetricsStore
-from forge_nb.rl import Episode, ReplayBuffer, collate
+from forge_nb.rl import Episode, ReplayBuffer
 from forge_nb.service import ReplicaDied
 from forge_nb.service.errors import last_line
 
@@ -40,7 +39,7 @@ logger = logging.getLogger(__name__)
 EpisodeFn = Callable[[Any, dict[str, Any]], Awaitable[list[Episode]]]
 
 
-class Controller(SupervisedLoop):
+class Controller:
     """Loops, events and counters of one run (see the module docstring)."""
 
     def __init__(self, handle: Any, *, config: Any, trainer: Any, policy: Any, task: Any, buffer: ReplayBuffer,
@@ -80,7 +79,7 @@ class Controller(SupervisedLoop):
             self.quarantine.reset()
         loop = asyncio.get_running_loop()
         if self.mode == "sft":
-            wanted: dict[str, Callable[[], Awaitable[None]]] = {"sft": self._sft_loop}
+            wanted: dict[str, Callable[[], Awaitable[None]]] = {"sft": self._training_loop}
         else:
             wanted = {"train": self._training_loop} | {
                 f"rollout{i}": (lambda i=i: self._rollout_loop(i)) for i in range(self.config.loop.rollout_loops)}
@@ -235,47 +234,25 @@ class Controller(SupervisedLoop):
     # -- training --------------------------------------------------------------------------------
 
     async def _training_loop(self) -> None:
-        """Train on a batch, publish the weights; one step at a time."""
+        """Take a batch, train it, publish the weights, record the step; one step at a time. One loop for RL
+        and SFT: only where batches come from differs (``forge_nb.controller.loop``)."""
+        source = SFTBatches(self) if self.mode == "sft" else RLBatches(self)
         try:
-            await self._train_forever()
+            while True:
+                if not await self._step_boundary():
+                    continue
+                batch = await source.take()
+                if batch is None:
+                    continue
+                recorded = await self._train_one_step(source, batch)
+                source.after()
+                if recorded and await self._step_budget_spent():
+                    continue
+                if (most := self.config.loop.max_steps) is not None and self.step >= most:
+                    self.metrics.event("done", message=f"reached loop.max_steps={most}")
+                    self.pause()
         finally:  # cancelled mid-step or failed: either way no step is in flight any more
             self.training_idle.set()
-
-    async def _train_forever(self) -> None:
-        loop_cfg = self.config.loop
-        waited_since, starved_reported = time.monotonic(), False
-        while True:
-            if not await self._step_boundary():
-                continue
-            batch = self.buffer.sample(curr_policy_version=self.sync.version)
-            if batch is None:
-                self.training_idle.set()  # nothing sampled: waiting for a batch is a safe place to stop
-                self.collect_allowed.set()  # stale episodes were just evicted: room for fresh ones
-                waited = time.monotonic() - waited_since
-                if not starved_reported and waited > loop_cfg.starved_after_s:
-                    self.metrics.event("starved", waited_s=round(waited, 1),
-                                       message="the trainer has waited for a batch; are the generators healthy?")
-                    starved_reported = True
-                # wake up by the starvation deadline at the latest, so a trainer that waits forever says so
-                patience = 1.0 if starved_reported else max(0.05, loop_cfg.starved_after_s - waited)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(patience):
-                        await self.batch_ready.wait()
-                self.batch_ready.clear()
-                continue
-            sync_mode = loop_cfg.mode == "sync"
-            if not sync_mode:
-                self.collect_allowed.set()  # a batch left the buffer: rollouts may refill it while we train
-            recorded = await self._train_one_step([e for shard in batch for e in shard],
-                                                   time.monotonic() - waited_since)
-            if sync_mode:
-                self.collect_allowed.set()  # lockstep: the next batch is generated by the new weights
-            waited_since, starved_reported = time.monotonic(), False
-            if recorded and await self._step_budget_spent():
-                continue
-            if loop_cfg.max_steps is not None and self.step >= loop_cfg.max_steps:
-                self.metrics.event("done", message=f"reached loop.max_steps={loop_cfg.max_steps}")
-                self.pause()
 
     async def _step_boundary(self) -> bool:
         """Between steps: park (``training_idle`` set, so ``stop()`` may cancel the loop) until the run
@@ -295,31 +272,26 @@ class Controller(SupervisedLoop):
         await self.hot.apply()
         return self._running.is_set()
 
-    async def _train_one_step(self, episodes: list[Episode], wait_s: float) -> bool:
-        """train_step -> WeightSync.publish, with the step's metrics recorded; False when the step was lost
-        with the trainer's process (nothing recorded: the run rewound)."""
+    async def _train_one_step(self, source: RLBatches | SFTBatches, batch: Batch) -> bool:
+        """train -> WeightSync.publish, with the step's metrics recorded; False when the step was lost with
+        the trainer's process (nothing recorded: the run rewound)."""
         t0 = time.perf_counter()
-        measured = episode_metrics(episodes, self.sync.version)  # policy age against the version that trains them
-        self.ledger.begin_step(len(episodes))  # the ledger balances while the step runs, too
         try:
-            results = await self.trainer.train_step.call(collate(episodes))
+            out = await source.train(batch)
         except ReplicaDied as error:  # the step is lost with its process; rewind to the last checkpoint
-            self.ledger.settle_step("trainer_died", len(episodes))
+            source.settle(batch, "trainer_died")
             await self.recover_trainer(str(error))
             return False
         except Exception:  # the trainer raised: the run stops with this error (_loop_done)
-            self.ledger.settle_step("failed_step", len(episodes))
+            source.settle(batch, "failed_step")
             raise
-        out = dict(results[0].metrics)
         t1 = time.perf_counter()
         trained = not self._skipped(out)
-        self.ledger.settle_step("trained" if trained else "skipped_step", len(episodes))
+        source.settle(batch, "trained" if trained else "skipped_step")
         if trained and not await self._publish(out):
             return False
-        out.update(measured)
-        out["tokens_per_s/generate"] = self._generated_tokens_per_s()
-        out.update({f"buffer/{name}": value for name, value in self.buffer.counters().items()})
-        await self._record_step(out, t0, t1, wait_s)
+        out.update(source.row(batch))
+        await self._record_step(out, t0, t1, batch.waited_s)
         return True
 
     def _skipped(self, out: dict[str, Any]) -> bool:
@@ -378,7 +350,8 @@ class Controller(SupervisedLoop):
             self._steps_waiter.set_result(None)
         return True
 
-    def _generated_tokens_per_s(self) -> float:
+    def generated_tokens_per_s(self) -> float:
+        """Tokens generated per second since the last call (each step's row)."""
         now = time.monotonic()
         rate = self._gen_tokens / max(now - self._gen_since, 1e-9)
         self._gen_tokens, self._gen_since = 0, now
