@@ -4,17 +4,17 @@ A run has one training loop (``Controller._training_loop``): park at the step bo
 it, publish the weights, record the step's row, count the step budget. RL and SFT differ only in where the
 batch comes from and what its step books, so each is a source with the same methods:
 
-=================  ============================================  ==========================================
-method             RLBatches (the replay buffer)                 SFTBatches (``run.sft(examples)``)
-=================  ============================================  ==========================================
-``take()``         a batch of episodes, or None after waiting    the next batch of examples
-                   for one (a "starved" event when it is long)
-``train(batch)``   ``trainer.train_step``                        ``trainer.sft_step`` (its row: ``sft`` 1)
-``settle(b, how)``  the ledger's step: trained, skipped_step,     nothing to book
-                   trainer_died or failed_step
-``row(batch)``     policy age, generation rate, buffer counters  nothing more
-``after()``        lets rollouts refill the buffer (sync mode)   nothing
-=================  ============================================  ==========================================
+===================  ============================================  ==========================================
+method               RLBatches (the replay buffer)                 SFTBatches (``run.sft(examples)``)
+===================  ============================================  ==========================================
+``take()``           a batch of episodes, or None after waiting    the next batch of examples
+                     for one (a "starved" event when it is long)
+``train(batch)``     ``trainer.train_step``                        ``trainer.sft_step`` (its row: ``sft`` 1)
+``settle(b, how)``   the ledger's step: trained, skipped_step,     nothing to book
+                     trainer_died or failed_step
+``row(batch)``       policy age, generation rate, buffer counters  nothing more
+``after()``          lets rollouts refill the buffer (sync mode)   nothing
+===================  ============================================  ==========================================
 
 A source reads the Controller's public parts (buffer, versions, ledger, trainer, events); the Controller
 alone counts steps, writes rows and states, and owns the step budget.
