@@ -346,7 +346,7 @@ def _run_all(page: Any, url: str, seen: dict[tuple[int, float | None], str], lab
 @pytest.mark.timeout(1500)
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (the cpu or gpu extra)")
 @pytest.mark.skipif(importlib.util.find_spec("sidecar") is None, reason="needs sidecar (the notebook extra)")
-def test_the_quickstart_runs_from_the_file_browser_with_its_dashboard_in_the_side_panel(lab) -> None:
+def test_the_quickstart_runs_from_the_file_browser_with_its_dashboard_beside_the_notebook(lab) -> None:
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     from playwright.sync_api import sync_playwright
 
