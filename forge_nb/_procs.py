@@ -78,13 +78,31 @@ def pid_alive(pid: int) -> bool:
     return status(pid) not in (None, psutil.STATUS_ZOMBIE)
 
 
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def live_children(root: int, recursive: bool = False) -> list[psutil.Process]:
     """The live (not zombie) children of ``root`` (with ``recursive``, every process under it)."""
     try:
         found = psutil.Process(root).children(recursive=recursive)
     except (psutil.Error, ValueError):
         return []
-    return [p for p in found if status(p.pid) not in (None, psutil.STATUS_ZOMBIE)]
+    return [p for p in found if _running(p)]
+
+
+def descendants(root: int) -> dict[int, str]:
+    """Every live process under ``root`` -> its command line (what a kernel started, for a listing or a test)."""
+    found = {}
+    for child in live_children(root, recursive=True):
+        try:
+            found[child.pid] = " ".join(child.cmdline()).strip()
+        except psutil.Error:  # gone meanwhile
+            continue
+    return found
 
 
 class StoppedWatch:

@@ -1,9 +1,8 @@
-"""What runs under a process (psutil; no helper process of our own that would show up)."""
+"""What runs under a process (psutil, through forge_nb._procs; no helper process of our own that would show up)."""
 
 from __future__ import annotations
 
-import psutil
-
+from forge_nb import _procs
 from forge_nb._procs import live_children
 
 
@@ -14,10 +13,4 @@ def children(root: int) -> set[int]:
 
 def descendants(root: int) -> dict[int, str]:
     """Every live process under ``root``, with the start of its command line."""
-    found = {}
-    for child in live_children(root, recursive=True):
-        try:
-            found[child.pid] = " ".join(child.cmdline())[:120]
-        except psutil.Error:  # gone meanwhile
-            continue
-    return found
+    return {pid: command[:120] for pid, command in _procs.descendants(root).items()}

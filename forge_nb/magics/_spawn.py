@@ -257,18 +257,10 @@ async def _wait_gone(pids: list[int], within: float) -> list[int]:
 
 
 def _children(root: int) -> dict[int, str]:
-    """Live descendants of ``root`` -> their command line."""
-    import psutil
+    """Live descendants of ``root`` -> the start of their command line."""
+    from forge_nb._procs import descendants
 
-    from forge_nb._procs import live_children
-
-    found: dict[int, str] = {}
-    for child in live_children(root, recursive=True):
-        try:
-            found[child.pid] = " ".join(child.cmdline()).strip()[:80]
-        except psutil.Error:  # gone meanwhile
-            continue
-    return found
+    return {pid: command[:80] for pid, command in descendants(root).items()}
 
 
 def _spawning() -> Any:
