@@ -88,9 +88,9 @@ async def timed(wave: Any) -> tuple[float, int]:
 
 
 async def main() -> None:
-    from forge_nb import runtime
     from forge_nb.actors.generator import Generator
     from forge_nb.models import build_tiny_model
+    from forge_nb.system import runtime
 
     runtime.ensure_started()
     model = str(build_tiny_model(Path(tempfile.gettempdir()) / "forge_nb_bench_tiny"))

@@ -33,7 +33,7 @@ from forge_nb.recipes import ECHO, multi_turn_echo  # noqa: E402
 
 async def env_round_trips(calls: int, rounds: int) -> tuple[float, float]:
     """p50 seconds of one step: through the service, in this process (alternating blocks)."""
-    from forge_nb import runtime
+    from forge_nb.system import runtime
 
     runtime.ensure_started()
     turns = calls + 1  # one episode long enough for every call

@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from forge_nb import runtime  # noqa: E402
+from forge_nb.system import runtime  # noqa: E402
 
 PAYLOAD = os.urandom(1024)
 

@@ -26,9 +26,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from forge_nb import runtime, weights  # noqa: E402
+from forge_nb import weights  # noqa: E402
 from forge_nb.models import TinyModelConfig, build_tiny_model  # noqa: E402
 from forge_nb.rl import Completion, Episode, collate  # noqa: E402
+from forge_nb.system import runtime
 
 
 def make_batch(episodes: int, prompt: int, response: int, vocab: int) -> object:

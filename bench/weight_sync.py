@@ -21,14 +21,14 @@ It ends with ``RESULT weight_sync_gpu_vs_staged <shm GB/s / staged-copy GB/s>`` 
 
 With ``--hosts N`` (N >= 2) it measures weight sync across the hosts of a monarch job instead: a
 ``ProcessJob({"writer": 1, "readers": N - 1})`` (one worker process per simulated host, all on this
-machine) is taken into use (``forge_nb.cluster.use_job``), the pusher runs on ``writer[0]`` and pushes
+machine) is taken into use (``forge_nb.system.cluster.use_job``), the pusher runs on ``writer[0]`` and pushes
 with ``transport="shm+stream"`` (the default while a job spans several hosts), and in the same run, on
 the same bytes, rounds alternate between:
 * same host: ``--loaders`` loaders on the writer's host (``hosts="writer"``), which map the pusher's file;
 * cross host: ``--loaders`` loaders spread over the reader hosts (``hosts="readers"``, each reader host
   gets some; ``--loaders`` must be at least N - 1), whose loads go through the per-host copy: the first
   loader on a host pulls the version through the writer's TCP stream into that host's shared memory,
-  the others there map it (``forge_nb._weights_stream``).
+  the others there map it (``forge_nb.weights.stream``).
 Push s, slowest load s and GB/s (bytes / (push + slowest load)) for each, median of ``--repeats`` after
 a warm-up round, beside the limit of the machine's loopback TCP measured in the same run (before the job
 starts): the same number of bytes sent by a plain socket from one process to another, received into a
@@ -57,7 +57,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from forge_nb import runtime, weights  # noqa: E402
+from forge_nb import weights  # noqa: E402
+from forge_nb.system import runtime
 
 
 def _copy_gbps(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor], repeats: int, device: str) -> float:
@@ -167,7 +168,7 @@ async def main_hosts(hosts: int, mb: int, loaders: int, repeats: int) -> None:
     from monarch.job import ProcessJob
 
     from bench._weight_actors import Loader, Pusher, state_dict_bytes
-    from forge_nb import cluster
+    from forge_nb.system import cluster
 
     transport = "shm+stream"
     threads = max(1, (os.cpu_count() or 1) // loaders)

@@ -13,16 +13,16 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it (imported on first access)
 _EXPORTS = {
-    "ResourceError": "forge_nb.runtime",
-    "spawn_mesh": "forge_nb.runtime",
-    "meshes": "forge_nb.runtime",
-    "stop_all": "forge_nb.runtime",
-    "end_process": "forge_nb.runtime",
-    "use_job": "forge_nb.cluster",
-    "release_job": "forge_nb.cluster",
-    "SlurmJob": "forge_nb.slurm",  # not a runtime start: its transport must be chosen before the first context
-    "spawn": "forge_nb.spawning",
-    "resume": "forge_nb.spawning",
+    "ResourceError": "forge_nb.system.runtime",
+    "spawn_mesh": "forge_nb.system.runtime",
+    "meshes": "forge_nb.system.runtime",
+    "stop_all": "forge_nb.system.runtime",
+    "end_process": "forge_nb.system.runtime",
+    "use_job": "forge_nb.system.cluster",
+    "release_job": "forge_nb.system.cluster",
+    "SlurmJob": "forge_nb.system.slurm",  # not a runtime start: its transport must be chosen before the first context
+    "spawn": "forge_nb.run",
+    "resume": "forge_nb.run",
     "Run": "forge_nb.run",
     "RunConfig": "forge_nb.config",
     "from_yaml": "forge_nb.config",
@@ -57,8 +57,8 @@ __all__ = sorted([*_EXPORTS, "load_ipython_extension", "unload_ipython_extension
 
 
 # Modules that import monarch: forge_nb starts its runtime first, because monarch reads its
-# supervision settings when it is imported (see forge_nb.runtime).
-_USES_MONARCH = ("forge_nb.cluster", "forge_nb.service", "forge_nb.actors", "forge_nb.spawning", "forge_nb.run")
+# supervision settings when it is imported (see forge_nb.system.runtime).
+_USES_MONARCH = ("forge_nb.system.cluster", "forge_nb.service", "forge_nb.actors", "forge_nb.run")
 
 
 def __getattr__(name: str) -> Any:
@@ -66,7 +66,7 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'forge_nb' has no attribute {name!r}")
     if module.startswith(_USES_MONARCH):
-        from forge_nb import runtime
+        from forge_nb.system import runtime
 
         runtime.ensure_started()
     value = getattr(importlib.import_module(module), name)

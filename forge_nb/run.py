@@ -9,9 +9,10 @@
     await run.sft(examples) / await run.rl()     the same controls over supervised or RL steps
     run.export("tensorboard"), await run.checkpoint(), await run.stop(), await run.shutdown()
 
-The loops, their events and counters belong to the run's ``Controller`` (``forge_nb.controller``);
-its weight versions to a ``WeightSync`` with a key namespace of its own, so several runs train side
-by side in one kernel; its books to a ``Ledger``. This class only delegates and validates.
+A Run is a front: ``forge_nb.controller.build`` makes every part of a run (``build_run``) and this class
+only delegates and validates. The loops, their events, counters and state belong to the run's
+``Controller`` (``forge_nb.controller``); its weight versions to a ``WeightSync`` with a key namespace of
+its own, so several runs train side by side in one kernel; its books to a ``Ledger``.
 Shutdown order: loops (at a step boundary), then services (generators, reference, trainer), then
 the run's weights and its torchstore lease (the store stops when no run or service holds it).
 """
@@ -20,56 +21,68 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
+from pathlib import Path
 from typing import Any
 
-from forge_nb import _proclogs as proclogs
-from forge_nb import rundir
-from forge_nb._leftovers import remove_leftovers
-from forge_nb.config import RunConfig, check_change
-from forge_nb.controller import Controller, EpisodeFn, HotChanges, Ledger, WeightSync, generate_episode
+from forge_nb.config import RunConfig
+from forge_nb.controller import EpisodeFn
+from forge_nb.controller.build import RunParts, resume_parts, spawn_parts
 from forge_nb.controller.state import RunState
-from forge_nb.metrics import MetricsStore
-from forge_nb.rl import ReplayBuffer
-from forge_nb.sft import SftData
+from forge_nb.data.sft import SftData
+from forge_nb.system import proclogs
+from forge_nb.system.leftovers import remove_leftovers
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EpisodeFn", "Run"]
+__all__ = ["EpisodeFn", "Run", "resume", "spawn"]
+
+
+async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[str, Any] | None = None,
+                episode_fn: EpisodeFn | None = None, progress: bool = True,
+                actors: dict[str, type] | None = None) -> Run:
+    """Spawn every service of ``config`` (a RunConfig, a YAML path or YAML text) and return the Run.
+
+    ``actors`` replaces the class of a service ("policy", "trainer", "ref_model") by another
+    ForgeActor with the same endpoints and constructor keywords, e.g. your own generator."""
+    run = Run(await spawn_parts(config, overrides=overrides, episode_fn=episode_fn, progress=progress,
+                                actors=actors))
+    for kind, options in run.config.exporters.items():  # e.g. a YAML's metric_logging section
+        run.export(kind, **options)
+    return run
+
+
+async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progress: bool = True,
+                 actors: dict[str, type] | None = None) -> Run:
+    """Respawn the services of a run directory and continue from its last complete checkpoint (on the
+    hosts of the job it ran on, re-attached if this kernel uses none: ``forge_nb.system.cluster``).
+
+    The trainer loads its latest complete checkpoint, the generators load those weights, the replay
+    buffer and hot changes come back from the snapshot, and the metric history stays. Steps recorded
+    after the checkpoint are shown as a "rewind" event: they are trained again. ``actors`` as for
+    :func:`spawn` (the classes the run was spawned with).
+
+    Checkpoints are checked against their commit markers first (``RunDir.checkpoint_to_resume``): a newer
+    one that is damaged or uncommitted is set aside with a ``checkpoint_skipped`` event that names its file
+    and why, and the run resumes from the newest whole one; with none whole, ``CheckpointsDamaged`` lists
+    them all and nothing is spawned.
+    """
+    return Run(await resume_parts(path, episode_fn=episode_fn, progress=progress, actors=actors))
 
 
 class Run:
     """Services, loops, metrics and controls of one experiment (see the module docstring)."""
 
-    def __init__(self, config: RunConfig, *, policy: Any, trainer: Any, ref_model: Any, task: Any,
-                 reward_fns: list[Any], pad_id: int, directory: rundir.RunDir, sync: WeightSync,
-                 hot_routes: dict[str, str], hot_values: dict[str, Any], episode_fn: EpisodeFn | None = None,
-                 model: str | None = None):
-        self.config, self.name = config, config.name
-        self.policy, self.trainer, self.ref_model = policy, trainer, ref_model
-        self.task, self.reward_fns, self.pad_id = task, reward_fns, pad_id
-        self.dir, self.model = directory, model
+    def __init__(self, parts: RunParts):
+        ctl = parts.controller
+        self._ctl, self._hot, self._sync, self._ledger = ctl, ctl.hot, ctl.sync, ctl.ledger
+        self._kernel_log = parts.kernel_log
+        self.config, self.name, self.dir, self.metrics = ctl.config, ctl.config.name, ctl.dir, ctl.metrics
+        self.policy, self.trainer, self.ref_model = parts.policy, parts.trainer, parts.ref_model
+        self.task, self.reward_fns, self.pad_id = parts.task, list(parts.task.reward_fns), parts.pad_id
+        self.model, self.replay_buffer = parts.model, ctl.buffer
         self.exporters: list[Any] = []
         self.openai: Any = None  # the OpenAI-compatible endpoint, once serve_openai() started it
-        self._kernel_log = proclogs.KernelLog(directory.logs)  # forge_nb's own records: to a file, not cells
-        self.metrics = MetricsStore(directory.path)
-        self.replay_buffer = ReplayBuffer(batch_size=config.batch_size, max_policy_age=config.max_policy_age,
-                                          seed=config.seed)
-        self._ledger = Ledger(self.replay_buffer)
-        self._hot = HotChanges(hot_routes, hot_values, check=self._check_change, trainer=trainer,
-                               buffer=self.replay_buffer, task=task,
-                               record=lambda changes: self.metrics.event("set", step=self.current_step,
-                                                                         changes=changes),
-                               refused=self._change_refused, policy=policy)
-        sync.attach(trainer, policy)
-        self._sync = sync
-        self._ctl = Controller(self, config=config, trainer=trainer, policy=policy, task=task,
-                               buffer=self.replay_buffer, ledger=self._ledger, sync=sync, hot=self._hot,
-                               metrics=self.metrics, directory=directory, episode_fn=episode_fn or generate_episode)
-        policy.set_catch_up(sync.catch_up)
-        for name, service in self.services.items():
-            service.subscribe(lambda e, name=name: self.metrics.event(
-                "replica", service=name, replica=e.replica, old=e.old, new=e.new, reason=e.reason))
+        ctl.handle = self  # what episode functions receive
 
     # -- what cells, widgets and magics read -----------------------------------------------------
 
@@ -148,9 +161,9 @@ class Run:
 
     @property
     def job(self) -> dict[str, Any] | None:
-        """The monarch job the run's hosts come from (``forge_nb.cluster.Cluster.status``: a SLURM job's id,
+        """The monarch job the run's hosts come from (``forge_nb.system.cluster.Cluster.status``: a SLURM job's id,
         state and nodes, each host alive or why lost), or None: everything runs on the kernel's host."""
-        from forge_nb import cluster
+        from forge_nb.system import cluster
 
         job = cluster.current()
         return job.status() if job is not None else None
@@ -232,18 +245,6 @@ class Run:
         """Apply the queued changes now (the training loop does it between steps)."""
         await self._hot.apply()
 
-    def _check_change(self, name: str, value: Any) -> None:
-        """Whether ``name=value`` can apply to this run (``forge_nb.config.check_change`` says why not)."""
-        check_change(self.config, name, value, task=self.task, current=self._hot.values,
-                     loss_fields=[n for n, where in self._hot.routes.items() if where == "trainer"])
-
-    def _change_refused(self, changes: dict[str, Any], reason: str) -> None:
-        logger.warning("run %s: run.set(%s) was refused and not applied: %s", self.name, changes, reason)
-        self.metrics.event("set_refused", step=self.current_step, changes=changes, reason=reason[:500])
-        # the cell that called run.set returned long ago: one line where the user looks, the run trains on
-        print(f"forge_nb: run {self.name!r}: run.set({_kwargs(changes)}) was refused and rolled back; the run "
-              f"trains on with the old values. Why: {reason[:300]}", file=sys.stderr)  # one line (HotChanges)
-
     def clear_buffer(self, reason: str) -> int:
         """Drop every buffered episode, counted in the ledger and recorded as an event."""
         return self._ctl.clear_buffer(reason)
@@ -254,8 +255,8 @@ class Run:
 
     def export(self, kind: str, **options: Any) -> Any:
         """Also send this run's metrics (history first) to "tensorboard", "trackio" or "wandb"; see
-        ``forge_nb.exporters``. Returns the exporter (``.close()`` stops it; shutdown closes it)."""
-        from forge_nb import exporters
+        ``forge_nb.metrics.exporters``. Returns the exporter (``.close()`` stops it; shutdown closes it)."""
+        from forge_nb.metrics import exporters
 
         exporter = exporters.export(self.metrics, kind, run_dir=self.dir.path, run_name=self.name,
                                     config=self.config.to_dict(), **options)
@@ -325,8 +326,4 @@ class Run:
             for exporter in self.exporters:
                 exporter.close()
             self._kernel_log.close()
-
-
-def _kwargs(changes: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in changes.items())
 

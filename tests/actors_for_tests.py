@@ -8,7 +8,7 @@ from typing import Any
 
 from monarch.actor import Actor, endpoint
 
-from forge_nb._monarch_compat import async_endpoints
+from forge_nb.system.monarch_compat import async_endpoints
 
 
 @async_endpoints
@@ -31,7 +31,7 @@ class StoreUser(Actor):
 
     @endpoint
     async def checksum(self, key: str) -> float:
-        from forge_nb._torchstore import ts
+        from forge_nb.weights.torchstore import ts
 
         sd = await ts.get_state_dict(key)
         return float(sum(v.sum() for v in sd.values()))
@@ -40,7 +40,7 @@ class StoreUser(Actor):
     async def write(self, key: str, value: float) -> None:
         import torch
 
-        from forge_nb._torchstore import ts
+        from forge_nb.weights.torchstore import ts
 
         await ts.put_state_dict({"w": torch.full((5, 5), value)}, key)
 
@@ -142,10 +142,11 @@ class WeightsReader(Actor):
     async def checksums_open(self, version: int) -> tuple[dict[str, float], int]:
         """Checksums through ``open_version`` (the generators' path), and how many files it keeps mapped."""
         from forge_nb import weights
+        from forge_nb.weights import shm
 
         with await weights.open_version(version) as state_dict:
             sums = {k: float(v.float().sum()) for k, v in state_dict.items()}
-        return sums, len(weights._reader_maps)
+        return sums, len(shm._reader_maps)
 
     @endpoint
     async def checksums_on_gpu(self, version: int) -> tuple[dict[str, float], int]:
@@ -154,11 +155,12 @@ class WeightsReader(Actor):
         import torch
 
         from forge_nb import weights
+        from forge_nb.weights import shm
 
         torch.cuda.init()
         with await weights.open_version(version) as state_dict:
             on_gpu = {k: v.to("cuda") for k, v in state_dict.items()}
-        return {k: float(v.float().sum()) for k, v in on_gpu.items()}, len(weights._pinned)
+        return {k: float(v.float().sum()) for k, v in on_gpu.items()}, len(shm._pinned)
 
     @endpoint
     async def hold(self, version: int) -> None:

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from forge_nb import runtime as _runtime
-from forge_nb._procs import pid_alive
+from forge_nb.system import runtime as _runtime
+from forge_nb.system.procs import pid_alive
 
 # As `%load_ext forge_nb` does in a notebook: start forge_nb before any test module imports monarch,
 # so monarch's own supervision runs at its ~1 s setting.
@@ -34,7 +34,7 @@ requires_cuda = pytest.mark.skipif("not __import__('torch').cuda.is_available()"
 @pytest.fixture
 async def runtime():
     """The forge_nb runtime, with every mesh a test spawned stopped (and its pids gone) afterwards."""
-    from forge_nb import runtime as rt
+    from forge_nb.system import runtime as rt
 
     rt.ensure_started()
     yield rt

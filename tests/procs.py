@@ -1,9 +1,10 @@
-"""What runs under a process (psutil, through forge_nb._procs; no helper process of our own that would show up)."""
+"""What runs under a process (psutil, through forge_nb.system.procs; no helper process of our own that would
+show up)."""
 
 from __future__ import annotations
 
-from forge_nb import _procs
-from forge_nb._procs import live_children
+from forge_nb.system import procs
+from forge_nb.system.procs import live_children
 
 
 def children(root: int) -> set[int]:
@@ -13,4 +14,4 @@ def children(root: int) -> set[int]:
 
 def descendants(root: int) -> dict[int, str]:
     """Every live process under ``root``, with the start of its command line."""
-    return {pid: command[:120] for pid, command in _procs.descendants(root).items()}
+    return {pid: command[:120] for pid, command in procs.descendants(root).items()}

@@ -88,9 +88,9 @@ class StreamWriter(Actor):
     @endpoint
     async def stop_serving(self) -> None:
         """Close this process's stream server: readers are refused, as by a firewall."""
-        from forge_nb import _weights_stream
+        from forge_nb.weights import stream
 
-        _weights_stream.stop_serving()
+        stream.stop_serving()
 
 
 class HostReader(Actor):
@@ -103,7 +103,7 @@ class HostReader(Actor):
         import re
 
         from forge_nb import weights
-        from forge_nb._weights_shm import host_id
+        from forge_nb.weights.shm import host_id
 
         with await weights.open_version(version) as state_dict:
             got = digests(state_dict)

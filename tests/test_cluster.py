@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from forge_nb import cluster as clusters
-from forge_nb._procs import pid_alive
+from forge_nb.system import cluster as clusters
+from forge_nb.system.procs import pid_alive
 from tests.actors_for_tests import Worker
 from tests.waiting import waiter
 
@@ -153,7 +153,7 @@ async def test_a_run_trains_across_hosts_fetches_a_version_once_per_host_and_out
 
 async def test_weights_reach_other_hosts_by_stream_or_torchstore_and_a_writer_dying_mid_stream_leaves_nothing(
         runtime, job, monkeypatch):
-    """A writer on one host, readers on the two others (shm+stream, forge_nb._weights_stream): a version comes
+    """A writer on one host, readers on the two others (shm+stream, forge_nb.weights.stream): a version comes
     through the writer's TCP stream bit for bit; refused (as by a firewall), through torchstore; the writer
     killed mid-stream, a clear error and no partial file, mapping or leftover in shared memory."""
     import shutil
@@ -236,7 +236,7 @@ async def test_a_host_s_probe_ends_that_host_s_processes_and_no_other(runtime, j
 KERNEL_AFTER_A_HOST_DIED = """
 import asyncio, os, signal, sys, tempfile
 import forge_nb
-from forge_nb import cluster, runtime
+from forge_nb.system import cluster, runtime
 runtime.ensure_started()  # before monarch is imported, as %load_ext forge_nb does in a kernel
 from forge_nb.config import GeneratorConfig
 from monarch.job import ProcessJob

@@ -1,4 +1,4 @@
-"""Commit markers (forge_nb._commit) and the run directory's choice of checkpoint (RunDir.checkpoint_to_resume),
+"""Commit markers (forge_nb.rundir.commit) and the run directory's choice of checkpoint (RunDir.checkpoint_to_resume),
 on files in a temporary folder; the same with a real trainer and real processes is in tests/run/test_run.py
 and tests/actors/test_trainer.py."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from forge_nb._commit import MARKER, commit, verify, verify_folder
 from forge_nb.rundir import CheckpointsDamaged, RunDir
+from forge_nb.rundir.commit import MARKER, commit, verify, verify_folder
 
 
 def _folder(path, **files: bytes):

@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from forge_nb.exporters import export
 from forge_nb.metrics import MetricsStore
+from forge_nb.metrics.exporters import export
 
 
 def test_tensorboard_gets_the_history_then_live_rows_and_events(tmp_path):
@@ -33,7 +33,7 @@ def test_tensorboard_gets_the_history_then_live_rows_and_events(tmp_path):
 
 def test_trackio_gets_each_step_and_event_counts(tmp_path):
     script = textwrap.dedent("""
-        from forge_nb.exporters import export
+        from forge_nb.metrics.exporters import export
         from forge_nb.metrics import MetricsStore
         store = MetricsStore()
         store.record(1, {"loss": 2.0})
@@ -67,7 +67,7 @@ def test_wandb_offline_run_holds_the_logged_history(tmp_path):
     """wandb writes offline runs in its own binary log; its Python reader is gone in 0.31, so this looks
     for the logged keys in the file, which holds nothing else of this run's but its config."""
     script = textwrap.dedent(f"""
-        from forge_nb.exporters import export
+        from forge_nb.metrics.exporters import export
         from forge_nb.metrics import MetricsStore
         store = MetricsStore()
         exporter = export(store, "wandb", run_dir=None, run_name="mine", config={{"lr": 0.1}},
@@ -86,7 +86,7 @@ def test_wandb_offline_run_holds_the_logged_history(tmp_path):
 
 def test_a_backend_that_cannot_be_imported_says_what_to_install():
     script = ("import sys; sys.modules['trackio'] = None\n"  # as if trackio were not installed
-              "from forge_nb.exporters import export\nfrom forge_nb.metrics import MetricsStore\n"
+              "from forge_nb.metrics.exporters import export\nfrom forge_nb.metrics import MetricsStore\n"
               "export(MetricsStore(), 'trackio', run_dir=None, run_name='r', config={})")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "ImportError: exporting metrics to trackio needs" in done.stderr

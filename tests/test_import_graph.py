@@ -1,5 +1,6 @@
-"""Dependencies point one way (magics -> run -> controller -> services/actors/rl -> runtime), with no import
-cycle anywhere in the package; modules stay under 500 lines; imports have no side effects."""
+"""Dependencies point one way (magics -> run -> controller -> services/actors/rl -> weights -> system), with
+no import cycle anywhere in the package; the package root holds only its public front; modules stay under 500
+lines; imports have no side effects."""
 
 from __future__ import annotations
 
@@ -12,20 +13,23 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "forge_nb"
 
-# layer of each top-level part of forge_nb: a module may import only from its own layer or lower ones.
+# The floors: each top-level part of forge_nb with its layer. A module may import only from its own layer or
+# lower ones. Keep it in step with the README's "Architecture".
 LAYERS = {
-    "_procs": 0, "_gpus": 0, "_monarch_compat": 0, "_importpath": 0, "_proclogs": 0, "leases": 0, "rl": 0, "data": 0,
-    "models": 0, "metrics": 0, "sft": 0, "exporters": 1, "runtime": 1, "_procinfo": 1, "cluster": 1, "slurm": 1,
-    "_slurm_worker": 0, "_commit": 0, "_diskspace": 0,
-    "_weights_shm": 2, "_weights_stream": 2, "_leftovers": 2, "_torchstore": 2, "weights": 2, "config": 2,
-    "service": 3, "actors": 4, "rundir": 4, "apps": 5, "controller": 5, "envs": 5, "agents": 5, "run": 6, "spawning": 7,
-    "recipes": 7, "widgets": 8, "magics": 9,
+    "system": 0,                                   # processes, meshes, hosts, files of the machine
+    "models": 0, "rl": 1, "data": 1,               # model sources; RL's data types, losses, tasks; datasets
+    "metrics": 1, "rundir": 1, "weights": 1,        # a run's records, its directory, weight versions
+    "config": 2,                                   # RunConfig, the YAML, the trainer's schema
+    "service": 3, "actors": 4,                     # services of actor replicas; the actors on them
+    "controller": 5, "envs": 5, "agents": 5, "apps": 5,  # a run's loops and assembly; episodes' environments
+    "run": 6,                                      # the user's handle: forge_nb.spawn / resume / Run
+    "recipes": 7, "widgets": 8, "magics": 9,       # ready configs; the dashboard; the %forge_* front
 }
-# widgets read metrics and status only: never the process machinery
-FORBIDDEN = {"widgets": {"runtime", "service", "actors", "_torchstore", "weights", "_weights_shm", "_procinfo"},
-             "data": {"runtime", "service", "actors", "weights", "_weights_shm", "_torchstore"},
-             "rl": {"runtime", "service", "actors", "weights", "_weights_shm", "_torchstore"},
-             "exporters": {"runtime", "service", "actors", "_torchstore", "weights", "_weights_shm", "_procinfo"}}
+# parts that must not reach some lower ones: the widgets, data and the metrics read records, never processes
+_PROCESSES = {"system.runtime", "system.procinfo", "service", "actors", "weights"}
+FORBIDDEN = {"widgets": _PROCESSES, "data": _PROCESSES, "rl": _PROCESSES, "metrics": _PROCESSES}
+#: what the package root holds: the public front (``forge_nb``'s lazy names, the Run) and the floors' folders
+ROOT_MODULES = ["__init__.py", "run.py"]
 
 
 def _part(module: str) -> str | None:
@@ -34,6 +38,7 @@ def _part(module: str) -> str | None:
 
 
 def _imports(path: Path) -> set[str]:
+    """The forge_nb modules (and ``module.name`` for each ``from module import name``) ``path`` imports."""
     tree = ast.parse(path.read_text())
     found = set()
     for node in ast.walk(tree):
@@ -41,7 +46,8 @@ def _imports(path: Path) -> set[str]:
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
-            found |= {f"{node.module}.{a.name}" for a in node.names if node.module == "forge_nb"}
+            if node.module.startswith("forge_nb"):
+                found |= {f"{node.module}.{a.name}" for a in node.names}
     return found
 
 
@@ -57,13 +63,26 @@ def _modules() -> list[tuple[str, Path]]:
 
 @pytest.mark.parametrize(("part", "path"), _modules(), ids=lambda x: str(x) if isinstance(x, str) else x.name)
 def test_dependencies_point_one_way(part, path):
-    assert part in LAYERS, f"new top-level module {part!r}: give it a layer in this test"
+    assert part in LAYERS, f"new top-level part {part!r}: give it a layer in this test (and a floor in the README)"
     for module in _imports(path):
         target = _part(module)
         if target is None or target == part or target not in LAYERS:
             continue
         assert LAYERS[target] <= LAYERS[part], f"{path.name} ({part}) imports {module} from a higher layer"
-        assert target not in FORBIDDEN.get(part, set()), f"{path.name} ({part}) must not import {module}"
+        bad = [f for f in FORBIDDEN.get(part, ()) if module == f"forge_nb.{f}" or module.startswith(f"forge_nb.{f}.")]
+        assert not bad, f"{path.name} ({part}) must not import {module}"
+
+
+def test_the_package_root_holds_only_the_public_front():
+    modules = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert modules == ROOT_MODULES, (f"forge_nb/ holds {modules}: a module belongs in the folder of its floor "
+                                     f"(system/, weights/, controller/...), only {ROOT_MODULES} stay at the root")
+    folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert folders == sorted(k for k in LAYERS if k != "run"), "every folder is a floor with a layer above"
+    for folder in folders:
+        init = PACKAGE / folder / "__init__.py"
+        assert init.exists() and ast.get_docstring(ast.parse(init.read_text())), \
+            f"forge_nb/{folder}/__init__.py says what this floor holds (a docstring)"
 
 
 def _module_name(path: Path) -> str:
@@ -173,7 +192,6 @@ def _writes_of_a_run(path: Path) -> list[str]:
 
 
 def test_only_the_controller_writes_a_run_s_step_state_and_version():
-    assert _writes_of_a_run(PACKAGE / "spawning.py") == []
     planted = PACKAGE.parent / "tests" / "test_import_graph.py"  # this file's own example below is found
     assert any("run._ctl.step = ..." in w for w in _writes_of_a_run(planted))
     outside = {str(p.relative_to(PACKAGE)): w for p in sorted(PACKAGE.rglob("*.py"))

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 import torch
 
-from forge_nb import runtime as rt
 from forge_nb import weights
-from forge_nb._procs import pid_alive
-from forge_nb.leases import Shared
+from forge_nb.system import runtime as rt
+from forge_nb.system.leases import Shared
+from forge_nb.system.procs import pid_alive
 from tests.waiting import waiter
 
 pytestmark = pytest.mark.timeout(120)

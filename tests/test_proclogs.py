@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from forge_nb import _proclogs as proclogs
+from forge_nb.system import proclogs
 from tests.actors_for_tests import Printer
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from forge_nb._procs import pid_alive
+from forge_nb.system.procs import pid_alive
 from tests.procs import children
 from tests.waiting import waiter
 
@@ -101,7 +101,7 @@ async def test_mixed_sync_and_async_endpoints_work_after_async_endpoints(runtime
 async def test_torchstore_state_dict_between_kernel_and_an_actor_process(runtime):
     import torch
 
-    from forge_nb._torchstore import ts
+    from forge_nb.weights.torchstore import ts
     from tests.actors_for_tests import StoreUser
 
     await ts.initialize()
@@ -126,7 +126,7 @@ async def test_torchstore_state_dict_between_kernel_and_an_actor_process(runtime
 SCRIPT = textwrap.dedent(
     """
     import asyncio, os, signal, sys
-    from forge_nb import runtime
+    from forge_nb.system import runtime
 
     async def main():
         mesh = await runtime.spawn_mesh("exit-test", procs=2)
@@ -196,7 +196,7 @@ async def test_releasing_a_runtime_lease_stops_the_meshes_its_holder_left_behind
 def test_monarchs_log_folder_is_private_to_its_user(runtime):
     import stat
 
-    from forge_nb._monarch_compat import private_log_dir
+    from forge_nb.system.monarch_compat import private_log_dir
 
     folder = private_log_dir()  # the runtime fixture's ensure_started already called it
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700

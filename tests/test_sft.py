@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
+from forge_nb.data.sft import IGNORE, SftData
 from forge_nb.models import build_tiny_model
 from forge_nb.rl import ToyTask
-from forge_nb.sft import IGNORE, SftData
 
 
 @pytest.fixture(scope="module")

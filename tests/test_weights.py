@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from forge_nb import weights
+from forge_nb.weights import shm
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -116,7 +117,7 @@ async def test_gpu_to_gpu_through_page_locked_mappings(runtime, monkeypatch):
         for version in (1, 2):  # the second push reuses the first's file, and both sides' registrations
             state = {k: v.cuda() for k, v in _state(float(version)).items()}
             await weights.push_state_dict(state, version, transport="shm", dtype=torch.bfloat16)
-            assert len(weights._pinned) == 1  # the writer's mapping
+            assert len(shm._pinned) == 1  # the writer's mapping
             expected = _checksums({k: v.to(torch.bfloat16) for k, v in _state(float(version)).items()})
             assert await reader.checksums_on_gpu.call_one(version) == (expected, 1)
             await weights.drop_version(version)
@@ -134,7 +135,7 @@ async def test_gpu_weights_through_a_folder_on_disk_are_copied_unpinned_and_cuda
     mesh = await runtime.spawn_mesh("gpu-reader", env={"CUDA_VISIBLE_DEVICES": "0"})
     reader = mesh.spawn("reader", WeightsReader)
     await weights.push_state_dict({k: v.cuda() for k, v in _state(3.0).items()}, 1, transport="shm")
-    assert weights._pinned == set()
+    assert shm._pinned == set()
     assert float((torch.ones(4, device="cuda") * 2).sum()) == 8.0  # no CUDA error left behind
     assert await reader.checksums_on_gpu.call_one(1) == (_checksums(_state(3.0)), 0)
 
@@ -175,7 +176,8 @@ async def test_shm_views_are_private_copies_on_write(store):
 async def test_a_handed_manifest_opens_its_version_without_asking_the_store(store, tmp_path):
     manifest = await weights.push_state_dict(_state(1.0), 4, transport="shm")
     assert manifest is not None and await weights.push_state_dict(_state(1.0), 9, transport="torchstore") is None
-    await weights._ts().delete(f"{weights.weights_key(4)}/{weights.SHM_MANIFEST}")  # the store knows it no more
+    store = weights.versions.store_client()
+    await store.delete(f"{weights.weights_key(4)}/{weights.SHM_MANIFEST}")  # the store knows it no more
     with pytest.raises(KeyError):
         await weights.open_version(4)
     with await weights.open_version(4, manifest=manifest) as state_dict:  # the manifest alone finds the bytes

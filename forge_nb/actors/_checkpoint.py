@@ -7,7 +7,7 @@ Layout inside the run's checkpoint folder::
 
 DCP writes ``.metadata`` last, but a crash can still leave a folder that looks plausible, and a full disk or a
 bad copy can damage a file after the fact. So rank 0 writes a commit marker (``COMMITTED.json``: every file's
-size and CRC-32, ``forge_nb._commit``) before the rename, which is the commit point, and :func:`latest`
+size and CRC-32, ``forge_nb.rundir.commit``) before the rename, which is the commit point, and :func:`latest`
 trusts only ``step_*`` folders whose files match their marker (:func:`check`), skipping damaged ones. Every
 rank calls :func:`save` and :func:`load` (DCP is collective over the trainer's process group); rank 0
 alone touches folder names, between barriers. The state dicts come from ``get_state_dict``, so a
@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from forge_nb._commit import commit_folder, verify_folder
+from forge_nb.rundir.commit import commit_folder, verify_folder
 
 logger = logging.getLogger(__name__)
 

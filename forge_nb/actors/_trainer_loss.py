@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 
-from forge_nb._importpath import import_path
 from forge_nb.rl import PolicyLoss, TrainBatch, compute_logprobs, entropy_from_logits
 from forge_nb.rl.loss.ops import CROSS_ENTROPY_IGNORE_IDX
 from forge_nb.rl.types import TextTrainBatch
+from forge_nb.system.importpath import import_path
 
 __all__ = ["loss_function", "loss_kind", "rl_loss", "sft_loss", "text_loss"]
 

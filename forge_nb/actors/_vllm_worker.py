@@ -220,7 +220,7 @@ async def _fetch(controller_ref: bytes, version: int, namespace: str) -> Any:
     import torchstore.api
     from torchstore.client import LocalClient
 
-    import forge_nb._torchstore  # noqa: F401  binds the async Controller class the reference names
+    import forge_nb.weights.torchstore  # noqa: F401  binds the async Controller class the reference names
     from forge_nb import weights
 
     if controller_ref != _client_ref:

@@ -45,8 +45,6 @@ from typing import TYPE_CHECKING, Any
 
 from monarch.actor import concurrent_endpoint, endpoint
 
-from forge_nb._leftovers import SOCKETS_ROOT
-from forge_nb._procs import remove_left_by_dead
 from forge_nb.actors import _vllm_plain
 from forge_nb.actors._vllm_inproc import EngineStopped, InprocEngine
 from forge_nb.actors._vllm_worker import (
@@ -59,6 +57,8 @@ from forge_nb.actors._vllm_worker import (
 from forge_nb.models import resolve_model
 from forge_nb.rl.types import Completions
 from forge_nb.service.actor import ForgeActor
+from forge_nb.system.leftovers import SOCKETS_ROOT
+from forge_nb.system.procs import remove_left_by_dead
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -331,7 +331,7 @@ class Generator(ForgeActor):
         from monarch.actor import get_or_spawn_controller
 
         from forge_nb import weights
-        from forge_nb._torchstore import Controller
+        from forge_nb.weights.torchstore import Controller
 
         try:
             stored = await weights.stored_versions(namespace=self._namespace)

@@ -23,10 +23,10 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from forge_nb._monarch_compat import await_maybe
 from forge_nb.controller.episodes import add_ref_logprobs
 from forge_nb.rl import assign_advantages
 from forge_nb.rl.types import Episode
+from forge_nb.system.monarch_compat import await_maybe
 
 logger = logging.getLogger(__name__)
 

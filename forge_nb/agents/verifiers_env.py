@@ -80,8 +80,8 @@ import weakref
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from forge_nb._importpath import require
 from forge_nb.envs.tools import ToolCall, Tools
+from forge_nb.system.importpath import require
 
 __all__ = ["HARNESS_ID", "local_env", "verifiers_episode"]
 

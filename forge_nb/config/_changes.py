@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-from forge_nb._importpath import import_path
 from forge_nb.config._hot import HotField, TaskKnobs, declared
 from forge_nb.config._run import RunConfig, greedy_check
+from forge_nb.system.importpath import import_path
 
 
 def declared_hot() -> dict[str, HotField]:

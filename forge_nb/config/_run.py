@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge_nb.cluster import one_host
 from forge_nb.config._hot import SamplingConfig, TaskKnobs, hot
 from forge_nb.models import TinyModelConfig
+from forge_nb.system.cluster import one_host
 
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
@@ -229,7 +229,7 @@ class RunConfig:
     """Where and how the ReferenceModel runs (used only with use_reference)."""
     exporters: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Metric exporters to attach at spawn, by kind with their options: {"wandb": {"project": "grpo"}}
-    (see ``forge_nb.exporters``)."""
+    (see ``forge_nb.metrics.exporters``)."""
     run_dir: str | None = None
     """Where config, metrics, events, checkpoints and the buffer snapshot go (default runs/<name>-<time>)."""
     seed: int = 0
@@ -250,7 +250,7 @@ class RunConfig:
 
         if self.advantage not in ADVANTAGE_METHODS:
             raise ValueError(f"RunConfig.advantage={self.advantage!r}: choose one of {sorted(ADVANTAGE_METHODS)}")
-        from forge_nb.exporters import EXPORTERS
+        from forge_nb.metrics.exporters import EXPORTERS
 
         for kind, options in self.exporters.items():
             if kind not in EXPORTERS or not isinstance(options, dict):

@@ -21,7 +21,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from forge_nb._diskspace import DiskFull, full_disk_as
 from forge_nb.controller.episodes import episode_row, evaluate
 from forge_nb.controller.hot import HotChanges
 from forge_nb.controller.ledger import Ledger
@@ -33,6 +32,7 @@ from forge_nb.metrics import MetricsStore
 from forge_nb.rl import Episode, ReplayBuffer
 from forge_nb.service import ReplicaDied
 from forge_nb.service.errors import last_line
+from forge_nb.system.diskspace import DiskFull, full_disk_as
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +42,10 @@ EpisodeFn = Callable[[Any, dict[str, Any]], Awaitable[list[Episode]]]
 class Controller:
     """Loops, events and counters of one run (see the module docstring)."""
 
-    def __init__(self, handle: Any, *, config: Any, trainer: Any, policy: Any, task: Any, buffer: ReplayBuffer,
+    def __init__(self, *, config: Any, trainer: Any, policy: Any, task: Any, buffer: ReplayBuffer,
                  ledger: Ledger, sync: WeightSync, hot: HotChanges, metrics: MetricsStore, directory: Any,
                  episode_fn: EpisodeFn):
-        self.handle = handle  # what episode functions receive (the user's Run)
+        self.handle: Any = None  # what episode functions receive: the user's Run, which sets it
         self.config, self.trainer, self.policy, self.task = config, trainer, policy, task
         self.buffer, self.ledger, self.sync, self.hot = buffer, ledger, sync, hot
         self.metrics, self.dir, self.episode_fn = metrics, directory, episode_fn

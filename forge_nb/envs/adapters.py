@@ -45,8 +45,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from forge_nb._importpath import require
 from forge_nb.actors.coder import StepResult
+from forge_nb.system.importpath import require
 
 __all__ = ["ReasoningGymEnv", "TextArenaEnv", "clean_action"]
 

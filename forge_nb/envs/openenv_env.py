@@ -37,10 +37,10 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from forge_nb._importpath import import_path
-from forge_nb._monarch_compat import await_maybe
 from forge_nb.actors.coder import StepResult
 from forge_nb.envs.adapters import _quiet, _require, clean_action
+from forge_nb.system.importpath import import_path
+from forge_nb.system.monarch_compat import await_maybe
 
 __all__ = ["OpenEnvEnv", "render_observation"]
 

@@ -7,9 +7,9 @@ from typing import Any, Protocol
 
 from monarch.actor import endpoint
 
-from forge_nb._monarch_compat import await_maybe
 from forge_nb.actors.coder import StepResult
 from forge_nb.service.actor import ForgeActor
+from forge_nb.system.monarch_compat import await_maybe
 
 __all__ = ["EnvPool", "TextEnv"]
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from forge_nb._monarch_compat import await_maybe
+from forge_nb.system.monarch_compat import await_maybe
 
 __all__ = ["ToolCall", "ToolFailed", "ToolResult", "Tools", "find_tool_calls", "python_tool"]
 

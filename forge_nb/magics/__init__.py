@@ -76,15 +76,15 @@ def help_text() -> str:
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register the %forge_* magics and the transformer that awaits them; start forge_nb's runtime."""
-    from forge_nb import runtime
     from forge_nb.magics._await import await_forge_magics
     from forge_nb.magics._cluster import ClusterMagics
     from forge_nb.magics._control import ControlMagics
     from forge_nb.magics._runs import Runs
     from forge_nb.magics._serve import ServeMagics
     from forge_nb.magics._spawn import SpawnMagics
+    from forge_nb.system import runtime
 
-    # Before anything imports monarch, so its supervision env applies (see forge_nb.runtime).
+    # Before anything imports monarch, so its supervision env applies (see forge_nb.system.runtime).
     runtime.ensure_started()
     runs = Runs.of(ipython)
     ipython.register_magics(SpawnMagics(ipython, runs), ControlMagics(ipython, runs, help_text()),

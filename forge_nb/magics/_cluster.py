@@ -1,4 +1,5 @@
-"""%forge_cluster: where the run's processes go, the kernel's host or a monarch job's hosts (forge_nb.cluster)."""
+"""%forge_cluster: where the run's processes go: the kernel's host or a monarch job's hosts
+(forge_nb.system.cluster)."""
 
 from __future__ import annotations
 
@@ -71,11 +72,11 @@ class ClusterMagics(Magics):
         return self._show()
 
     async def _use(self, job: Any, save: str | None) -> None:
-        from forge_nb import cluster
+        from forge_nb.system import cluster
 
         if cluster.current() is not None:
             raise UsageError(f"a job is in use already ({cluster.current()}); %forge_cluster --release first")
-        from forge_nb.slurm import SlurmRefused
+        from forge_nb.system.slurm import SlurmRefused
 
         try:
             used = await cluster.use_job(job, cached_path=save)
@@ -92,7 +93,7 @@ class ClusterMagics(Magics):
                  if used.cached_path else ""))
 
     async def _show(self) -> None:
-        from forge_nb import cluster, runtime
+        from forge_nb.system import cluster, runtime
 
         job = cluster.current()
         if job is None:
@@ -109,7 +110,7 @@ class ClusterMagics(Magics):
                   f"meshes: {', '.join(names) or 'none'}")
 
     async def _release(self) -> None:
-        from forge_nb import cluster, runtime
+        from forge_nb.system import cluster, runtime
 
         job = cluster.current()
         if job is None:
@@ -122,7 +123,7 @@ class ClusterMagics(Magics):
 
 
 def _slurm_job(args: Any) -> Any:
-    """``%forge_cluster slurm --nodes ...``: a forge_nb.slurm.SlurmJob, or a UsageError that says what to give."""
+    """``%forge_cluster slurm --nodes ...``: a forge_nb.SlurmJob, or a UsageError that says what to give."""
     if not args.nodes:
         raise UsageError("%forge_cluster slurm needs --nodes: a count (--nodes 3) or nodes per host mesh "
                          "(--nodes trainer=1 generators=2)")
@@ -140,7 +141,7 @@ def _slurm_job(args: Any) -> Any:
     if shutil.which("sbatch") is None:
         raise UsageError("no sbatch on this machine's PATH: %forge_cluster slurm runs where SLURM's commands do "
                          "(a login node), or give a monarch job: %forge_cluster JOB")
-    from forge_nb.slurm import SlurmJob
+    from forge_nb.system.slurm import SlurmJob
 
     try:
         return SlurmJob(meshes, partition=args.partition, gpus_per_node=args.gpus_per_node or None,

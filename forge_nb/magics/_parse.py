@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from IPython.core.error import UsageError
 
-from forge_nb._importpath import import_path
+from forge_nb.system.importpath import import_path
 
 _FLOAT = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)[eE][-+]?\d+")
 

@@ -87,7 +87,7 @@ class SpawnMagics(Magics):
         self._bind(run, var)
 
     async def _spawn_mesh(self, name: str, procs: int, gpus: bool, hosts: str | None, var: str) -> None:
-        from forge_nb import runtime
+        from forge_nb.system import runtime
 
         try:
             mesh = await runtime.spawn_mesh(name, procs, gpus, owner="user",
@@ -171,7 +171,7 @@ class SpawnMagics(Magics):
         """Every process mesh this kernel holds: name, procs, pids, state, GPUs, owner, failures."""
         if line.strip():
             raise UsageError("%forge_meshes takes no arguments")
-        from forge_nb import runtime
+        from forge_nb.system import runtime
 
         infos = [m.info() for m in runtime.meshes()]
         if not infos:
@@ -199,7 +199,7 @@ class SpawnMagics(Magics):
         return self._shutdown(None)
 
     async def _shutdown(self, only: Any) -> None:
-        from forge_nb import cluster, runtime
+        from forge_nb.system import cluster, runtime
 
         runs = [only] if only is not None else self.runs.live()
         pids = _run_pids(only) if only is not None else [p for m in runtime.meshes() for p in m.pids]
@@ -226,7 +226,7 @@ class SpawnMagics(Magics):
         others = _children(os.getpid())
         if others:
             print(f"{len(others)} other process(es) started by this kernel still run, not spawned through "
-                  f"forge_nb.runtime: {', '.join(f'{p} ({c})' for p, c in others.items())}")
+                  f"forge_nb.system.runtime: {', '.join(f'{p} ({c})' for p, c in others.items())}")
 
 
 def _held(runs: Runs, value: Any) -> str:
@@ -235,7 +235,7 @@ def _held(runs: Runs, value: Any) -> str:
 
 
 def _require_gpus() -> None:
-    from forge_nb import runtime
+    from forge_nb.system import runtime
 
     if runtime.visible_gpus() == 0:
         raise UsageError("--gpus: this machine has no CUDA device; leave --gpus out to run on CPU")
@@ -246,7 +246,7 @@ def _run_pids(run: Any) -> list[int]:
 
 
 async def _wait_gone(pids: list[int], within: float) -> list[int]:
-    from forge_nb._procs import pid_alive
+    from forge_nb.system.procs import pid_alive
 
     deadline = time.monotonic() + within
     while True:
@@ -258,16 +258,17 @@ async def _wait_gone(pids: list[int], within: float) -> list[int]:
 
 def _children(root: int) -> dict[int, str]:
     """Live descendants of ``root`` -> the start of their command line."""
-    from forge_nb._procs import descendants
+    from forge_nb.system.procs import descendants
 
     return {pid: command[:80] for pid, command in descendants(root).items()}
 
 
 def _spawning() -> Any:
-    """``forge_nb.spawning``, imported after the runtime has set monarch's environment (see forge_nb.runtime)."""
-    from forge_nb import runtime
+    """``forge_nb.run`` (spawn, resume), imported after the runtime has set monarch's environment (see
+    forge_nb.system.runtime)."""
+    from forge_nb.system import runtime
 
     runtime.ensure_started()
-    from forge_nb import spawning
+    from forge_nb import run
 
-    return spawning
+    return run

@@ -1,7 +1,7 @@
 """ForgeActor: a monarch Actor with TorchForge's ``.options(...).as_service()/.as_actor()`` front.
 
 A user writes ``class Counter(ForgeActor)`` with ``@endpoint`` methods, sync or async (monarch alone
-refuses a class that mixes them; we make every endpoint async, see ``_monarch_compat.async_endpoints``).
+refuses a class that mixes them; we make every endpoint async, see ``forge_nb.system.monarch_compat.async_endpoints``).
 Heavy initialisation goes in an async ``setup()`` endpoint, which the service calls after spawning
 so that its errors reach the caller. An exception in ``__init__`` reaches the caller too, with its type,
 message and traceback, and an endpoint can be called on ``self`` (``self.reset()``, even from ``__init__``
@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from monarch.actor import Actor, endpoint
 
-from forge_nb._monarch_compat import async_endpoints
 from forge_nb.service._actor_side import ForgeActorMeta, bind_endpoints
 from forge_nb.service.options import Options
+from forge_nb.system.monarch_compat import async_endpoints
 
 if TYPE_CHECKING:
     from forge_nb.service.service import ActorHandle, Service

@@ -33,10 +33,10 @@ from typing import Any
 
 from monarch.actor import ActorError
 
-from forge_nb import runtime
-from forge_nb._procs import kill_pids
 from forge_nb.service.errors import ActorStartFailed, ReplicaDied
 from forge_nb.service.options import ActorClass, Options
+from forge_nb.system import runtime
+from forge_nb.system.procs import kill_pids
 
 __all__ = ["STATES", "Replica", "ReplicaDied", "ReplicaStatus"]
 
@@ -62,7 +62,7 @@ class ReplicaStatus:
     last_error: str | None
     version: int | None
     host: str = "kernel"
-    """The host its processes run on: "kernel", or a job's host (``forge_nb.cluster``)."""
+    """The host its processes run on: "kernel", or a job's host (``forge_nb.system.cluster``)."""
 
 
 class Replica:

@@ -36,11 +36,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge_nb import cluster, runtime
-from forge_nb.runtime import ResourceError
 from forge_nb.service.errors import ActorStartFailed, NoHealthyReplica, ReplicaDied
 from forge_nb.service.options import ActorClass, Options
 from forge_nb.service.replica import Replica, ReplicaStatus
+from forge_nb.system import cluster, runtime
+from forge_nb.system.runtime import ResourceError
 
 __all__ = ["ActorHandle", "Affinity", "NoHealthyReplica", "Service", "ServiceEvent"]
 

@@ -18,11 +18,12 @@ import pytest
 import pytest_asyncio
 import torch
 
-from forge_nb import runtime, weights
-from forge_nb._leftovers import SOCKETS_ROOT
+from forge_nb import weights
 from forge_nb.actors.generator import Generator, Policy
 from forge_nb.models import TinyModelConfig, build_tiny_model
 from forge_nb.rl.types import Completion
+from forge_nb.system import runtime
+from forge_nb.system.leftovers import SOCKETS_ROOT
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.heavy]
 

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from forge_nb import runtime
 from forge_nb.models import build_tiny_model
+from forge_nb.system import runtime
 from tests.actors.test_trainer import first, make_batch
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,9 +16,10 @@ import pytest
 import pytest_asyncio
 import torch
 
-from forge_nb import runtime, weights
+from forge_nb import weights
 from forge_nb.models import build_tiny_model
 from forge_nb.rl import Completion, Episode, ForwardBackwardResult, TrainBatch, collate
+from forge_nb.system import runtime
 
 pytestmark = pytest.mark.timeout(120)
 # The async tests share the module's event loop, on which the module's mesh was spawned.

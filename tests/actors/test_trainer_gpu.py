@@ -12,8 +12,9 @@ import math
 import pytest
 import torch
 
-from forge_nb import runtime, weights
+from forge_nb import weights
 from forge_nb.models import build_tiny_model
+from forge_nb.system import runtime
 from tests.actors.test_trainer import METRIC_KEYS, assert_same, differs, first, make_batch
 
 pytestmark = [

@@ -44,7 +44,7 @@ def fake_run(service: Any, model: str) -> SimpleNamespace:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from forge_nb import runtime
+    from forge_nb.system import runtime
 
     model = teach(tmp_path_factory.mktemp("endpoint") / "tiny",
                   [(QUESTION, CALL), (QUESTION + CALL + "<eos>" + "3", ANSWER)])

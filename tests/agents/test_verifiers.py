@@ -107,10 +107,10 @@ class Referee(vf.SingleAgentEnv):
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The taught model behind a Generator service and the endpoint; a SandboxedPythonCoder service."""
-    from forge_nb import runtime
     from forge_nb.actors.coder import SandboxedPythonCoder
     from forge_nb.actors.generator import Generator
     from forge_nb.agents import OpenAIEndpoint
+    from forge_nb.system import runtime
     from tests.agents.taught import teach
 
     model = teach(tmp_path_factory.mktemp("verifiers") / "taught",

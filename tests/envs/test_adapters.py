@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from forge_nb._procs import pid_alive
 from forge_nb.envs import EnvPool, ReasoningGymEnv, StepResult, TextArenaEnv
 from forge_nb.envs.adapters import clean_action
+from forge_nb.system.procs import pid_alive
 
 on_module_loop = pytest.mark.asyncio(loop_scope="module")
 
@@ -275,7 +275,7 @@ async def stop(env: Any) -> None:
 @on_module_loop
 @pytest.mark.timeout(240)
 async def test_reasoning_gym_episodes_through_an_env_pool_service() -> None:
-    from forge_nb import runtime
+    from forge_nb.system import runtime
 
     runtime.ensure_started()
     env = await EnvPool.options(num_replicas=2).as_service(ReasoningGymEnv, **ARITHMETIC, attempts=2)
@@ -309,7 +309,7 @@ async def test_reasoning_gym_episodes_through_an_env_pool_service() -> None:
 @on_module_loop
 @pytest.mark.timeout(240)
 async def test_guess_the_number_games_through_an_env_pool_service() -> None:
-    from forge_nb import runtime
+    from forge_nb.system import runtime
 
     runtime.ensure_started()
     env = await EnvPool.options(num_replicas=2).as_service(TextArenaEnv, env_id="GuessTheNumber-v0")

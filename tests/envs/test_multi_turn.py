@@ -38,7 +38,7 @@ def ids(text: str) -> list[int]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def policy(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from forge_nb import runtime
+    from forge_nb.system import runtime
 
     model = build_tiny_model(tmp_path_factory.mktemp("multi-turn") / "tiny", WIDE)
     runtime.ensure_started()

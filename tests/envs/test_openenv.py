@@ -16,9 +16,9 @@ import pytest
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
 
-from forge_nb._procs import pid_alive
 from forge_nb.envs import EnvPool, OpenEnvEnv, StepResult
 from forge_nb.envs.openenv_env import render_observation
+from forge_nb.system.procs import pid_alive
 from tests.envs.test_adapters import Bisect, bisecting, play
 from tests.openenv_envs import (
     AsyncBoardEnvironment,
@@ -237,7 +237,7 @@ class MoveObservationLike(Observation):
 @on_module_loop
 @pytest.mark.timeout(240)
 async def test_guessing_games_through_an_env_pool_service() -> None:
-    from forge_nb import runtime
+    from forge_nb.system import runtime
 
     runtime.ensure_started()
     env = await EnvPool.options(num_replicas=2).as_service(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from IPython.core.error import UsageError
 
-from forge_nb import runtime
+from forge_nb.system import runtime
 
 pytestmark = pytest.mark.timeout(300)
 

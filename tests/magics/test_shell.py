@@ -8,10 +8,10 @@ import sys
 import pytest
 from IPython.core.error import UsageError
 
-from forge_nb._procs import pid_alive
 from forge_nb.config import RunConfig
 from forge_nb.magics import help_text
 from forge_nb.magics._await import AWAITED
+from forge_nb.system.procs import pid_alive
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -48,7 +48,8 @@ def usage_error(ip, cell: str) -> str:
 
 def test_importing_the_magics_loads_nothing_heavy_and_registers_nothing():
     code = ("import sys, forge_nb.magics\n"
-            "print(sorted(m for m in ('monarch', 'torch', 'forge_nb.run', 'forge_nb.runtime') if m in sys.modules))")
+            "print(sorted(m for m in ('monarch', 'torch', 'forge_nb.run', 'forge_nb.system.runtime')"
+            " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 

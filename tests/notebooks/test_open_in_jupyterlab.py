@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from forge_nb._procs import same_start, started
+from forge_nb.system.procs import same_start, started
 from tests.procs import descendants
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,8 +13,8 @@ import subprocess
 import pytest
 
 import forge_nb
-from forge_nb._diskspace import DiskFull
 from forge_nb.config import LoopConfig
+from forge_nb.system.diskspace import DiskFull
 from tests.controller.conftest import light_config
 from tests.light_actors import LightGenerator, LightTrainer
 

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600), pytest.mark.asyncio(l
 async def run(tmp_path_factory):
     import time
 
-    from forge_nb._leftovers import engine_patterns, orphaned
+    from forge_nb.system.leftovers import engine_patterns, orphaned
 
     started = time.time()
     cfg = forge_nb.quickstart(run_dir=str(tmp_path_factory.mktemp("run")))
@@ -34,7 +34,7 @@ async def run(tmp_path_factory):
                                actors={"policy": BreakableGenerator})  # and one engine to break
     yield run
     await run.shutdown()
-    from forge_nb import runtime
+    from forge_nb.system import runtime
 
     assert runtime.meshes() == [], "shutdown left meshes behind"
     # the tests killed generators, engines and the trainer: nothing of theirs may be left in /dev/shm or /tmp
@@ -359,8 +359,8 @@ async def test_damaged_checkpoints_are_skipped_by_name_and_none_whole_refuses_be
     """The module's run directory holds the checkpoints the tests above made. The newest has a tensor file cut
     short, the one before lost its trainer folder's commit marker: resume comes back from the third, says
     why it skipped each, and sets them aside. With that one damaged too, resume refuses before spawning."""
-    from forge_nb import runtime
     from forge_nb.rundir import CheckpointsDamaged
+    from forge_nb.system import runtime
 
     checkpoints = run.dir.checkpoints
     states = sorted(checkpoints.glob("state_*.pt"))

@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 import forge_nb
-from forge_nb import runtime, weights
+from forge_nb import weights
+from forge_nb.system import runtime
 from tests.waiting import waiter
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900), pytest.mark.asyncio]

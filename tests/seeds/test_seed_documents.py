@@ -26,8 +26,9 @@ import pytest
 import pytest_asyncio
 import torch
 
-from forge_nb import runtime, weights
+from forge_nb import weights
 from forge_nb.models import build_tiny_model
+from forge_nb.system import runtime
 from tests.seeds.documents import PLANS, SEEDS, all_blocks, prepared
 
 pytestmark = pytest.mark.skipif(not SEEDS.is_dir(), reason=f"the TorchForge documents are not at {SEEDS}")

@@ -10,8 +10,8 @@ import signal
 import pytest
 from monarch.actor import ActorError
 
-from forge_nb._procs import pid_alive
 from forge_nb.service import ActorFailure, ActorStartFailed, NoHealthyReplica, ReplicaDied
+from forge_nb.system.procs import pid_alive
 from tests.actors_for_tests import BadInitEnv, BadSetupEnv, CustomEnv, WaitingInitEnv, Worker
 from tests.waiting import waiter
 

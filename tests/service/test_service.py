@@ -9,8 +9,8 @@ import signal
 import pytest
 from monarch.actor import ActorError
 
-from forge_nb._procs import pid_alive
 from forge_nb.service import NoHealthyReplica
+from forge_nb.system.procs import pid_alive
 from tests.actors_for_tests import Ledger, Worker
 from tests.waiting import waiter
 

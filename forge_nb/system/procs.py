@@ -7,7 +7,7 @@ segments the group's processes map before it kills them and removes those no oth
 ``psm_*`` message queues, hundreds of MB of apparent size each), and the reaper, once the kernel is gone,
 also removes the kernel's and the procs' socket folders and weight files. What these miss (the
 ``vllm_dist_*`` files, which nobody holds open; a reaper that was itself killed) goes at the next spawn or
-shutdown (``forge_nb._leftovers``).
+shutdown (``forge_nb.system.leftovers``).
 
 Which processes live, their parents, states and start times come from psutil. Which files a process maps
 or holds open is read from ``/proc/<pid>/maps`` and ``fd`` directly: psutil's ``memory_maps()`` parses
@@ -39,7 +39,8 @@ SEGMENTS = ("psm_*", "sem.mp-*")
 
 
 def weight_files_root() -> Path:
-    """``forge_nb._weights_shm.shm_root()``, read here without importing torch (the reaper needs it)."""
+    """Where forge_nb's weight files are (``forge_nb.weights.shm.shm_root()``; here without torch: the reaper
+    and the leftovers' clean-up read it)."""
     return Path(os.environ.get("FORGE_NB_SHM_DIR", "/dev/shm/forge_nb"))
 
 
@@ -282,7 +283,7 @@ def start_reaper(pgids: list[int], period: float = 0.5,
     if not groups:
         return None
     kernel, package_parent = os.getpid(), str(Path(__file__).resolve().parents[1])
-    code = (f"import sys; sys.path.insert(0, {package_parent!r}); from forge_nb._procs import reap; "
+    code = (f"import sys; sys.path.insert(0, {package_parent!r}); from forge_nb.system.procs import reap; "
             f"reap({kernel}, {groups!r}, leaders={leaders or {}!r})")
     script = _REAPER.format(kernel=kernel, groups=" ".join(map(str, groups)), period=period,
                             reap=shlex.join([sys.executable, "-c", code]))

@@ -1,89 +1,36 @@
-"""Versioned policy weights through TorchStore: a trainer pushes version v, generators load it.
-
-Layout: version ``v`` of a namespace lives under keys starting ``<namespace>.v{v}/``, with Hugging Face
-parameter names (what vLLM loads); a torchtitan trainer converts before pushing. The namespace is
-``"policy"`` unless a caller names another: each run in a kernel has its own (:func:`namespace_for`),
-so runs side by side never see, or drop, each other's versions. torchstore's key index is a trie
-split on ".", so a namespace is one component (letters, digits, ``_`` and ``-``) and listing one
-namespace's versions never reaches another's.
-
-The transports behind the same calls (``push_state_dict``, ``load_state_dict``/``open_version``,
-``drop_version``):
-
-* ``"torchstore"``: torchstore's state-dict path; every tensor travels as monarch messages (~0.25 GB/s
-  on these machines, no RDMA NIC). Works across hosts.
-* ``"shm"`` (the default on one host): one file per version under ``/dev/shm``, and only a small
-  manifest (``<key>/__shm__``) in torchstore; see ``forge_nb._weights_shm``. ``bench/weight_sync.py``
-  measures both.
-* ``"shm+stream"`` (the default in a process placed on a job's host when the job has several,
-  ``forge_nb.cluster``): shm, and the writer's process serves the file over TCP. Readers on the writer's
-  host map its file; on any other host the first reader of a version pulls it through one stream into
-  that host's shared memory, where the host's other readers map it (a host keeps only the newest version
-  it copied); a reader that cannot reach the stream has the writer put the tensors in torchstore and
-  fetches them from there. See ``forge_nb._weights_stream``. Which host a process is on:
-  ``_weights_shm.host_id()``.
-* ``"shm+torchstore"``: the same, with the tensors put in torchstore by every push (readers that cannot
-  reach the stream find them there at once; a push costs as much as a torchstore one).
-
-The store's life. The kernel's torchstore (a controller and one storage volume process) is started
-either directly, ``await initialize_store()`` (tests, benches, a notebook's own cells) and stopped by
-``await shutdown_store()``; or *leased*: ``await lease_store(holder)`` starts it for its first holder,
-``await release_store(holder)`` stops it after the last one lets go (see ``forge_nb.leases``). Runs
-and services whose actor class ``needs_store`` lease it, so a second run's shutdown never tears the
-store down under the first. The last release stops the store only if a lease started it: a store
-started directly stays until ``shutdown_store()``, which stops it whoever holds leases (the next
-lease starts it again). While leased, the store holds a runtime lease (``runtime.lease``).
-
-Every function works in any process (kernel or actor): torchstore is reached through
-``forge_nb._torchstore``, which carries the monarch-0.7 compatibility binding.
-"""
+"""Versions of a namespace's weights: push, announce, load or open, list and drop them (the transports are
+described in ``forge_nb.weights``; the store they live in is ``forge_nb.weights.store``)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import logging
 import os
 import re
-import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from forge_nb import runtime
-from forge_nb._weights_shm import (
-    SPARES,
+from forge_nb.system import runtime
+from forge_nb.weights.shm import (
     LoadedVersion,
-    _pinned,  # noqa: F401  (this process's page-locked and kept mappings: tests look at them here)
-    _reader_maps,  # noqa: F401
     host_id,
     read_shm,
-    remove_orphaned_shm,
-    remove_spares,
     retire,
     shm_root,
     stored_dtype,
     write_shm,
 )
-from forge_nb.leases import Shared
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "PREFIX", "SPARES", "STORE", "LoadedVersion", "announce_version", "check_namespace", "drop_version",
-    "for_other_hosts", "handed_version", "initialize_store", "lease_store", "load_state_dict", "namespace_for",
-    "open_version",
-    "push_state_dict", "release_store", "remove_orphaned_shm", "shm_root", "shutdown_store", "store_holders",
-    "store_running", "stored_dtype", "stored_versions", "weights_key",
-]
 
 PREFIX = "policy"  #: the default namespace: the documents' code pushes and loads there
 TRANSPORTS = ("shm", "torchstore", "shm+stream", "shm+torchstore")
 SHM_MANIFEST = "__shm__"
 _NAMESPACE = re.compile(r"[A-Za-z0-9_-]+")
-_VERSION_KEY = re.compile(r"([A-Za-z0-9_-]+)\.v(\d+)/")
+VERSION_KEY = re.compile(r"([A-Za-z0-9_-]+)\.v(\d+)/")
 
 
 # -- namespaces -----------------------------------------------------------------------------------------
@@ -113,122 +60,12 @@ def weights_key(version: int, namespace: str = PREFIX) -> str:
     return f"{check_namespace(namespace)}.v{version}"
 
 
-def _ts() -> Any:
+def store_client() -> Any:
+    """torchstore's client in this process (the runtime started first: monarch reads its settings then)."""
     runtime.ensure_started()
-    from forge_nb._torchstore import ts
+    from forge_nb.weights.torchstore import ts
 
     return ts
-
-
-# -- the store's life -----------------------------------------------------------------------------------
-
-_store_mesh: runtime.Mesh | None = None
-_store_leased = False  # whether the running store was started by a lease (its last release stops it)
-_RUNTIME_HOLDER = "weights.store"
-_store_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
-
-
-async def initialize_store() -> bool:
-    """Start the kernel's torchstore (a controller and one storage volume). Kernel only; idempotent:
-    returns True when this call started it, False when it was already running.
-
-    The storage volume gets a process of the runtime's (left to itself, torchstore would spawn one
-    the runtime does not know, which would outlive ``shutdown_store``)."""
-    global _store_mesh
-    loop = asyncio.get_running_loop()
-    lock = _store_locks.setdefault(loop, asyncio.Lock())
-    async with lock:  # services spawned side by side (asyncio.gather) each ask for the store
-        ts = _ts()
-        remove_orphaned_shm()
-        if _store_mesh is not None and _store_mesh.state != "running":
-            await _forget_store()  # its volume was stopped (runtime.stop_all): the controller still says ready
-        try:
-            await ts.keys(PREFIX)
-            return False  # already running
-        except Exception:
-            ts.reset_client()
-        # on the kernel's host, whatever job is in use: its controller runs in the kernel
-        _store_mesh = await runtime.spawn_mesh("torchstore", 1, owner="torchstore", hosts="kernel")
-        await ts.initialize(mesh=_store_mesh.proc_mesh)
-        return True
-
-
-async def _forget_store() -> None:
-    """Reset torchstore's controller (in this process) and client after its volume's process is gone."""
-    global _store_mesh
-    ts = _ts()
-    with contextlib.suppress(Exception):  # teardown marks the controller uninitialised, then asks the dead volume
-        await ts.shutdown()
-    ts.reset_client()
-    _store_mesh = None
-
-
-async def shutdown_store() -> None:
-    """Stop the store ``initialize_store`` started (every namespace's versions dropped first); nothing if
-    none is up. Every lease on it ends too: a holder's later release is a no-op, and the next lease
-    starts a new store."""
-    global _store_mesh, _store_leased
-    _store_leased = False
-    STORE.forget_all()
-    await runtime.release(_RUNTIME_HOLDER)
-    ts = _ts()
-    if _store_mesh is None:
-        return
-    if _store_mesh.state != "running":
-        await _forget_store()
-        return
-    try:
-        found = {m.groups() for m in map(_VERSION_KEY.match, await ts.keys()) if m}
-        for namespace, version in sorted(found):
-            await drop_version(int(version), namespace=namespace)
-        await ts.shutdown()
-        remove_spares()
-    finally:
-        ts.reset_client()
-        if _store_mesh is not None:
-            await _store_mesh.stop()
-            _store_mesh = None
-
-
-def store_running() -> bool:
-    """Whether the store this module started is up (its volume's process running)."""
-    return _store_mesh is not None and _store_mesh.state == "running"
-
-
-async def _start_leased() -> None:
-    global _store_leased
-    await runtime.lease(_RUNTIME_HOLDER)
-    try:
-        _store_leased = await initialize_store() or _store_leased
-    except BaseException:
-        await runtime.release(_RUNTIME_HOLDER)
-        raise
-
-
-async def _stop_leased() -> None:
-    try:
-        if _store_leased:
-            await shutdown_store()
-    finally:
-        await runtime.release(_RUNTIME_HOLDER)
-
-
-STORE = Shared("torchstore", start=_start_leased, stop=_stop_leased, alive=store_running)
-
-
-async def lease_store(holder: str) -> None:
-    """Lease the kernel's torchstore for ``holder`` (a run's or a service's unique id): started if down."""
-    await STORE.acquire(holder)
-
-
-async def release_store(holder: str) -> None:
-    """End ``holder``'s lease; the last release stops the store if a lease started it. Unknown: no-op."""
-    await STORE.release(holder)
-
-
-def store_holders() -> frozenset[str]:
-    """Who leases the store now."""
-    return STORE.holders
 
 
 # -- versions -------------------------------------------------------------------------------------------
@@ -255,7 +92,7 @@ async def push_state_dict(state_dict: dict[str, torch.Tensor], version: int, tra
             transport = "shm+stream"  # readers may be on the job's other hosts
     if transport not in TRANSPORTS:
         raise ValueError(f"transport={transport!r}: use 'auto' or one of {', '.join(map(repr, TRANSPORTS))}")
-    ts = _ts()
+    ts = store_client()
     if "torchstore" in transport:  # before the manifest: a reader that sees the manifest finds the tensors too
         await ts.put_state_dict({k: v.detach().to(stored_dtype(v, dtype)) for k, v in state_dict.items()}, key)
     if "shm" not in transport:
@@ -275,17 +112,17 @@ async def push_state_dict(state_dict: dict[str, torch.Tensor], version: int, tra
 def _offer(manifest: dict[str, Any]) -> dict[str, Any]:
     """What a manifest needs for readers on other hosts: this process's stream of the file, and its
     Publisher (torchstore's path, for a reader the stream does not reach); whichever can be had."""
-    from forge_nb import _weights_stream
+    from forge_nb.weights import stream
 
     out: dict[str, Any] = {}
     try:
-        out["stream"] = _weights_stream.server().offer(manifest["path"])
+        out["stream"] = stream.server().offer(manifest["path"])
     except OSError as e:
         logger.warning("weights: no stream for readers on other hosts (%s: %s); they fetch through torchstore",
                        type(e).__name__, e)
     if not manifest["torchstore"]:
         try:
-            out["publisher"] = _weights_stream.publisher()
+            out["publisher"] = stream.publisher()
         except Exception as e:
             logger.warning("weights: no Publisher actor in this process (%s: %s); the tensors go through "
                            "torchstore with every push", type(e).__name__, e)
@@ -300,7 +137,7 @@ def for_other_hosts(manifest: dict[str, Any]) -> bool:
 async def announce_version(version: int, manifest: dict[str, Any], *, namespace: str = PREFIX) -> None:
     """Put a version's shm manifest in torchstore, where readers that were not handed it (and
     ``stored_versions``) find it: ``push_state_dict`` does, unless told ``announce=False``."""
-    await _ts().put(f"{weights_key(version, namespace)}/{SHM_MANIFEST}", manifest)
+    await store_client().put(f"{weights_key(version, namespace)}/{SHM_MANIFEST}", manifest)
 
 
 async def load_state_dict(version: int, *, namespace: str = PREFIX) -> dict[str, torch.Tensor]:
@@ -347,9 +184,9 @@ def _names(manifest: dict[str, Any] | None, version: int, namespace: str) -> boo
 
 async def _fetch(version: int, namespace: str) -> tuple[dict[str, Any] | None, dict[str, torch.Tensor]]:
     """(the shm manifest, {}) or (None, the tensors through torchstore). A version pushed on another host
-    for readers elsewhere comes as this host's copy (``forge_nb._weights_stream.host_copy``)."""
+    for readers elsewhere comes as this host's copy (``forge_nb.weights.stream.host_copy``)."""
     key = weights_key(version, namespace)
-    ts = _ts()
+    ts = store_client()
     try:
         if not await ts.exists(f"{key}/{SHM_MANIFEST}"):
             return None, await ts.get_state_dict(key)
@@ -359,7 +196,7 @@ async def _fetch(version: int, namespace: str) -> tuple[dict[str, Any] | None, d
         raise KeyError(f"{namespace} version {version} is not in torchstore (stored: {have or 'none'})") from e
     if manifest["host"] == host_id() or not for_other_hosts(manifest):
         return manifest, {}  # not pushed for other hosts: reading it says so (_same_host)
-    from forge_nb._weights_stream import host_copy
+    from forge_nb.weights.stream import host_copy
 
     return await host_copy(key, namespace, manifest), {}
 
@@ -373,7 +210,7 @@ def _parse(key: str) -> tuple[str, int]:
 async def stored_versions(*, namespace: str = PREFIX) -> list[int]:
     """The versions of ``namespace`` in torchstore, oldest first."""
     prefix = check_namespace(namespace) + ".v"
-    keys = await _ts().keys(namespace)
+    keys = await store_client().keys(namespace)
     return sorted({_parse(k.split("/", 1)[0])[1] for k in keys if "/" in k and k.startswith(prefix)})
 
 
@@ -381,7 +218,7 @@ async def drop_version(version: int, *, namespace: str = PREFIX, manifest: dict[
     """Delete every key (and shared-memory file) of ``version`` of ``namespace``; returns how many keys
     were deleted. Given the version's ``manifest`` (what ``push_state_dict`` returned) of a shm-only push,
     its one key goes without listing or reading the store first (one delete instead of four calls)."""
-    ts = _ts()
+    ts = store_client()
     key = weights_key(version, namespace)
     shm_key = f"{key}/{SHM_MANIFEST}"
     if _names(manifest, version, namespace) and not for_other_hosts(manifest):

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from forge_nb._diskspace import is_no_space
+from forge_nb.system.diskspace import is_no_space
 
 logger = logging.getLogger(__name__)
 

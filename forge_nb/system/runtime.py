@@ -12,12 +12,12 @@ controller: every mesh it spawns is recorded here, so that
   monarch, and in any case a watchdog task on the kernel's loop checks the recorded pids every
   ``WATCHDOG_PERIOD_S``, so detection never depends on import order.
 * nothing outlives the kernel. Spawned procs are children of the kernel with PR_SET_PDEATHSIG; on a clean
-  exit an ``atexit`` handler kills what still runs. (A job's hosts, ``forge_nb.cluster``, are the job's; their
+  exit an ``atexit`` handler kills what still runs. (A job's hosts, ``forge_nb.system.cluster``, are the job's; their
   pids are watched only on this machine.) :func:`end_process` skips monarch's exit-time teardown.
 
 Importing this module has no side effects; :func:`ensure_started` does the work, once.
 
-Leases (:func:`lease` / :func:`release`, a ``forge_nb.leases.Shared``): services and the leased
+Leases (:func:`lease` / :func:`release`, a ``forge_nb.system.leases.Shared``): services and the leased
 torchstore hold the runtime under a holder id, and meshes they spawn carry that id as ``owner``. The
 first lease starts the runtime (``ensure_started``); releasing a holder stops every mesh it still owns
 (what a shutdown left behind, e.g. a respawn caught midway); the last release also ends the pid
@@ -26,7 +26,7 @@ life of the kernel (monarch cannot be un-imported, and its late failure reports 
 hook), and meshes spawned without a lease (``%spawn``, tests) are the spawner's to stop.
 
 One concept, hence near 500 lines: the kernel's registry of meshes and what keeps it true. Beside it:
-process mechanics in ``_procs``, GPU accounting in ``_gpus``, job hosts and placement in ``cluster``.
+process mechanics in ``procs``, GPU accounting in ``gpus``, job hosts and placement in ``cluster``.
 """
 
 from __future__ import annotations
@@ -47,11 +47,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from forge_nb import _gpus, cluster
-from forge_nb._gpus import ResourceError  # noqa: F401  (runtime.ResourceError, as before)
-from forge_nb._monarch_compat import await_maybe, private_log_dir
-from forge_nb._proclogs import bootstrap, default_log_dir, native_stderr_to
-from forge_nb._procs import (
+from forge_nb.system import cluster, gpus
+from forge_nb.system.gpus import ResourceError  # noqa: F401  (runtime.ResourceError, as before)
+from forge_nb.system.leases import Shared
+from forge_nb.system.monarch_compat import await_maybe, private_log_dir
+from forge_nb.system.proclogs import bootstrap, default_log_dir, native_stderr_to
+from forge_nb.system.procs import (
     StoppedWatch,
     kill_groups,
     kill_pids,
@@ -60,7 +61,6 @@ from forge_nb._procs import (
     started,
     stop_reaper,
 )
-from forge_nb.leases import Shared
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ MONARCH_ENV_DEFAULTS = {
     "HYPERACTOR_CODEC_MAX_FRAME_LENGTH": "910737418240",
     # A job's host that dies leaves messages queued to it; after this long monarch returns them, and a kernel
     # handed back an undeliverable message exits (measured: 30 s, the default, after a ProcessJob host died
-    # mid-run, pytest was gone). The host's probe finds it lost within seconds (forge_nb.cluster).
+    # mid-run, pytest was gone). The host's probe finds it lost within seconds (forge_nb.system.cluster).
     "HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT": "7d",
 }
 
@@ -179,9 +179,9 @@ def lease_holders() -> frozenset[str]:
     return _leases.holders
 
 
-# -- GPUs (the accounting lives in _gpus; the registry says who holds which) -----------------------
+# -- GPUs (the accounting lives in gpus; the registry says who holds which) -----------------------
 
-visible_gpus = _gpus.visible
+visible_gpus = gpus.visible
 
 
 def _held_gpus() -> dict[str, list[int]]:  # on the kernel's host
@@ -192,7 +192,7 @@ def check_gpus(procs: int, name: str) -> None:
     """Raise ResourceError unless ``procs`` GPUs are free for ``name`` (on the job's hosts if one is in use)."""
     job = cluster.current()
     if job is None:
-        _gpus.check(procs, name, _held_gpus())
+        gpus.check(procs, name, _held_gpus())
     else:
         job.check_gpus(procs, name, [(m.host, m.owner, m.gpu_ids) for m in meshes()])
 
@@ -205,13 +205,13 @@ class Mesh:
     def __init__(self, name: str, procs: int, with_gpus: bool, gpu_ids: list[int], owner: str | None,
                  host: str = "kernel", local: bool = True):
         self.name, self.procs, self.with_gpus, self.gpu_ids, self.owner = name, procs, with_gpus, gpu_ids, owner
-        self.host = host  # "kernel", or the job's host it runs on (forge_nb.cluster)
+        self.host = host  # "kernel", or the job's host it runs on (forge_nb.system.cluster)
         self.local = local  # its pids are this machine's: the watchdog and kills may use them
         self.log_path: Path | None = None  # where its procs' stdout and stderr go
         self.proc_mesh: Any = None
         self.pids: list[int] = []
         self.pgids: list[int] = []
-        self.starts: list[float | None] = []  # each proc's start (_procs.started): its pid may be reused later
+        self.starts: list[float | None] = []  # each proc's start (procs.started): its pid may be reused later
         self.state: MeshState = "running"
         self.failures: list[Failure] = []
         self.created = time.time()
@@ -323,7 +323,7 @@ async def spawn_mesh(name: str, procs: int = 1, with_gpus: bool = False, *, host
 
     ``with_gpus`` gives the mesh ``procs`` free GPUs of its host (each proc sees them all through
     ``CUDA_VISIBLE_DEVICES``; rank r uses ``cuda:r``). Validation happens before anything is spawned.
-    The procs' output goes to ``<log_dir>/<name>.log`` (default: ``_proclogs.default_log_dir()``).
+    The procs' output goes to ``<log_dir>/<name>.log`` (default: ``proclogs.default_log_dir()``).
     """
     if not isinstance(procs, int) or isinstance(procs, bool) or procs < 1:
         raise ValueError(f"procs={procs!r}: a mesh needs at least one process (procs >= 1)")
@@ -334,7 +334,7 @@ async def spawn_mesh(name: str, procs: int = 1, with_gpus: bool = False, *, host
     running = [(m.host, m.owner, m.gpu_ids) for m in meshes()]
     host, gpu_ids = cluster.where(name, hosts, procs=procs, with_gpus=with_gpus, owner=owner, meshes=running)
     if host is None and with_gpus:
-        gpu_ids = _gpus.check(procs, f"mesh {name!r}", _held_gpus())
+        gpu_ids = gpus.check(procs, f"mesh {name!r}", _held_gpus())
     proc_env = dict(env or {})
     proc_env.update(cluster.env(host))
     if with_gpus:
@@ -352,7 +352,7 @@ async def spawn_mesh(name: str, procs: int = 1, with_gpus: bool = False, *, host
             name=name,
             bootstrap=functools.partial(bootstrap, proc_env, str(mesh.log_path)),
         )
-        from forge_nb._procinfo import ProcInfo
+        from forge_nb.system.procinfo import ProcInfo
 
         info = mesh.spawn("procinfo", ProcInfo)
         pids = await cluster.unless_lost(mesh.host, info.pid.call(), f"mesh {name!r} started")
@@ -430,7 +430,7 @@ _watchdog: asyncio.Task[None] | None = None
 def _start_watchdog(loop: asyncio.AbstractEventLoop) -> None:
     global _watchdog
     if _watchdog is None or _watchdog.done() or _watchdog.get_loop() is not loop:
-        _watchdog = loop.create_task(_watch_pids(), name="forge_nb.runtime.watchdog")
+        _watchdog = loop.create_task(_watch_pids(), name="forge_nb.system.runtime.watchdog")
 
 
 _stopped = StoppedWatch(STOPPED_HANG_S)

@@ -15,7 +15,7 @@ with its first push for other hosts, ended with the process), bound to the job's
 (:func:`bind_address`: loopback when every host of the job is on one machine) on a free port. A request
 names a file of this process's versions and carries the server's token (random, 128 bits), which only
 the manifest in torchstore and the processes handed it know. The server holds a shared lock on the file
-while it sends, so the writer never reuses it for a later version under a reader (``_weights_shm``).
+while it sends, so the writer never reuses it for a later version under a reader (``forge_nb.weights.shm``).
 
 Failures. The stream cannot be reached (refused, filtered, no route): the reader says why in the log and
 takes torchstore's path: it asks the writer's :class:`Publisher` actor (spawned in the writer's process,
@@ -72,7 +72,7 @@ from typing import Any
 import torch
 from monarch.actor import Actor, endpoint, this_proc
 
-from forge_nb._weights_shm import _lock_shared, _views, file_size, host_id, retire, shm_root, write_file, write_shm
+from forge_nb.weights.shm import _lock_shared, _views, file_size, host_id, retire, shm_root, write_file, write_shm
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Unreachable(ConnectionError):
 def bind_address() -> str:
     """The address this process's server binds to: ``FORGE_NB_WEIGHTS_ADDR`` if set; loopback outside a job
     of several hosts or when all of them are on this machine (``FORGE_NB_JOB_LOCAL``, from
-    ``forge_nb.cluster``); otherwise the address this host's name resolves to, as monarch's TCP transport
+    ``forge_nb.system.cluster``); otherwise the address this host's name resolves to, as monarch's TCP transport
     binds (a host whose name names only loopback gets loopback, and readers elsewhere take torchstore's path)."""
     if os.environ.get("FORGE_NB_WEIGHTS_ADDR"):
         return os.environ["FORGE_NB_WEIGHTS_ADDR"]
@@ -202,7 +202,7 @@ class Publisher(Actor):
 
     @endpoint
     async def publish(self, key: str, path: str, entries: list[Any]) -> None:
-        from forge_nb._torchstore import ts
+        from forge_nb.weights.torchstore import ts
 
         async with self._lock:
             if await ts.exists(f"{key}/MAPPING"):  # torchstore's index of a state dict: put already
@@ -337,7 +337,7 @@ def _pull(name: str, manifest: dict[str, Any]) -> dict[str, Any]:
 async def _through_torchstore(key: str, host: str, manifest: dict[str, Any]) -> dict[str, Any]:
     """torchstore's path: the writer's Publisher puts the tensors there (unless its push did), then they
     come as monarch messages and are laid out in this host's shared memory."""
-    from forge_nb._torchstore import ts
+    from forge_nb.weights.torchstore import ts
 
     if not manifest.get("torchstore"):
         actor = pickle.loads(manifest["publisher"])

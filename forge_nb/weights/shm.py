@@ -17,7 +17,7 @@ long as its views are alive, since the lock lives with the mapping; ``LoadedVers
 rewritten under a reader that still looks at it. Writers and ``LoadedVersion`` readers keep their
 mappings of the files (which rotate through the spares), so later pushes and loads take no page faults.
 ``write_file`` is that file machinery for any filler: ``write_shm`` copies tensors in, and a reader on
-another host receives a version's bytes from its writer's stream (``forge_nb._weights_stream``).
+another host receives a version's bytes from its writer's stream (``forge_nb.weights.stream``).
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from forge_nb.system.procs import remove_left_by_dead, weight_files_root
+
 logger = logging.getLogger(__name__)
 
 SPARES = 2  #: dropped shared-memory files kept per writer for its next pushes
@@ -44,7 +46,8 @@ _ALIGN = 64
 
 
 def shm_root() -> Path:
-    return Path(os.environ.get("FORGE_NB_SHM_DIR", "/dev/shm/forge_nb"))
+    """Where the weight files are: ``FORGE_NB_SHM_DIR``, by default ``/dev/shm/forge_nb``."""
+    return weight_files_root()
 
 
 def host_id() -> str:
@@ -56,8 +59,6 @@ def host_id() -> str:
 
 def remove_orphaned_shm() -> list[str]:
     """Delete shared-memory weight files whose writer process is gone (a killed kernel or trainer)."""
-    from forge_nb._procs import remove_left_by_dead
-
     return [str(path) for path in remove_left_by_dead(shm_root())]
 
 
@@ -102,7 +103,7 @@ def file_size(entries: list[Any]) -> int:
     return max([-(-(start + nbytes) // _ALIGN) * _ALIGN for *_, start, nbytes in entries] + [1])
 
 
-_files_lock = threading.Lock()  # write_file runs in a thread for a stream (_weights_stream), and in the loop
+_files_lock = threading.Lock()  # write_file runs in a thread for a stream (weights.stream), and in the loop
 
 
 def write_file(key: str, size: int, fill: Callable[[torch.Tensor], None]) -> Path:

@@ -9,7 +9,7 @@ being created right now by a starting engine is never taken). Folders and files 
 (generator sockets, weight files) go when that pid is gone. The run calls :func:`remove_leftovers`
 when it shuts down and when it spawns.
 
-Most of it is gone before that: whoever kills an engine (``forge_nb._procs.kill_groups``, and the
+Most of it is gone before that: whoever kills an engine (``forge_nb.system.procs.kill_groups``, and the
 reaper of a killed kernel) removes the segments it mapped, and the reaper also the kernel's and its procs'
 socket folders and weight files. This module is the fallback for what they cannot attribute (the
 ``vllm_dist_*`` files, open in no process) and for processes killed some other way.
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from forge_nb._procs import SHM, SOCKETS_ROOT, files_in_use, remove_left_by_dead
+from forge_nb.system.procs import SHM, SOCKETS_ROOT, files_in_use, remove_left_by_dead, weight_files_root
 
 
 def orphaned(patterns: list[tuple[Path, str]], min_age_s: float = 30.0) -> list[Path]:
@@ -52,12 +52,10 @@ def engine_patterns() -> list[tuple[Path, str]]:
 
 def remove_leftovers(min_age_s: float = 30.0) -> dict[str, int]:
     """Remove what killed engines and generators left; returns how many of each kind went."""
-    from forge_nb._weights_shm import remove_orphaned_shm
-
     removed = {"engine files": 0}
     for path in orphaned(engine_patterns(), min_age_s):
         path.unlink(missing_ok=True)
         removed["engine files"] += 1
     removed["socket folders"] = len(remove_left_by_dead(SOCKETS_ROOT))
-    removed["weight files"] = len(remove_orphaned_shm())
+    removed["weight files"] = len(remove_left_by_dead(weight_files_root()))  # weights.shm.remove_orphaned_shm
     return removed

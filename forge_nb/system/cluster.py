@@ -18,14 +18,14 @@ torchstore volume lives there). GPUs are counted per host: each host's probe rep
 Health: monarch tells the kernel of a process that dies on a live host (the runtime's fault hook), but a
 host that dies whole (its worker killed, its machine gone) leaves calls to it waiting for monarch's
 supervision timeout (60 s) and reports nothing for meshes nobody calls (measured with ProcessJob). So
-each host runs a probe, a one-process mesh with a :class:`~forge_nb._procinfo.ProcInfo` actor that the
+each host runs a probe, a one-process mesh with a :class:`~forge_nb.system.procinfo.ProcInfo` actor that the
 kernel calls every ``PROBE_PERIOD_S``; a probe that fails, or misses ``PROBE_MISSES`` answers in a row, marks
 the host lost (:attr:`Host.lost`), the runtime's watchdog fails every mesh on it (their services respawn
 them on the hosts left), and placement skips it from then on. A job that can say its scheduler ended it
-(``forge_nb.slurm.SlurmJob.describe``: ``scancel``, a time limit) is asked every ``JOB_CHECK_S``; then every host
+(``forge_nb.system.slurm.SlurmJob.describe``: ``scancel``, a time limit) is asked every ``JOB_CHECK_S``; then every host
 is lost with that reason, so what fails next names the job.
 
-Pids: a host whose probe runs on the kernel's machine and pid namespace (:func:`~forge_nb._procinfo.machine`)
+Pids: a host whose probe runs on the kernel's machine and pid namespace (:func:`~forge_nb.system.procinfo.machine`)
 is *local*: the runtime may watch and signal its processes' pids, as for the kernel's own. On any other host
 it does neither (a pid there names nothing here) and relies on monarch and the probe.
 
@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forge_nb._gpus import ResourceError
-from forge_nb._monarch_compat import await_maybe
+from forge_nb.system.gpus import ResourceError
+from forge_nb.system.monarch_compat import await_maybe
 
 __all__ = ["KERNEL", "Cluster", "Host", "current", "job_line", "lost", "one_host", "release_job", "use_job", "where"]
 
@@ -180,7 +180,7 @@ class Cluster:
                     logger.warning("could not ask the job how its scheduler sees it: %s", e)
 
     async def _check_job(self) -> None:
-        """Ask the job how its scheduler sees it (``forge_nb.slurm.SlurmJob.describe``; kept for tables). A job
+        """Ask the job how its scheduler sees it (``forge_nb.system.slurm.SlurmJob.describe``; kept for tables). A job
         the scheduler ended (``scancel``, a time limit) takes every host with it, and says so: what fails on
         them next names the job."""
         self.described = await asyncio.to_thread(self.job.describe)
@@ -273,7 +273,7 @@ def env(host: Host | None) -> dict[str, str]:
     out = {"FORGE_NB_HOST": KERNEL if host is None else host.name}
     if _current is not None:
         out["FORGE_NB_JOB_HOSTS"] = str(len(_current.hosts) + 1)
-        # all on the kernel's machine (ProcessJob): weight streams bind to loopback (forge_nb._weights_stream)
+        # all on the kernel's machine (ProcessJob): weight streams bind to loopback (forge_nb.weights.stream)
         out["FORGE_NB_JOB_LOCAL"] = "1" if all(h.local for h in _current.hosts) else "0"
     return out
 
@@ -332,8 +332,8 @@ async def use_job(job: Any, *, cached_path: str | None = None, log_dir: str | Pa
     and (``reap``) ends what a controller that died left running on the hosts: a job has one controller.
     Meshes already running stay where they are."""
     global _current
-    from forge_nb._procinfo import ProcInfo, machine
-    from forge_nb._proclogs import bootstrap, default_log_dir
+    from forge_nb.system.procinfo import ProcInfo, machine
+    from forge_nb.system.proclogs import bootstrap, default_log_dir
 
     if _current is not None:
         raise RuntimeError(f"a job is already in use ({_current}); `await forge_nb.release_job()` first")

@@ -56,7 +56,7 @@ class _FullDiskQuiet(logging.FileHandler):
     said = False
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
-        from forge_nb._diskspace import is_no_space
+        from forge_nb.system.diskspace import is_no_space
 
         error = sys.exc_info()[1]
         if error is None or not is_no_space(error):
@@ -67,7 +67,7 @@ class _FullDiskQuiet(logging.FileHandler):
 
     def close(self) -> None:
         """Closed on a full disk too: the records still buffered are lost, as said (a run shuts down anyway)."""
-        from forge_nb._diskspace import is_no_space
+        from forge_nb.system.diskspace import is_no_space
 
         try:
             super().close()

@@ -13,7 +13,7 @@
       model/            the locally built tiny model, when the config asks for "tiny"
 
 A checkpoint is whole when its trainer folder and its run state both match their commit markers (sizes and
-CRC-32s, ``forge_nb._commit``). :meth:`RunDir.checkpoint_to_resume` picks the newest whole one before
+CRC-32s, ``forge_nb.rundir.commit``). :meth:`RunDir.checkpoint_to_resume` picks the newest whole one before
 anything is spawned, and sets aside (renames ``*.skipped``) what is newer and damaged or uncommitted, so
 neither the resumed trainer nor a respawned one loads it; ``resume`` records a ``checkpoint_skipped`` event
 for each. Run directories from before the markers have one ``state.pt`` and unmarked trainer folders: they
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from forge_nb._commit import MARKER, commit, commit_folder, verify, verify_folder
-from forge_nb._diskspace import size_of
+from forge_nb.rundir.commit import MARKER, commit, commit_folder, verify, verify_folder
+from forge_nb.system.diskspace import size_of
 
 
 class RunDir:

@@ -18,8 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from forge_nb._importpath import require
 from forge_nb.metrics import MetricsStore, Row
+from forge_nb.system.importpath import require
 
 __all__ = ["EXPORTERS", "Exporter", "export"]
 

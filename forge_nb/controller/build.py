@@ -1,4 +1,8 @@
-"""Bring a Run up from a config (``forge_nb.spawn``) or back from its run directory (``forge_nb.resume``).
+"""Assembling a run: ``build_run`` brings up its services and wires its parts; ``forge_nb.run`` wraps them.
+
+``forge_nb.spawn`` (:func:`spawn_parts`: a new run directory) and ``forge_nb.resume`` (:func:`resume_parts`: an
+existing one, from its last whole checkpoint) both come here, and ``forge_nb.Run`` is the thin front
+over what :func:`build_run` returns, a :class:`RunParts`: every object of a run is made in this module, once.
 
 Services start concurrently: the generator service, the trainer actor and, when asked for, the
 reference service. A progress bar shows which are up. If any fails to start, the ones that did are
@@ -12,16 +16,17 @@ import contextlib
 import json
 import logging
 import shutil
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forge_nb import cluster, runtime, weights
-from forge_nb._importpath import import_path
-from forge_nb._leftovers import remove_leftovers
+from forge_nb import weights
 from forge_nb.config import (
     RunConfig,
     apply_overrides,
+    check_change,
     from_dict,
     from_yaml,
     hot_fields,
@@ -29,23 +34,43 @@ from forge_nb.config import (
     trainer_actor_kwargs,
     trainer_hparam_sections,
 )
-from forge_nb.controller import WeightSync
+from forge_nb.controller.core import Controller, EpisodeFn
+from forge_nb.controller.episodes import generate_episode
+from forge_nb.controller.hot import HotChanges
+from forge_nb.controller.ledger import Ledger
+from forge_nb.controller.weight_sync import WeightSync
+from forge_nb.metrics import MetricsStore
 from forge_nb.models import TINY_PAD_ID, TRANSFORMERS_LOCK, TinyModelConfig, build_tiny_model, resolve_model
-from forge_nb.run import EpisodeFn, Run
+from forge_nb.rl import ReplayBuffer
 from forge_nb.rundir import RunDir
+from forge_nb.system import cluster, proclogs, runtime
+from forge_nb.system.importpath import import_path
+from forge_nb.system.leftovers import remove_leftovers
 
 logger = logging.getLogger(__name__)
 
 JOB_FILE = "job.json"  #: in a run directory: where the job its services ran on is saved (use_job's cached_path)
 
 
-async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[str, Any] | None = None,
-                episode_fn: EpisodeFn | None = None, progress: bool = True,
-                actors: dict[str, type] | None = None) -> Run:
-    """Spawn every service of ``config`` (a RunConfig, a YAML path or YAML text) and return the Run.
+@dataclass
+class RunParts:
+    """Everything :func:`build_run` made for one run; ``forge_nb.Run(parts)`` is the user's handle on it."""
 
-    ``actors`` replaces the class of a service ("policy", "trainer", "ref_model") by another
-    ForgeActor with the same endpoints and constructor keywords, e.g. your own generator."""
+    controller: Controller  # the loops, the step, the state; holds config, buffer, ledger, sync, hot, metrics, dir
+    policy: Any
+    trainer: Any
+    ref_model: Any  # None without a reference model
+    task: Any
+    pad_id: int
+    model: str  # the policy's path (a hub id, a folder, or the tiny model written into the run directory)
+    kernel_log: proclogs.KernelLog  # forge_nb's own records of this run: to a file, not the cells
+
+
+async def spawn_parts(config: RunConfig | str | Path, *, overrides: list[str] | dict[str, Any] | None = None,
+                      episode_fn: EpisodeFn | None = None, progress: bool = True,
+                      actors: dict[str, type] | None = None) -> RunParts:
+    """What ``forge_nb.spawn`` does: a new run directory for ``config``, then :func:`build_run`. A run that
+    never started leaves no directory behind (one given that existed stays)."""
     actors = _actor_classes(actors)
     cfg = config if isinstance(config, RunConfig) else from_yaml(config)
     if overrides:
@@ -57,31 +82,17 @@ async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[s
     if job is not None and job.cached_path:  # resume() in a new kernel re-attaches to it
         (directory.path / JOB_FILE).write_text(json.dumps({"cached_path": str(Path(job.cached_path).resolve())}))
     try:
-        run = await _bring_up(cfg, directory, episode_fn, progress, actors)
+        return await build_run(cfg, directory, episode_fn=episode_fn, progress=progress, actors=actors)
     except BaseException:
-        if not existed:  # a run that never started leaves no directory behind (one given that existed stays)
+        if not existed:
             shutil.rmtree(directory.path, ignore_errors=True)
         raise
-    for kind, options in cfg.exporters.items():  # e.g. a YAML's metric_logging section
-        run.export(kind, **options)
-    return run
 
 
-async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progress: bool = True,
-                 actors: dict[str, type] | None = None) -> Run:
-    """Respawn the services of a run directory and continue from its last complete checkpoint (on the
-    hosts of the job it ran on, re-attached if this kernel uses none: ``forge_nb.cluster``).
-
-    The trainer loads its latest complete checkpoint, the generators load those weights, the replay
-    buffer and hot changes come back from the snapshot, and the metric history stays. Steps recorded
-    after the checkpoint are shown as a "rewind" event: they are trained again. ``actors`` as for
-    :func:`spawn` (the classes the run was spawned with).
-
-    Checkpoints are checked against their commit markers first (``RunDir.checkpoint_to_resume``): a newer
-    one that is damaged or uncommitted is set aside with a ``checkpoint_skipped`` event that names its file
-    and why, and the run resumes from the newest whole one; with none whole, ``CheckpointsDamaged`` lists
-    them all and nothing is spawned.
-    """
+async def resume_parts(path: str | Path, *, episode_fn: EpisodeFn | None = None, progress: bool = True,
+                       actors: dict[str, type] | None = None) -> RunParts:
+    """What ``forge_nb.resume`` does (see there): the run directory's config and newest whole checkpoint,
+    its job re-attached, :func:`build_run`, and the controller put back at the checkpoint's step."""
     directory = RunDir.open(path)
     cfg = from_dict({**directory.config, "run_dir": str(directory.path)})
     state, skipped = directory.checkpoint_to_resume()  # before anything spawns: CheckpointsDamaged if none whole
@@ -90,13 +101,14 @@ async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progr
         cached = json.loads(saved.read_text())["cached_path"]
         logger.info("resume %s: re-attaching to the job saved at %s", directory.path, cached)
         await cluster.use_job(cached, log_dir=directory.logs)
-    run = await _bring_up(cfg, directory, episode_fn, progress, _actor_classes(actors))
+    parts = await build_run(cfg, directory, episode_fn=episode_fn, progress=progress, actors=_actor_classes(actors))
     for what, why in skipped:
         logger.warning("resume %s: checkpoint %s skipped: %s", directory.path, what, why)
-        run.metrics.event("checkpoint_skipped", path=what, reason=why,
-                          message=f"{Path(what).name} skipped ({why}); set aside as {Path(what).name}.skipped")
-    await run._ctl.resume_from(state)  # the controller writes the step, the rewind and resume events
-    return run
+        parts.controller.metrics.event("checkpoint_skipped", path=what, reason=why,
+                                       message=f"{Path(what).name} skipped ({why}); set aside as "
+                                               f"{Path(what).name}.skipped")
+    await parts.controller.resume_from(state)  # the controller writes the step, the rewind and resume events
+    return parts
 
 
 def _actor_classes(actors: dict[str, type] | None) -> dict[str, type]:
@@ -119,8 +131,10 @@ def _check_gpus(cfg: RunConfig) -> None:
         runtime.check_gpus(sum(wanted.values()), f"run {cfg.name!r} ({asking})")
 
 
-async def _bring_up(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | None, progress: bool,
-                    actors: dict[str, type]) -> Run:
+async def build_run(cfg: RunConfig, directory: RunDir, *, episode_fn: EpisodeFn | None = None,
+                    progress: bool = True, actors: dict[str, type] | None = None) -> RunParts:
+    """Bring up the services of ``cfg`` (a run directory already made) and wire a run's parts around them."""
+    actors = actors or {}
     task = make_task(cfg)
     model, pad_id, build = _model_source(cfg, task, directory)
     runtime.ensure_started()
@@ -150,7 +164,7 @@ async def _bring_up(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | N
 
 async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | None, progress: bool,
                           task: Any, model: str, pad_id: int, written: asyncio.Future[Any], sync: WeightSync,
-                          actors: dict[str, type]) -> Run:
+                          actors: dict[str, type]) -> RunParts:
     from forge_nb.actors.generator import Generator
     from forge_nb.actors.reference_model import ReferenceModel
     from forge_nb.actors.trainer import RLTrainer
@@ -187,14 +201,51 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
     try:
         reported = (await services["trainer"].info.call())[0]["hparams"]
         loss = {k: v for k, v in reported.items() if k not in trainer_hparam_sections()}
-        routes, hparams = hot_fields(cfg, loss), initial_hparams(cfg, loss, task=task)
-        return Run(cfg, policy=services["policy"], trainer=services["trainer"], ref_model=services.get("ref_model"),
-                   task=task, reward_fns=list(task.reward_fns), pad_id=pad_id, directory=directory, sync=sync,
-                   hot_routes=routes, hot_values=hparams, episode_fn=episode_fn, model=model)
+        hot = (hot_fields(cfg, loss), initial_hparams(cfg, loss, task=task))
+        return _wire(cfg, directory, services, task=task, pad_id=pad_id, model=model, sync=sync, hot=hot,
+                     episode_fn=episode_fn)
     except BaseException:
         for service in services.values():
             await service.shutdown()
         raise
+
+
+def _wire(cfg: RunConfig, directory: RunDir, services: dict[str, Any], *, task: Any, pad_id: int, model: str,
+          sync: WeightSync, hot: tuple[dict[str, str], dict[str, Any]], episode_fn: EpisodeFn | None) -> RunParts:
+    """The run's parts around its started services: log, metrics, buffer, books, hot changes, the controller."""
+    policy, trainer = services["policy"], services["trainer"]
+    kernel_log = proclogs.KernelLog(directory.logs)  # forge_nb's own records: to a file, not the cells
+    metrics = MetricsStore(directory.path)
+    buffer = ReplayBuffer(batch_size=cfg.batch_size, max_policy_age=cfg.max_policy_age, seed=cfg.seed)
+    ledger = Ledger(buffer)
+    routes, values = hot
+    # the hot changes' callbacks read `changes` and `controller` when a change comes, after both exist
+    changes = HotChanges(routes, values, trainer=trainer, buffer=buffer, task=task, policy=policy,
+                         check=lambda name, value: check_change(
+                             cfg, name, value, task=task, current=changes.values,
+                             loss_fields=[n for n, where in changes.routes.items() if where == "trainer"]),
+                         record=lambda made: metrics.event("set", step=controller.step, changes=made),
+                         refused=lambda made, reason: _change_refused(cfg.name, metrics, controller.step, made,
+                                                                      reason))
+    sync.attach(trainer, policy)
+    controller = Controller(config=cfg, trainer=trainer, policy=policy, task=task, buffer=buffer, ledger=ledger,
+                            sync=sync, hot=changes, metrics=metrics, directory=directory,
+                            episode_fn=episode_fn or generate_episode)
+    policy.set_catch_up(sync.catch_up)
+    for name, service in services.items():
+        service.subscribe(lambda e, name=name: metrics.event(
+            "replica", service=name, replica=e.replica, old=e.old, new=e.new, reason=e.reason))
+    return RunParts(controller=controller, policy=policy, trainer=trainer, ref_model=services.get("ref_model"),
+                    task=task, pad_id=pad_id, model=model, kernel_log=kernel_log)
+
+
+def _change_refused(run: str, metrics: MetricsStore, step: int, changes: dict[str, Any], reason: str) -> None:
+    logger.warning("run %s: run.set(%s) was refused and not applied: %s", run, changes, reason)
+    metrics.event("set_refused", step=step, changes=changes, reason=reason[:500])
+    # the cell that called run.set returned long ago: one line where the user looks, the run trains on
+    made = ", ".join(f"{k}={v!r}" for k, v in changes.items())
+    print(f"forge_nb: run {run!r}: run.set({made}) was refused and rolled back; the run trains on with the old "
+          f"values. Why: {reason[:300]}", file=sys.stderr)  # one line (HotChanges)
 
 
 def _start(configured: Any, written: asyncio.Future[Any], kwargs: dict[str, Any], *, actor: bool = False) -> Any:
