@@ -212,10 +212,15 @@ class Run:
     # -- control ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start (or resume) the loops in the background; the cell returns at once."""
+        """Start the loops in the background, without a step budget; the cell returns at once. A ``step(n)``
+        still pending returns now with the steps it got (as when a new ``step(n)`` replaces it), and the run
+        trains on until ``pause()`` or ``stop()``."""
+        self._ctl.drop_budget()
         self._ctl.start()
 
-    resume = start
+    def resume(self) -> None:
+        """Go on after ``pause()`` or ``stop()``; a ``step(n)`` still pending goes on with the steps it has left."""
+        self._ctl.start()
 
     def pause(self) -> None:
         """Stop at the next boundary: rollouts after their in-flight generation, training after its step."""

@@ -100,7 +100,8 @@ class Controller:
         """Run exactly ``n`` training steps, then pause (a step already in flight is not one of them); returns
         the index in ``metrics.rows`` of the first. One rule for a budget still pending (``run.step``,
         ``%forge_step``, ``%forge_run --steps``, the dashboard): the new one replaces it at the step boundary,
-        and the older call returns then with the steps it got."""
+        and the older call returns then with the steps it got; ``drop_budget`` (``run.start()``) ends it
+        without a new one. Pausing keeps it: ``run.resume()`` goes on with the steps it has left."""
         self.pause()
         await self.no_step_in_flight()
         if self._steps_waiter is not None and not self._steps_waiter.done():
@@ -110,6 +111,13 @@ class Controller:
         self.start()
         await self._steps_waiter
         return first
+
+    def drop_budget(self) -> None:
+        """No step budget from now on: a pending ``run_steps`` returns with the steps it got (the same rule as
+        a new budget replacing it) and the loops train on until paused or stopped (``run.start()``)."""
+        self._steps_left = None
+        if self._steps_waiter is not None and not self._steps_waiter.done():
+            self._steps_waiter.set_result(None)
 
     async def stop(self, timeout: float = 120.0) -> None:
         """Stop the loops at a step boundary (services stay up; ``start()`` continues)."""

@@ -48,10 +48,12 @@ class ControlMagics(Magics):
             raise UsageError(f"--steps {args.steps}: give a number of steps >= 1")
         return self._start(self._startable(args.name), args.steps)
 
-    async def _start(self, run: Any, steps: int | None) -> None:
-        if steps is None:
-            self.runs.cancel_stepping(run.name)
-            run.start()
+    async def _start(self, run: Any, steps: int | None, *, resume: bool = False) -> None:
+        if steps is None:  # %forge_run: no budget (one pending returns with its steps); %forge_resume keeps it
+            if resume:
+                run.resume()
+            else:
+                run.start()
             print(f"run {run.name!r} is running in the background ({run.config.loop.rollout_loops} rollout "
                   "loop(s) + training); %forge_status shows it, %forge_pause pauses")
         else:
@@ -63,9 +65,9 @@ class ControlMagics(Magics):
     @argument("--name", help=NAME_HELP)
     @line_magic
     def forge_resume(self, line: str) -> Coroutine[Any, Any, None]:
-        """Resume the loops after %forge_pause or %forge_stop."""
+        """Resume the loops after %forge_pause or %forge_stop (a %forge_run --steps budget goes on)."""
         args = parse_argstring(self.forge_resume, line)
-        return self._start(self._startable(args.name), None)
+        return self._start(self._startable(args.name), None, resume=True)
 
     @magic_arguments()
     @argument("--name", help=NAME_HELP)

@@ -173,6 +173,42 @@ def test_a_new_step_budget_replaces_a_pending_one_the_same_way_from_python_and_f
         ip.user_ns.pop(name)
 
 
+def test_start_without_a_budget_ends_a_pending_one_and_resume_keeps_it(ip, runs):
+    """``run.start()`` (and ``%forge_run`` without ``--steps``) while ``run.step(10000)`` waits: the step call
+    returns with the steps it got and the run trains on past them; ``pause()`` then ``resume()`` keeps a budget:
+    ``run.step(40)`` returns after exactly 40 steps, paused, however the pause split them."""
+    run_a, run_b = runs
+    ok(ip, "import asyncio\npending = asyncio.ensure_future(run_b.step(10000))\nawait asyncio.sleep(0.3)\n"
+           "run_b.start()\ngot = await asyncio.wait_for(pending, 120)")
+    got, at = ip.user_ns["got"], run_b.current_step
+    assert len(got) < 10000 and run_b.state == "running"
+    ok(ip, f"for _ in range(600):\n    await asyncio.sleep(0.1)\n    if run_b.current_step >= {at + 3}: break")
+    assert run_b.current_step >= at + 3, "the run stopped at the old budget's end instead of training on"
+    ok(ip, "await run_b.stop()")
+
+    before = run_b.current_step
+    ok(ip, "budget = asyncio.ensure_future(run_b.step(40))\n"
+           f"for _ in range(600):\n    await asyncio.sleep(0.05)\n    if run_b.current_step > {before}: break\n"
+           "run_b.pause()\nawait run_b.training_idle.wait()\nawait asyncio.sleep(0.5)")
+    paused_at = run_b.current_step
+    assert not ip.user_ns["budget"].done() and run_b.state == "paused" and before < paused_at < before + 40
+    ok(ip, "await asyncio.sleep(0.5)")
+    assert run_b.current_step == paused_at  # paused means paused, budget or not
+    ok(ip, "run_b.resume()\nbudget = await asyncio.wait_for(budget, 120)")
+    assert [r["step"] for r in ip.user_ns["budget"]] == list(range(before + 1, before + 41))
+    assert run_b.current_step == before + 40 and run_b.state == "paused"
+
+    control = ip.magics_manager.registry["ControlMagics"]
+    ok(ip, "%forge_run --steps 10000 --name a\nawait asyncio.sleep(0.3)")
+    background = control.runs.stepping["a"]
+    ok(ip, "%forge_run --name a\nawait asyncio.sleep(0.5)")
+    assert background.done() and not background.cancelled() and len(background.result()) < 10000
+    assert run_a.state == "running"
+    ok(ip, "%forge_stop --name a")
+    for name in ("pending", "got", "budget"):
+        ip.user_ns.pop(name)
+
+
 def test_shutdown_by_name_leaves_the_other_run_training(ip, runs, capsys):
     run_a, run_b = runs
     ok(ip, "%forge_shutdown --name a")
