@@ -6,17 +6,31 @@ the Qwen3 architecture (so vLLM, transformers and torchtitan all load it), 2 lay
 and a tokenizer with one token per character of the task's alphabet plus ``<pad>``, ``<eos>``.
 Real runs name a hub id (``Qwen/Qwen3-1.7B``) or a local folder; :func:`resolve_model` turns either
 into something loadable or an error that names the model and says what to do.
+
+A tiny model is built once per machine: the build is deterministic (seeded), so its files are kept in
+``$FORGE_NB_CACHE_DIR`` (default ``~/.cache/forge_nb``) under ``tiny-models/<key of the config and the
+library versions>`` and copied into each run directory from there. A build costs ~2.5 s of CPU and the
+kernel's import of transformers, on the path of every spawn (issue 34: spawn to first step); a copy, a few
+milliseconds. ``FORGE_NB_CACHE_DIR=""`` turns the cache off; a cache folder that cannot be written is
+skipped (the model is built in place). Considered: hard links into the cache (a run could then write
+through them into every later run's model) and ``huggingface_hub``'s cache (made for downloads by repo
+id and revision, not for locally built folders).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import logging
 import os
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 PAD, EOS = "<pad>", "<eos>"
 TINY_PAD_ID = 0  #: the tiny tokenizer's id of PAD (EOS is 1, then the alphabet)
@@ -65,20 +79,79 @@ def load_tokenizer(path: str) -> Any:
         return AutoTokenizer.from_pretrained(path)
 
 
+STAMP = "forge_nb_tiny.json"  #: in a tiny model's folder, written last: the config it was built from
+_BUILD = 1  #: bump when _build_tiny_model writes something else for the same config (a new cache key)
+
+
 def build_tiny_model(path: str | os.PathLike[str], config: TinyModelConfig | None = None) -> Path:
-    """Write a randomly initialised tiny Qwen3 and its tokenizer to ``path`` (reused if present); safe to
-    call from several threads at once."""
-    with TRANSFORMERS_LOCK:
-        return _build_tiny_model(Path(path), config or TinyModelConfig())
+    """Write a randomly initialised (seeded) tiny Qwen3 and its tokenizer to ``path`` (reused if present),
+    copied from this machine's cache of built models when it has one (see the module docstring); safe to
+    call from several threads and processes at once."""
+    path, config = Path(path), config or TinyModelConfig()
+    wanted = _wanted(config)
+    if _built(path, wanted):
+        return path
+    cached = _cache_folder(wanted)
+    if cached is not None and not _built(cached, wanted):
+        try:
+            _build_into_cache(cached, config)
+        except OSError as e:  # a read-only or full cache: build in place, as without one
+            logger.info("tiny model cache %s not written (%s: %s); building in %s", cached, type(e).__name__, e, path)
+            cached = None
+    if cached is None:
+        with TRANSFORMERS_LOCK:
+            return _build_tiny_model(path, config)
+    path.mkdir(parents=True, exist_ok=True)
+    for item in sorted(cached.iterdir(), key=lambda p: p.name == STAMP):  # the stamp last: a cut copy is no model
+        shutil.copy2(item, path / item.name)
+    return path
+
+
+def _wanted(config: TinyModelConfig) -> str:
+    return json.dumps({f: getattr(config, f) for f in config.__slots__}, sort_keys=True)
+
+
+def _built(path: Path, wanted: str) -> bool:
+    stamp = path / STAMP
+    return stamp.exists() and stamp.read_text() == wanted
+
+
+def _cache_folder(wanted: str) -> Path | None:
+    """This machine's folder for the model of ``wanted`` (None with the cache turned off). The key holds the
+    libraries that write the files, so an upgrade builds again."""
+    root = os.environ.get("FORGE_NB_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "forge_nb"))
+    if not root:
+        return None
+    from importlib.metadata import version
+
+    libraries = [version(name) for name in ("torch", "transformers", "tokenizers", "safetensors")]
+    key = hashlib.sha256(json.dumps([wanted, libraries, _BUILD]).encode()).hexdigest()[:20]
+    return Path(root) / "tiny-models" / key
+
+
+def _build_into_cache(cached: Path, config: TinyModelConfig) -> None:
+    """Build into a folder of this process's, then rename it into place (the first of several builders wins)."""
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    scratch = cached.parent / f"{cached.name}.{os.getpid()}-{threading.get_ident()}.tmp"
+    try:
+        with TRANSFORMERS_LOCK:
+            _build_tiny_model(scratch, config)
+        try:
+            scratch.rename(cached)
+        except OSError:  # another builder renamed theirs first (or left a damaged one: build again)
+            if not _built(cached, _wanted(config)):
+                shutil.rmtree(cached, ignore_errors=True)
+                scratch.rename(cached)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _build_tiny_model(path: Path, config: TinyModelConfig) -> Path:
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-    stamp = path / "forge_nb_tiny.json"
-    wanted = json.dumps({f: getattr(config, f) for f in config.__slots__}, sort_keys=True)
-    if stamp.exists() and stamp.read_text() == wanted:
+    stamp, wanted = path / STAMP, _wanted(config)
+    if _built(path, wanted):
         return path
     path.mkdir(parents=True, exist_ok=True)
 
