@@ -104,8 +104,7 @@ class Controller:
         without a new one. Pausing keeps it: ``run.resume()`` goes on with the steps it has left."""
         self.pause()
         await self.no_step_in_flight()
-        if self._steps_waiter is not None and not self._steps_waiter.done():
-            self._steps_waiter.set_result(None)
+        self.drop_budget()  # a pending one returns with the steps it got
         first, self._steps_left = len(self.metrics.rows), n
         self._steps_waiter = asyncio.get_running_loop().create_future()
         self.start()
