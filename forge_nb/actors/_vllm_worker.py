@@ -7,7 +7,8 @@ same settings).
 ``completions`` turns vLLM's output into Completions that pickle their tensors as numpy arrays:
 pickling and unpickling them with torch's own tensor pickling took 0.42 s for the 256 completions of a
 32-prompt, n=8 wave (measured; ~30x the numpy way), most of the actor's CPU overhead over raw vLLM.
-What arrives is a plain :class:`~forge_nb.rl.types.Completion`.
+What arrives is a plain :class:`~forge_nb.rl.types.Completion`. Its text is decoded there, once per sample
+(``response_text``, where ``decodes_here`` allows it), not by vLLM at every engine step.
 
 :class:`TorchstoreWeightLoader` loads a policy version inside the engine's worker process. vLLM runs
 the model in a worker: on GPUs (``AsyncLLM``) a process of its own, two below the Generator actor; on
@@ -68,9 +69,13 @@ allow_amx()  # here: vLLM's worker process (mp executor) and the Generator's (in
 _MANAGED_SAMPLING = frozenset({"output_kind"})
 
 
-def make_sampling_params(values: dict[str, Any], where: str = "sampling_params") -> SamplingParams:
+def make_sampling_params(values: dict[str, Any], where: str = "sampling_params", *,
+                         decode_here: bool = False) -> SamplingParams:
     """vLLM ``SamplingParams`` from a dict, as the Generator uses them: final outputs only, and the
-    logprob of each sampled token always (``logprobs=0`` unless set). Unknown keys are a ValueError."""
+    logprob of each sampled token always (``logprobs=0`` unless set). Unknown keys are a ValueError.
+
+    ``decode_here``: the caller decodes the finished samples' text itself (:func:`response_text`), so vLLM
+    does not detokenize, where :func:`decodes_here` allows it for these values."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
     valid = sorted(k for k in SamplingParams.__struct_fields__ if not k.startswith("_")
@@ -86,10 +91,51 @@ def make_sampling_params(values: dict[str, Any], where: str = "sampling_params")
     values = dict(values)
     if values.get("logprobs") is None:
         values["logprobs"] = 0  # the sampled token's logprob only
+    if decode_here and decodes_here(values):
+        values["detokenize"] = False
     try:
         return SamplingParams(**values, output_kind=RequestOutputKind.FINAL_ONLY)
     except Exception as e:  # vLLM's VLLMValidationError is not a ValueError
         raise ValueError(f"{where}: {e}") from e
+
+
+def decodes_here(values: dict[str, Any]) -> bool:
+    """Whether a finished sample's text can be decoded once, at the end (:func:`response_text`), instead of
+    by vLLM token by token: the sampling leaves ``detokenize`` to the Generator, has no stop strings (vLLM
+    matches those in the text as it grows) and skips special tokens (vLLM's own choice of spacing
+    between them then needs nothing more).
+
+    Why (issue 34, ``bench/vs_trl.py``): vLLM detokenizes every new token of every sequence at every engine
+    step, and decodes the sampled token of each logprob into a string as well, which the Generator never
+    reads. On the quickstart's 16 four-token sequences that was ~12% of the engine's CPU a step."""
+    return "detokenize" not in values and not values.get("stop") and values.get("skip_special_tokens", True) is True
+
+
+def response_text(tokenizer: Any, prompt_ids: list[int], token_ids: list[int], stop_terminated: bool) -> str:
+    """The text vLLM's fast detokenizer gives a sample: a ``tokenizers`` decode stream primed with the prompt
+    (so a token's leading space or a character split across tokens comes out as it does in context), fed
+    the sampled tokens one by one, special tokens skipped, and the stop token that ended it (EOS or a
+    ``stop_token_ids`` entry) left out of the text. ``tokenizer`` is a ``tokenizers.Tokenizer``."""
+    from tokenizers.decoders import DecodeStream
+
+    if stop_terminated and token_ids:
+        token_ids = token_ids[:-1]
+    if not token_ids:
+        return ""
+    whole = DecodeStream(ids=prompt_ids, skip_special_tokens=True).step(tokenizer, token_ids)
+    if whole is not None:  # one call; None when the last tokens end inside a character: then token by token
+        return whole
+    stream = DecodeStream(ids=prompt_ids, skip_special_tokens=True)
+    return "".join(chunk for token in token_ids if (chunk := stream.step(tokenizer, token)) is not None)
+
+
+def fast_tokenizer(tokenizer: Any) -> Any:
+    """The ``tokenizers.Tokenizer`` under vLLM's tokenizer of a model, or None when it has none (a slow or
+    custom tokenizer: vLLM then keeps detokenizing)."""
+    from tokenizers import Tokenizer
+
+    inner = getattr(tokenizer, "_tokenizer", None)
+    return inner if isinstance(inner, Tokenizer) else None
 
 
 def make_engine_args(values: dict[str, Any], model_path: str, *, cuda: bool) -> AsyncEngineArgs:
@@ -149,12 +195,16 @@ def checkpoint_names(model_path: str) -> set[str] | None:
     return names or None
 
 
-def completions(prompt: str | None, request: RequestOutput, version: int) -> Completions:
+def completions(prompt: str | None, request: RequestOutput, version: int, tokenizer: Any = None) -> Completions:
     """One Completion per sample of a finished vLLM request, generated by weights ``version`` (``prompt``:
-    its text; None when it was given as token ids)."""
+    its text; None when it was given as token ids). ``tokenizer``: decode each sample's text here
+    (:func:`response_text`; vLLM did not detokenize) with this ``tokenizers.Tokenizer``."""
     out = Completions()
+    prompt_ids = list(request.prompt_token_ids or [])
     for sample in request.outputs:
         token_ids = list(sample.token_ids)
+        text = sample.text if tokenizer is None else response_text(
+            tokenizer, prompt_ids, token_ids, stop_terminated=sample.finish_reason == "stop")
         logprobs = None
         metadata = {"request_id": request.request_id, "stop": sample.stop_reason,
                     "num_cached_tokens": request.num_cached_tokens}
@@ -164,7 +214,7 @@ def completions(prompt: str | None, request: RequestOutput, version: int) -> Com
                 metadata["top_logprobs"] = [sorted(((t, p.logprob) for t, p in step.items()), key=lambda x: -x[1])
                                             for step in sample.logprobs]
         out.append(_WireCompletion(
-            prompt=prompt, text=sample.text, prompt_ids=list(request.prompt_token_ids or []),
+            prompt=prompt, text=text, prompt_ids=prompt_ids,
             token_ids=token_ids, logprobs=logprobs, stop_reason=sample.finish_reason,
             generator_version=version, metadata=metadata,
         ))

@@ -7,6 +7,10 @@ concurrent calls took 16x one call), a concurrent one starts each call as a task
 Each call returns ``n`` :class:`~forge_nb.rl.types.Completion` objects carrying the prompt and
 generated ids, the logprob of every sampled token, and the weight version that produced them.
 
+vLLM does not detokenize (unless a request has stop strings): each finished sample's text is decoded once,
+as vLLM's own detokenizer would give it (``_vllm_worker.response_text``), instead of token by token at every
+engine step with a string for every logprob's token besides (~20% of the quickstart's steps/s, issue 34).
+
 ``update_weights(v)`` follows TorchForge's generator: requests that arrive once an update is asked for
 wait; requests in flight finish on the old weights; the engine's worker then loads version ``v`` of the
 trainer's weights from torchstore itself (:mod:`forge_nb.actors._vllm_worker`; the tensors never pass
@@ -51,6 +55,8 @@ from forge_nb.actors._vllm_worker import (
     WORKER_EXTENSION,
     completions,
     cpu_kv_cache_bytes,
+    decodes_here,
+    fast_tokenizer,
     make_engine_args,
     make_sampling_params,
 )
@@ -167,6 +173,7 @@ class Generator(ForgeActor):
         self._controller: bytes | None = None  # the pickled torchstore controller, once it answered
         self._config: GeneratorArgs | None = None
         self._params: SamplingParams | None = None
+        self._tokenizer: Any = None  # the model's tokenizers.Tokenizer when the Generator decodes text itself
         self._version = 0
         self._in_flight = 0
         self._updating = False
@@ -196,7 +203,6 @@ class Generator(ForgeActor):
         cuda = torch.cuda.is_available()
         if not cuda:
             _vllm_plain.configure(_vllm_plain.choose(model_path, self._cpu_linear))
-        self._params = make_sampling_params(config.sampling_params)
         engine_args = make_engine_args(config.engine_args, model_path, cuda=cuda)
         if not cuda and engine_args.kv_cache_memory_bytes is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             engine_args.kv_cache_memory_bytes = cpu_kv_cache_bytes(model_path, engine_args.max_model_len)
@@ -207,6 +213,8 @@ class Generator(ForgeActor):
             from vllm.v1.engine.async_llm import AsyncLLM
 
             self._engine = AsyncLLM.from_engine_args(engine_args)
+        self._tokenizer = fast_tokenizer(self._engine.renderer.get_tokenizer())
+        self._params = self._sampling(config.sampling_params)
         self._config = config
 
     @concurrent_endpoint
@@ -218,11 +226,11 @@ class Generator(ForgeActor):
         tokenized again may split differently) and the engine's prefix cache can reuse them."""
         engine = self._require_engine("generate")
         prompt = _prompt(prompt)
-        params = self._params
+        assert self._config is not None and self._params is not None
+        values, params = self._config.sampling_params, self._params
         if sampling_overrides:
-            assert self._config is not None
-            params = make_sampling_params(self._config.sampling_params | sampling_overrides,
-                                          where="generate(**sampling_overrides)")
+            values = values | sampling_overrides
+            params = self._sampling(values, where="generate(**sampling_overrides)")
         # Admission comes first: with no update pending it completes without yielding, so a request
         # sent before update_weights() runs on the old weights and one sent after it on the new.
         async with self._gate:
@@ -247,7 +255,8 @@ class Generator(ForgeActor):
                 self._in_flight -= 1
                 self._gate.notify_all()
         assert final is not None and final.finished
-        return completions(prompt if isinstance(prompt, str) else None, final, version)
+        return completions(prompt if isinstance(prompt, str) else None, final, version,
+                           tokenizer=self._tokenizer if not params.detokenize and decodes_here(values) else None)
 
     @concurrent_endpoint
     async def update_weights(self, version: int, manifest: dict[str, Any] | None = None) -> int:
@@ -311,6 +320,11 @@ class Generator(ForgeActor):
         if isinstance(error, EngineDeadError | EngineStopped):
             logger.error("the vLLM engine of this generator died (%s); exiting so the service respawns it", error)
             os._exit(70)
+
+    def _sampling(self, values: dict[str, Any], where: str = "sampling_params") -> SamplingParams:
+        """The request's SamplingParams; the text decoded here, once, where the tokenizer and values allow it
+        (``_vllm_worker.decodes_here``)."""
+        return make_sampling_params(values, where, decode_here=self._tokenizer is not None)
 
     def _require_engine(self, what: str) -> Any:
         if self._engine is None:

@@ -119,6 +119,11 @@ async def test_sampling_overrides_apply_per_call(gen: Any) -> None:
         assert len(completions) == 1
         check_completion(completions[0], "hgf", 3)
     assert greedy[0][0].token_ids.tolist() == greedy[1][0].token_ids.tolist()  # temperature 0 is greedy
+    # Stop strings are matched in the text as it grows: vLLM detokenizes those requests itself
+    # (elsewhere the Generator decodes each finished sample once, which check_completion's text checks).
+    (stopped,) = await gen.actor.generate.call_one("hgf", n=1, max_tokens=6, stop=list(ALPHABET))
+    assert stopped.text == "" and stopped.stop_reason == "stop"
+    assert stopped.metadata["stop"] in (*ALPHABET, None)  # the letter that stopped it (None: <eos> came first)
     with pytest.raises(Exception, match=r"temprature.*did you mean 'temperature'.*Valid: .*max_tokens"):
         await gen.actor.generate.call_one("abc", temprature=0.5)
     with pytest.raises(Exception, match="n must be at least 1"):
