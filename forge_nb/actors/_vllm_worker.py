@@ -102,13 +102,14 @@ def make_sampling_params(values: dict[str, Any], where: str = "sampling_params",
 def decodes_here(values: dict[str, Any]) -> bool:
     """Whether a finished sample's text can be decoded once, at the end (:func:`response_text`), instead of
     by vLLM token by token: the sampling leaves ``detokenize`` to the Generator, has no stop strings (vLLM
-    matches those in the text as it grows) and skips special tokens (vLLM's own choice of spacing
-    between them then needs nothing more).
+    matches those in the text as it grows), leaves the stop token out of the text and skips special tokens
+    (vLLM's own choice of spacing between them then needs nothing more).
 
     Why (issue 34, ``bench/vs_trl.py``): vLLM detokenizes every new token of every sequence at every engine
     step, and decodes the sampled token of each logprob into a string as well, which the Generator never
     reads. On the quickstart's 16 four-token sequences that was ~12% of the engine's CPU a step."""
-    return "detokenize" not in values and not values.get("stop") and values.get("skip_special_tokens", True) is True
+    return ("detokenize" not in values and not values.get("stop") and not values.get("include_stop_str_in_output")
+            and values.get("skip_special_tokens", True) is True)
 
 
 def response_text(tokenizer: Any, prompt_ids: list[int], token_ids: list[int], stop_terminated: bool) -> str:

@@ -72,6 +72,7 @@ def test_vllm_still_detokenizes_where_the_text_needs_it() -> None:
     assert decodes_here({"n": 4, "temperature": 1.0})
     assert make_sampling_params({"n": 4}, decode_here=True).detokenize is False
     assert make_sampling_params({"n": 4}).detokenize is True  # the raw vLLM side of the benchmarks
-    for values in ({"stop": ["\n"]}, {"skip_special_tokens": False}, {"detokenize": True}, {"detokenize": False}):
+    for values in ({"stop": ["\n"]}, {"skip_special_tokens": False}, {"include_stop_str_in_output": True},
+                   {"detokenize": True}, {"detokenize": False}):
         assert not decodes_here(values)
         assert make_sampling_params(values, decode_here=True).detokenize is values.get("detokenize", True)
