@@ -27,7 +27,11 @@ Handed manifests: when the generators' ``update_weights`` takes ``manifest=`` (f
 handed where the push left the version in shared memory and need not ask torchstore. When the trainer's
 ``push_weights`` also takes ``announce=`` (forge_nb's RLTrainer), it leaves the manifest's torchstore put to
 this class, which does it in the background, in version order, before any deletion of that version and
-before ``settle()`` returns: the put was 5 of a push's 8 ms, paid by every step (session 21). Actors written
+before ``settle()`` returns: the put was 5 of a push's 8 ms, paid by every step (session 21). Such a version's
+readers were all handed it, so the store need not name every one: at most one put per ``ANNOUNCE_EVERY_S``,
+of the newest version, and ``settle()`` puts the run's version. A version pushed and dropped between two puts
+never enters the store, and its deletion is its file's alone (no store call): on the quickstart's ~40 ms steps
+the put and the delete of each version took about a third of the kernel's work a step (issue 34). Actors written
 as the documents write them get neither keyword and are called as the documents call them.
 """
 
@@ -37,6 +41,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
 import time
 from collections import Counter
 from typing import Any
@@ -45,6 +50,8 @@ from forge_nb import weights
 
 logger = logging.getLogger(__name__)
 _live_namespaces: set[str] = set()  # of the WeightSyncs open in this kernel
+#: At most one torchstore put of a handed manifest per this many seconds (the newest; see the module docstring).
+ANNOUNCE_EVERY_S = 0.5
 
 
 class WeightSync:
@@ -66,6 +73,10 @@ class WeightSync:
         self._hand_manifests = False  # whether the generators' update_weights takes ``manifest=``
         self._announce_here = False  # whether the trainer leaves the manifest's torchstore put to us
         self._announcing: asyncio.Future[None] | None = None  # putting the latest handed manifest in the store
+        self._pending: tuple[int, dict[str, Any]] | None = None  # the newest handed manifest not put yet
+        self._unstored: set[int] = set()  # pushed versions whose manifest this class has not put (yet, or ever)
+        self._announced_at = -math.inf  # when the last put began (time.monotonic())
+        self.store_puts = 0  # manifests this class put in the store
 
     def claim(self) -> None:
         """Take the run's namespace (one run per namespace in a kernel): a ValueError, before anything is
@@ -104,7 +115,11 @@ class WeightSync:
         try:
             for version in await weights.stored_versions(namespace=self.namespace):
                 await weights.drop_version(version, namespace=self.namespace)
+            for version in sorted(self._unstored & set(self._pushed)):  # never in the store: their files
+                await weights.drop_version(version, namespace=self.namespace, manifest=self._pushed[version],
+                                           stored=False)
             self._pushed.clear()
+            self._unstored.clear()
         finally:
             await weights.release_store(self.namespace)
 
@@ -146,8 +161,7 @@ class WeightSync:
         finally:  # after a failed load too: close() then drops what is left
             if self._dropping is not None:
                 await asyncio.shield(self._dropping)
-            if self._announcing is not None:
-                await asyncio.shield(self._announcing)
+            await self._put_pending_now()
 
     async def _settle_load(self) -> dict[str, float]:
         if self._loading is None:
@@ -170,20 +184,35 @@ class WeightSync:
         return took
 
     def _announce(self, version: int, manifest: dict[str, Any]) -> None:
-        """Put ``version``'s manifest in torchstore in the background, after the previous version's: the
-        generators were handed it, so no step waits for the store; ``settle()`` and the deletions do."""
-        previous = self._announcing
+        """Put ``version``'s manifest in torchstore in the background, unless a put began less than
+        ``ANNOUNCE_EVERY_S`` ago or is still running: then it waits for the next push, which supersedes it, or
+        for ``settle()``. The generators were handed it, so no step waits for the store."""
+        self._pending = (version, manifest)
+        self._unstored.add(version)
+        idle = self._announcing is None or self._announcing.done()
+        if idle and time.monotonic() - self._announced_at >= ANNOUNCE_EVERY_S:
+            self._announcing = asyncio.ensure_future(self._put_pending())
 
-        async def put() -> None:
-            if previous is not None:
-                await previous
-            try:
-                await weights.announce_version(version, manifest, namespace=self.namespace)
-            except Exception as e:  # readers that were handed it have it; close() lists what the store holds
-                logger.warning("putting version %s of %s in torchstore failed: %s: %s", version, self.namespace,
-                               type(e).__name__, e)
+    async def _put_pending(self) -> None:
+        if self._pending is None:
+            return
+        (version, manifest), self._pending = self._pending, None
+        self._announced_at = time.monotonic()
+        try:
+            await weights.announce_version(version, manifest, namespace=self.namespace)
+            self._unstored.discard(version)
+            self.store_puts += 1
+        except Exception as e:  # readers that were handed it have it; close() lists what the store holds
+            logger.warning("putting version %s of %s in torchstore failed: %s: %s", version, self.namespace,
+                           type(e).__name__, e)
 
-        self._announcing = asyncio.ensure_future(put())
+    async def _put_pending_now(self) -> None:
+        """The running put, then the newest manifest not put yet: the store names the run's version."""
+        if self._announcing is not None:
+            await asyncio.shield(self._announcing)
+        if self._pending is not None:
+            self._announcing = asyncio.ensure_future(self._put_pending())
+            await asyncio.shield(self._announcing)
 
     def _handed(self, manifest: dict[str, Any] | None) -> dict[str, Any]:
         """``update_weights``' keyword arguments: where the version is (the generators need not ask
@@ -209,7 +238,9 @@ class WeightSync:
             await asyncio.shield(self._announcing)
         for version in sorted(self._pushed):
             if version not in (self.version, self._pushing) and self._pinned[version] <= 0:
-                await weights.drop_version(version, namespace=self.namespace, manifest=self._pushed.pop(version))
+                await weights.drop_version(version, namespace=self.namespace, manifest=self._pushed.pop(version),
+                                           stored=version not in self._unstored)
+                self._unstored.discard(version)
 
     async def catch_up(self, replica: Any) -> None:
         """A (re)spawned generator loads the current weights before it takes traffic.

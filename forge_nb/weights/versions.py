@@ -214,15 +214,19 @@ async def stored_versions(*, namespace: str = PREFIX) -> list[int]:
     return sorted({_parse(k.split("/", 1)[0])[1] for k in keys if "/" in k and k.startswith(prefix)})
 
 
-async def drop_version(version: int, *, namespace: str = PREFIX, manifest: dict[str, Any] | None = None) -> int:
+async def drop_version(version: int, *, namespace: str = PREFIX, manifest: dict[str, Any] | None = None,
+                       stored: bool = True) -> int:
     """Delete every key (and shared-memory file) of ``version`` of ``namespace``; returns how many keys
     were deleted. Given the version's ``manifest`` (what ``push_state_dict`` returned) of a shm-only push,
-    its one key goes without listing or reading the store first (one delete instead of four calls)."""
+    its one key goes without listing or reading the store first (one delete instead of four calls), and
+    none at all with ``stored=False`` (pushed with ``announce=False`` and never announced: only its file)."""
     ts = store_client()
     key = weights_key(version, namespace)
     shm_key = f"{key}/{SHM_MANIFEST}"
     if _names(manifest, version, namespace) and not for_other_hosts(manifest):
         retire(Path(manifest["path"]))
+        if not stored:
+            return 0
         await ts.delete(shm_key)
         return 1
     keys = [k for k in await ts.keys(namespace) if k.startswith(key + "/")]

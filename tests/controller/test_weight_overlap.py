@@ -10,6 +10,8 @@ import pytest
 
 import forge_nb
 from forge_nb.config import GeneratorConfig
+from forge_nb.controller import weight_sync
+from forge_nb.weights.shm import shm_root
 from tests.controller.conftest import light_config
 from tests.light_actors import HandedLightGenerator, LightGenerator, LightTrainer
 
@@ -46,7 +48,9 @@ async def test_async_steps_train_while_generators_load_and_sync_steps_wait(tmp_p
         await run.shutdown()
 
 
-async def test_generators_that_take_the_manifest_are_handed_it(tmp_path) -> None:
+async def test_generators_that_take_the_manifest_are_handed_it(tmp_path, monkeypatch) -> None:
+    # one put of a handed manifest per hour: after the first, only settle() (the parked run) puts one
+    monkeypatch.setattr(weight_sync, "ANNOUNCE_EVERY_S", 3600.0)
     cfg = light_config(str(tmp_path), "handed", max_policy_age=1)
     run = await forge_nb.spawn(cfg, progress=False, actors={"policy": HandedLightGenerator, "trainer": LightTrainer})
     try:
@@ -54,9 +58,16 @@ async def test_generators_that_take_the_manifest_are_handed_it(tmp_path) -> None
         # every version reached both replicas by its manifest: none asked torchstore where it was
         assert await run.policy.get_handed.fanout() == [[1, 2, 3, 4]] * 2
         assert await run.policy.get_version.fanout() == [4, 4]
-        # the controller put each manifest in the store after handing it (the trainer did not): parked, the
-        # store holds the run's version, and only it
+        # the controller, not the trainer, puts the manifests in the store: version 1 at once, versions 2 and 3
+        # never (superseded within the hour), 4 when the run parked. Parked, the store holds the run's version,
+        # and only it, and the files of the versions that never entered the store are gone too.
         assert await run.trainer.unannounced_pushes.call_one() == 4
-        assert await forge_nb.weights.stored_versions(namespace=run.weights_namespace) == [4]
+        assert run._sync.store_puts == 2
+        namespace = run.weights_namespace
+        assert await forge_nb.weights.stored_versions(namespace=namespace) == [4]
+        files = sorted(p.name.split("-", 1)[1] for p in shm_root().glob(f"*-{namespace}.v*.bin"))
+        assert files == [f"{namespace}.v4.bin"]
+        with await forge_nb.weights.open_version(4, namespace=namespace) as state_dict:  # found through the store
+            assert state_dict
     finally:
         await run.shutdown()
