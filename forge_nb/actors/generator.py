@@ -337,8 +337,8 @@ class Generator(ForgeActor):
         Only until the store has answered once: two RPCs on every load (~10 ms of a 40 ms load on two
         cores) only to say earlier what the worker's fetch says anyway (its refusal names the stored
         versions), as the generator's weights live in one store for the life of its process. A handed
-        ``manifest`` of this version is proof enough: the run puts it in the store after handing it, in
-        the background (``WeightSync``), so the store may not list it yet on the first load."""
+        ``manifest`` of this version is proof enough: the run puts handed manifests in the store in the
+        background, at most every 0.5 s (``WeightSync``), so the store may never list it."""
         if self._controller is not None:
             return self._controller
         import torchstore.api
