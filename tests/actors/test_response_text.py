@@ -1,10 +1,10 @@
 """The Generator's own decode of a finished sample gives vLLM's text: vLLM's real detokenizer is the reference.
 
 The Generator asks vLLM not to detokenize (``_vllm_worker.decodes_here``) and decodes each finished sample
-once (``response_text``). Here both decode the same tokens with a byte-level BPE tokenizer trained on the
-spot, byte-level (characters split across tokens) and sentencepiece-like (a word's leading space is only
-text after the prompt's tokens, not at the start of a string), fed to
-vLLM's ``IncrementalDetokenizer`` token by token as its engine does."""
+once (``response_text``). Here both decode the same tokens with BPE tokenizers trained on the spot, a
+byte-level one (characters split across tokens) and a sentencepiece-like one (a word's leading space is
+text only after the prompt's tokens, not at the start of a string); vLLM's ``IncrementalDetokenizer`` is
+fed the tokens one by one, as its engine does."""
 
 from __future__ import annotations
 
