@@ -30,9 +30,11 @@ the same bytes, rounds alternate between:
   loader on a host pulls the version through the writer's TCP stream into that host's shared memory,
   the others there map it (``forge_nb.weights.stream``).
 Push s, slowest load s and GB/s (bytes / (push + slowest load)) for each, median of ``--repeats`` after
-a warm-up round, beside the limit of the machine's loopback TCP measured in the same run (before the job
-starts): the same number of bytes sent by a plain socket from one process to another, received into a
-buffer already mapped (median of ``--repeats`` after a warm-up). It ends with
+a warm-up round, and reader CPU s (a loader process's CPU time over its load, every thread, the loaders'
+mean: on another host the pull's receiving is most of it), beside the limit of the machine's loopback TCP
+measured in the same run (before the job starts): the same number of bytes sent by a plain socket from
+one process to another, received into a buffer already mapped (median of ``--repeats`` after a warm-up).
+It ends with
 ``RESULT weight_sync_cross_host_vs_same_host <cross GB/s / same GB/s>``, the two GB/s figures
 (``RESULT weight_sync_same_host_gbps``, ``RESULT weight_sync_cross_host_gbps``) and
 ``RESULT weight_sync_loopback_tcp_gbps``. The meshes are stopped, the store shut down and the job released
@@ -131,7 +133,7 @@ async def main(mb: int, loaders: int, repeats: int, device: str) -> None:
         for name, (transport, pusher, loader) in pairs.items():  # alternate, so noise hits all alike
             version += 1
             push_s = await pusher.push.call_one(version, transport)
-            load_s = max(v for _, v in (await loader.load.call(version)).items())
+            load_s = max(seconds for _, (seconds, _cpu) in (await loader.load.call(version)).items())
             await weights.drop_version(version)  # as a run does once every generator has the next one
             if repeat:
                 results[name].append((push_s, load_s))
@@ -208,25 +210,29 @@ async def main_hosts(hosts: int, mb: int, loaders: int, repeats: int) -> None:
             raise RuntimeError(f"the meshes were not placed as this bench needs: {where}")
         nbytes = await pusher.nbytes.call_one()
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
+        reader_cpu: dict[str, list[float]] = {name: [] for name in cases}  # per round, the loaders' mean
         version = 0
         for repeat in range(1 + repeats):  # the first round is a warm-up, as a run's first push is
             for name, loader_meshes in cases.items():  # alternate, so noise hits both alike
                 version += 1
                 push_s = await pusher.push.call_one(version, transport)
-                loads = await asyncio.gather(*(loader.load.call(version) for loader in loader_meshes))
-                load_s = max(v for answers in loads for _, v in answers.items())
+                loads = [v for answers in await asyncio.gather(*(loader.load.call(version) for loader in loader_meshes))
+                         for _, v in answers.items()]
+                load_s = max(seconds for seconds, _ in loads)
                 await weights.drop_version(version)  # as a run does once every generator has the next one
                 if repeat:
                     results[name].append((push_s, load_s))
+                    reader_cpu[name].append(statistics.mean(cpu for _, cpu in loads))
 
     print(f"state dict: {nbytes / 2**20:.0f} MiB bf16 on cpu, transport {transport}, ProcessJob with "
           f"{hosts} hosts, {loaders} loaders per case ({threads} thread(s) each), median of {repeats}")
     print("placed: " + ", ".join(f"{name} on {host}" for name, host in where.items()))
-    print(f"{'':18}{'push s':>9}{'load s':>9}{'GB/s':>9}{'vs loopback':>13}")
+    print(f"{'':18}{'push s':>9}{'load s':>9}{'GB/s':>9}{'vs loopback':>13}{'reader CPU s':>14}")
     print(f"{'loopback TCP':18}{'':>9}{'':>9}{loopback:9.2f}{1:13.3f}")
     gbps = {}
     for name, (push_s, load_s, gbps[name]) in medians(results, nbytes).items():
-        print(f"{name:18}{push_s:9.3f}{load_s:9.3f}{gbps[name]:9.2f}{gbps[name] / loopback:13.3f}")
+        print(f"{name:18}{push_s:9.3f}{load_s:9.3f}{gbps[name]:9.2f}{gbps[name] / loopback:13.3f}"
+              f"{statistics.median(reader_cpu[name]):14.3f}")
     print(f"RESULT weight_sync_cross_host_vs_same_host {gbps['cross host'] / gbps['same host']:.3f} (target 0.5)")
     print(f"RESULT weight_sync_same_host_gbps {gbps['same host']:.2f}")
     print(f"RESULT weight_sync_cross_host_gbps {gbps['cross host']:.2f} (target 1.0)")

@@ -77,8 +77,8 @@ from forge_nb.weights.shm import _lock_shared, _views, file_size, host_id, retir
 logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0  #: a reader waits this long for the writer's server to accept (then torchstore)
-IO_TIMEOUT_S = 60.0  #: a stream that moves nothing for this long is broken
-_CHUNK = 16 * 2**20
+IO_TIMEOUT_S = 60.0  #: a stream that moves nothing (the body: less than a chunk) for this long is broken
+_CHUNK = 16 * 2**20  #: the body is received in calls of this many bytes
 _SHM_MANIFEST = "__shm__"  # weights.SHM_MANIFEST (this module is below weights: it cannot import it)
 
 
@@ -312,11 +312,13 @@ def _pull(name: str, manifest: dict[str, Any]) -> dict[str, Any]:
         if size != file_size(manifest["entries"]):
             raise ValueError(f"the writer's file has {size} bytes; its manifest needs {file_size(manifest['entries'])}")
 
+        _wait_for_whole_chunks(conn)
+
         def receive(buffer: torch.Tensor) -> None:
             view, got = memoryview(buffer.numpy()), 0
             try:
                 while got < size:
-                    n = conn.recv_into(view[got:], min(size - got, _CHUNK))
+                    n = conn.recv_into(view[got:], min(size - got, _CHUNK), socket.MSG_WAITALL)
                     if n == 0:
                         break
                     got += n
@@ -343,6 +345,18 @@ async def _through_torchstore(key: str, host: str, manifest: dict[str, Any]) -> 
         actor = pickle.loads(manifest["publisher"])
         await actor.publish.call_one(key, manifest["path"], manifest["entries"])
     return write_shm(await ts.get_state_dict(key), f"{key}@{host}")
+
+
+def _wait_for_whole_chunks(conn: socket.socket) -> None:
+    """Make ``conn`` blocking with the kernel's receive timeout instead of Python's, so that a receive with
+    ``MSG_WAITALL`` returns once its whole chunk is in (or the stream ends, or ``IO_TIMEOUT_S`` passes:
+    BlockingIOError). A Python timeout makes the socket non-blocking, where each call returns the few
+    64 KiB segments already queued: a wake-up and a call per segment, ~40% more of the reader's CPU for
+    a version (two 512 MiB pulls at once on this machine: 0.15 against 0.09 CPU s per reader)."""
+    conn.settimeout(None)
+    seconds = int(IO_TIMEOUT_S)
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                    struct.pack("ll", seconds, int((IO_TIMEOUT_S - seconds) * 1e6)))
 
 
 def _send_json(conn: socket.socket, message: dict[str, Any]) -> None:
