@@ -59,6 +59,51 @@ class Sleeper(Actor):
 from forge_nb.service import ForgeActor  # noqa: E402
 
 
+class Squarer(ForgeActor):
+    """``square`` and its batch form (``batched_endpoints``), counting the messages each one received."""
+
+    batched_endpoints = {"square": "square_many"}
+
+    def __init__(self) -> None:
+        self.messages = {"square": 0, "square_many": 0}
+        self.batches: list[list[int]] = []
+
+    @endpoint
+    async def square(self, x: int, offset: int = 0) -> int:
+        self.messages["square"] += 1
+        return _square(x, offset)
+
+    @endpoint
+    async def square_many(self, xs: list[int], offset: int = 0) -> list[int | Exception]:
+        self.messages["square_many"] += 1
+        self.batches.append(list(xs))
+        out: list[int | Exception] = []
+        for x in xs:
+            try:
+                out.append(_square(x, offset))
+            except ValueError as e:
+                out.append(e)
+        return out
+
+    @endpoint
+    async def received(self) -> dict[str, Any]:
+        return {"messages": dict(self.messages), "batches": self.batches}
+
+
+class OwnSquare(Squarer):
+    """Overrides ``square`` only: its service must not send ``square_many`` for it."""
+
+    @endpoint
+    async def square(self, x: int, offset: int = 0) -> int:
+        return -x
+
+
+def _square(x: int, offset: int) -> int:
+    if x < 0:
+        raise ValueError(f"negative: {x}")
+    return x * x + offset
+
+
 class Worker(ForgeActor):
     """Sleeps, then records the request in a separate Ledger actor, so retries can be audited."""
 

@@ -156,6 +156,7 @@ class Generator(ForgeActor):
     """
 
     needs_store = True  # push_weights / update_weights go through the kernel's torchstore
+    batched_endpoints = {"generate": "generate_many"}  # concurrent generate.route calls: one message a replica
 
     def __init__(self, engine_args: Mapping[str, Any] | None = None,
                  sampling_params: Mapping[str, Any] | None = None, *, model: str | None = None,
@@ -224,13 +225,28 @@ class Generator(ForgeActor):
         ``prompt`` is a string, or token ids (a list of ints or a 1-D tensor) fed as they are: what a
         multi-turn episode sends, so every turn sees exactly the tokens of the turns before it (text
         tokenized again may split differently) and the engine's prefix cache can reuse them."""
+        return await self._generate(prompt, *self._sampling_for(sampling_overrides))
+
+    @concurrent_endpoint
+    async def generate_many(self, prompts: list[Any], **sampling_overrides: Any) -> list[Completions | Exception]:
+        """``generate`` of each prompt, all at once in the engine: one answer per prompt, in order, an
+        exception where that prompt failed. What a service sends for ``generate.route`` calls made together
+        (``batched_endpoints``, ``forge_nb.service.coalesce``)."""
+        values, params = self._sampling_for(sampling_overrides)
+        return await asyncio.gather(*(self._generate(p, values, params) for p in prompts), return_exceptions=True)
+
+    def _sampling_for(self, overrides: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+        """The sampling values and vLLM params of a call with ``overrides``."""
+        self._require_engine("generate")
+        assert self._config is not None and self._params is not None
+        if not overrides:
+            return self._config.sampling_params, self._params
+        values = self._config.sampling_params | overrides
+        return values, self._sampling(values, where="generate(**sampling_overrides)")
+
+    async def _generate(self, prompt: Any, values: dict[str, Any], params: Any) -> Completions:
         engine = self._require_engine("generate")
         prompt = _prompt(prompt)
-        assert self._config is not None and self._params is not None
-        values, params = self._config.sampling_params, self._params
-        if sampling_overrides:
-            values = values | sampling_overrides
-            params = self._sampling(values, where="generate(**sampling_overrides)")
         # Admission comes first: with no update pending it completes without yielding, so a request
         # sent before update_weights() runs on the old weights and one sent after it on the new.
         async with self._gate:

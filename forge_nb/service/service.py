@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from forge_nb.service.coalesce import Coalescer
 from forge_nb.service.errors import ActorStartFailed, NoHealthyReplica, ReplicaDied
 from forge_nb.service.options import ActorClass, Options
 from forge_nb.service.replica import Replica, ReplicaStatus
@@ -92,6 +93,9 @@ class Service:
         self._subscribers: list[Callable[[ServiceEvent], None]] = []
         self._changed = asyncio.Event()
         self._rr = 0
+        #: endpoint -> what gathers its concurrent route() calls (``forge_nb.service.coalesce``)
+        self.coalescers = {name: Coalescer(self, name, batch) for name, batch in batched_endpoints(actor_cls).items()
+                           if options.procs == 1}
 
     @classmethod
     async def start(cls, actor_cls: ActorClass, options: Options, args: tuple[Any, ...],
@@ -327,6 +331,22 @@ class ActorHandle(Service):
         return self.replicas[0]
 
 
+def batched_endpoints(actor_cls: ActorClass) -> dict[str, str]:
+    """The class's ``batched_endpoints`` (endpoint -> its batch form), checked: both must be endpoints. A
+    pair is left out where a subclass overrides the single endpoint below the class that wrote the batch
+    form (``class Mine(Generator)`` with its own ``generate``): the batch form would bypass the override."""
+    declared = dict(getattr(actor_cls, "batched_endpoints", None) or {})
+    names = set(actor_cls.endpoint_names())
+    wrong = sorted(f"{one} -> {many}" for one, many in declared.items() if one not in names or many not in names)
+    if wrong:
+        raise TypeError(f"{actor_cls.__name__}.batched_endpoints names what is not an endpoint: {', '.join(wrong)}")
+
+    def written_in(name: str) -> type:
+        return next(c for c in actor_cls.__mro__ if name in vars(c))
+
+    return {one: many for one, many in declared.items() if issubclass(written_in(many), written_in(one))}
+
+
 class ServiceEndpoint:
     """``svc.<endpoint>``: the adverbs of a service."""
 
@@ -334,8 +354,12 @@ class ServiceEndpoint:
         self._service, self._name = service, name
 
     async def route(self, *args: Any, **kwargs: Any) -> Any:
-        """Send to one healthy replica (least loaded; sticky inside a session)."""
+        """Send to one healthy replica (least loaded; sticky inside a session). Concurrent calls of an endpoint
+        the actor class batches go out together (``forge_nb.service.coalesce``)."""
         svc = self._service
+        coalescer = svc.coalescers.get(self._name)
+        if coalescer is not None and len(args) == 1 and svc._id not in (_SESSIONS.get() or {}):
+            return await coalescer.route(args[0], kwargs)
         return await svc._route(self._name, args, kwargs, all_ranks=svc.options.procs > 1)
 
     async def fanout(self, *args: Any, **kwargs: Any) -> list[Any]:

@@ -151,6 +151,15 @@ async def test_concurrent_generates_batch_in_the_engine(gen: Any) -> None:
     assert together < one_by_one / 2, f"16 calls: {together:.2f}s together, {one_by_one:.2f}s one by one"
 
 
+async def test_generate_many_answers_each_prompt_or_its_own_error(gen: Any) -> None:
+    """The batch form a service sends for generate.route calls made together (``batched_endpoints``)."""
+    out = await gen.actor.generate_many.call_one(["abc", [10**6], "bcd"], n=2, max_tokens=3)
+    assert [c.prompt for c in out[0]] == ["abc", "abc"] and [c.prompt for c in out[2]] == ["bcd", "bcd"]
+    assert all(len(c.token_ids) <= 3 for c in out[0] + out[2])
+    assert isinstance(out[1], Exception), out[1]  # the bad prompt's error, for its caller alone
+    assert "1000000" in str(out[1]), str(out[1])
+
+
 def dominant_state_dict(model: Path, token: str = DOMINANT) -> dict[str, torch.Tensor]:
     """The model's weights changed so that the next token is ``token`` whatever the context.
 

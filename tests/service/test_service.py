@@ -11,7 +11,7 @@ from monarch.actor import ActorError
 
 from forge_nb.service import NoHealthyReplica
 from forge_nb.system.procs import pid_alive
-from tests.actors_for_tests import Ledger, Worker
+from tests.actors_for_tests import Ledger, OwnSquare, Squarer, Worker
 from tests.waiting import waiter
 
 pytestmark = pytest.mark.timeout(180)
@@ -298,3 +298,41 @@ async def test_setup_after_starts_the_processes_first_and_setup_once_it_is_done(
     with pytest.raises(Exception, match="the model was never written"):
         await starting
     assert runtime.meshes() == [] and not [p for p in pids if pid_alive(p)]
+
+
+async def test_route_calls_made_together_go_out_as_one_message_per_replica(runtime):
+    """``batched_endpoints``: calls of ``square`` made in one turn of the loop reach the replicas as
+    ``square_many`` (split over the two), each caller gets its own answer or its own error; calls with other
+    keyword arguments, a call alone and calls in a session go out as themselves."""
+    svc = await Squarer.options(num_replicas=2, **FAST).as_service()
+    try:
+        together = [svc.square.route(x) for x in (0, 1, 2, 3, -1, 5, 6)] + [svc.square.route(2, offset=1)]
+        answers = await asyncio.gather(*together, return_exceptions=True)
+        assert answers[:4] + answers[5:] == [0, 1, 4, 9, 25, 36, 5]
+        assert isinstance(answers[4], ValueError) and "negative: -1" in str(answers[4])  # its own caller's
+        got = await svc.received.fanout()
+        assert sorted(b for g in got for b in g["batches"]) == [[-1, 5, 6], [0, 1, 2, 3]]  # one per replica
+        assert sum(g["messages"]["square"] for g in got) == 1  # offset=1: alone in its group, as itself
+        assert svc.coalescers["square"].batches == 2
+
+        assert await svc.square.route(4) == 16  # nothing beside it: as itself
+        async with svc.session():  # sticky calls are never gathered
+            assert await asyncio.gather(svc.square.route(1), svc.square.route(2)) == [1, 4]
+        got = await svc.received.fanout()
+        assert sum(g["messages"]["square"] for g in got) == 4
+        assert sum(g["messages"]["square_many"] for g in got) == 2
+    finally:
+        await svc.shutdown()
+
+
+def test_batched_endpoints_are_checked_and_an_override_below_them_turns_them_off():
+    from forge_nb.service.service import batched_endpoints
+
+    assert batched_endpoints(Squarer) == {"square": "square_many"}
+    assert batched_endpoints(OwnSquare) == {}  # square_many would bypass OwnSquare's own square
+
+    class Wrong(Squarer):
+        batched_endpoints = {"square": "cube_many"}
+
+    with pytest.raises(TypeError, match=r"Wrong.batched_endpoints names what is not an endpoint: square -> cube_many"):
+        batched_endpoints(Wrong)
