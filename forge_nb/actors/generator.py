@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from monarch.actor import concurrent_endpoint, endpoint
+from monarch.actor import ActorError, concurrent_endpoint, endpoint
 
 from forge_nb.actors import _vllm_plain
 from forge_nb.actors._vllm_inproc import EngineStopped, InprocEngine
@@ -233,7 +233,9 @@ class Generator(ForgeActor):
         exception where that prompt failed. What a service sends for ``generate.route`` calls made together
         (``batched_endpoints``, ``forge_nb.service.coalesce``)."""
         values, params = self._sampling_for(sampling_overrides)
-        return await asyncio.gather(*(self._generate(p, values, params) for p in prompts), return_exceptions=True)
+        answers = await asyncio.gather(*(self._generate(p, values, params) for p in prompts), return_exceptions=True)
+        # a prompt's error as monarch sends a call's own: with its traceback, formatted here
+        return [ActorError(a) if isinstance(a, Exception) else a for a in answers]
 
     def _sampling_for(self, overrides: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         """The sampling values and vLLM params of a call with ``overrides``."""

@@ -2,7 +2,8 @@
 
 An actor class may name, for an endpoint that takes one item and keyword options, a second endpoint that
 takes a list of items with the same options and returns one answer per item, an exception instance where
-that item failed::
+that item failed (best an ``ActorError`` made where it was raised, which keeps its traceback; any other is
+wrapped in one, so that a gathered call raises what a call of its own would)::
 
     class Generator(ForgeActor):
         batched_endpoints = {"generate": "generate_many"}
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING, Any
+
+from monarch.actor import ActorError
 
 if TYPE_CHECKING:
     from forge_nb.service.service import Service
@@ -55,7 +58,7 @@ class Coalescer:
         for item, kwargs, answer in pending:
             if answer.done():  # its caller was cancelled meanwhile
                 continue
-            same = next((members for options, members in groups if options == kwargs), None)
+            same = next((members for options, members in groups if _equal(options, kwargs)), None)
             if same is None:
                 groups.append((kwargs, [(item, answer)]))
             else:
@@ -90,10 +93,18 @@ class Coalescer:
         for answer, result in zip(answers, results, strict=True):
             if answer.done():
                 continue
-            if isinstance(result, BaseException):
-                answer.set_exception(result)
+            if isinstance(result, BaseException):  # raised as a call of its own raises it: an ActorError
+                answer.set_exception(result if isinstance(result, ActorError) else ActorError(result))
             else:
                 answer.set_result(result)
+
+
+def _equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two calls' keyword arguments are the same (values that cannot say so, e.g. tensors: not)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def split(members: list[Any], n: int) -> list[list[Any]]:

@@ -17,6 +17,7 @@ import psutil
 import pytest
 import pytest_asyncio
 import torch
+from monarch.actor import ActorError
 
 from forge_nb import weights
 from forge_nb.actors.generator import Generator, Policy
@@ -156,7 +157,7 @@ async def test_generate_many_answers_each_prompt_or_its_own_error(gen: Any) -> N
     out = await gen.actor.generate_many.call_one(["abc", [10**6], "bcd"], n=2, max_tokens=3)
     assert [c.prompt for c in out[0]] == ["abc", "abc"] and [c.prompt for c in out[2]] == ["bcd", "bcd"]
     assert all(len(c.token_ids) <= 3 for c in out[0] + out[2])
-    assert isinstance(out[1], Exception), out[1]  # the bad prompt's error, for its caller alone
+    assert isinstance(out[1], ActorError), out[1]  # the bad prompt's error, for its caller alone, as if alone
     assert "1000000" in str(out[1]), str(out[1])
 
 

@@ -309,27 +309,35 @@ async def test_route_calls_made_together_go_out_as_one_message_per_replica(runti
         together = [svc.square.route(x) for x in (0, 1, 2, 3, -1, 5, 6)] + [svc.square.route(2, offset=1)]
         answers = await asyncio.gather(*together, return_exceptions=True)
         assert answers[:4] + answers[5:] == [0, 1, 4, 9, 25, 36, 5]
-        assert isinstance(answers[4], ValueError) and "negative: -1" in str(answers[4])  # its own caller's
+        assert isinstance(answers[4], ActorError) and "negative: -1" in str(answers[4])  # its own, as if alone
         got = await svc.received.fanout()
         assert sorted(b for g in got for b in g["batches"]) == [[-1, 5, 6], [0, 1, 2, 3]]  # one per replica
         assert sum(g["messages"]["square"] for g in got) == 1  # offset=1: alone in its group, as itself
         assert svc.coalescers["square"].batches == 2
 
         assert await svc.square.route(4) == 16  # nothing beside it: as itself
+        with pytest.raises(ActorError, match="negative: -2"):  # alone: monarch's own error, the same type
+            await svc.square.route(-2)
         async with svc.session():  # sticky calls are never gathered
             assert await asyncio.gather(svc.square.route(1), svc.square.route(2)) == [1, 4]
         got = await svc.received.fanout()
-        assert sum(g["messages"]["square"] for g in got) == 4
+        assert sum(g["messages"]["square"] for g in got) == 5
         assert sum(g["messages"]["square_many"] for g in got) == 2
     finally:
         await svc.shutdown()
 
 
 def test_batched_endpoints_are_checked_and_an_override_below_them_turns_them_off():
+    import torch
+
+    from forge_nb.service.coalesce import _equal, split
     from forge_nb.service.service import batched_endpoints
 
     assert batched_endpoints(Squarer) == {"square": "square_many"}
     assert batched_endpoints(OwnSquare) == {}  # square_many would bypass OwnSquare's own square
+    assert split(list(range(7)), 2) == [[0, 1, 2, 3], [4, 5, 6]] and split([9], 4) == [[9]]
+    assert _equal({"n": 4}, {"n": 4}) and not _equal({"n": 4}, {"n": 8})
+    assert not _equal({"bias": torch.zeros(2)}, {"bias": torch.zeros(2)})  # cannot say: never gathered
 
     class Wrong(Squarer):
         batched_endpoints = {"square": "cube_many"}
