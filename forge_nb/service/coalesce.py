@@ -27,18 +27,16 @@ itself (TorchForge's ``generate_episode`` routes one prompt a call, and must run
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from monarch.actor import ActorError
-
-if TYPE_CHECKING:
-    from forge_nb.service.service import Service
 
 
 class Coalescer:
     """Gathers one service endpoint's concurrent ``route()`` calls (see the module docstring)."""
 
-    def __init__(self, service: Service, endpoint: str, batch_endpoint: str):
+    def __init__(self, service: Any, endpoint: str, batch_endpoint: str):
+        """``service``: the ``forge_nb.service.Service`` whose calls these are (its ``_route`` and ``replicas``)."""
         self.service, self.endpoint, self.batch_endpoint = service, endpoint, batch_endpoint
         self._pending: list[tuple[Any, dict[str, Any], asyncio.Future[Any]]] = []
         self._sending: set[asyncio.Task[None]] = set()  # referenced until done

@@ -241,9 +241,9 @@ def _in_view(page: Any, selector: str) -> bool:
         and box["y"] + box["height"] <= view["height"] + 1
 
 
-def _zoom_every_panel_after_a_resize(page: Any) -> None:
+def _zoom_every_panel_after_a_resize(page: Any, console: list[str]) -> None:
     """Make the dashboard wider (its panels go from one column to two), then drag across the reward panel:
-    every panel shows the steps chosen."""
+    every panel shows the steps chosen (within a few seconds: a loaded machine may draw late)."""
     curves = page.locator(f"{SIDE} .forge-curves").first
     full = curves.evaluate("el => el.forgeCurves.xrange()")
     width = page.locator(SIDE).bounding_box()["width"]
@@ -258,12 +258,17 @@ def _zoom_every_panel_after_a_resize(page: Any) -> None:
     page.mouse.down()
     page.mouse.move(box["x"] + 0.6 * box["width"], y, steps=8)
     page.mouse.up()
-    time.sleep(1)
-    zoomed = curves.evaluate("el => el.forgeCurves.xrange()")
+    deadline = time.monotonic() + 10
+    while True:
+        time.sleep(0.5)
+        zoomed = curves.evaluate("el => el.forgeCurves.xrange()")
+        if all(r == zoomed[0] for r in zoomed) or time.monotonic() > deadline:
+            break
     assert len(zoomed) == len(full) >= 9, (full, zoomed)
     lo, hi = zoomed[0]
     assert full[0][0] < lo < hi < full[0][1], f"the drag did not zoom the reward panel: {full[0]} -> {zoomed[0]}"
-    assert all(r == [lo, hi] for r in zoomed), f"not every panel shows the zoomed steps: {zoomed}"
+    assert all(r == [lo, hi] for r in zoomed), \
+        f"not every panel shows the zoomed steps: {zoomed}; the browser console's errors: {console}"
 
 
 def _run_all(page: Any, url: str, seen: dict[tuple[int, float | None], str], lab_pid: int) -> None:
@@ -336,7 +341,7 @@ def _run_all(page: Any, url: str, seen: dict[tuple[int, float | None], str], lab
     points = board.locator(".forge-curves").first.evaluate(POINTS)
     assert points >= STEPS + 25, f"{points} reward points for {STEPS} + 25 steps"
     page.locator(SIDE).screenshot(path=str(ARTIFACTS / "quickstart-dashboard-side-panel.png"))
-    _zoom_every_panel_after_a_resize(page)
+    _zoom_every_panel_after_a_resize(page, console)
     page.locator(SIDE).screenshot(path=str(ARTIFACTS / "quickstart-dashboard-zoomed.png"))
     assert not console, f"errors in the browser console: {console}"
 
