@@ -35,6 +35,7 @@ import pytest
 
 from forge_nb.system.procs import same_start, started
 from tests.procs import descendants
+from tests.waiting import until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "notebooks"
@@ -245,7 +246,11 @@ def _zoom_every_panel_after_a_resize(page: Any, console: list[str]) -> None:
     """Make the dashboard wider (its panels go from one column to two), then drag across the reward panel:
     every panel shows the steps chosen (within a few seconds: a loaded machine may draw late)."""
     curves = page.locator(f"{SIDE} .forge-curves").first
-    full = curves.evaluate("el => el.forgeCurves.xrange()")
+
+    def xrange() -> list[list[float]]:  # each panel's [first, last] step shown
+        return curves.evaluate("el => el.forgeCurves.xrange()")
+
+    full = xrange()
     width = page.locator(SIDE).bounding_box()["width"]
     _resize_dashboard(page, by=-200)
     assert page.locator(SIDE).bounding_box()["width"] > width + 150, "the handle drag did not resize the dashboard"
@@ -258,12 +263,8 @@ def _zoom_every_panel_after_a_resize(page: Any, console: list[str]) -> None:
     page.mouse.down()
     page.mouse.move(box["x"] + 0.6 * box["width"], y, steps=8)
     page.mouse.up()
-    deadline = time.monotonic() + 10
-    while True:
-        time.sleep(0.5)
-        zoomed = curves.evaluate("el => el.forgeCurves.xrange()")
-        if all(r == zoomed[0] for r in zoomed) or time.monotonic() > deadline:
-            break
+    until_sync(lambda: bool(r := xrange()) and r[0] != full[0] and all(x == r[0] for x in r), timeout=10, interval=0.5)
+    zoomed = xrange()
     assert len(zoomed) == len(full) >= 9, (full, zoomed)
     lo, hi = zoomed[0]
     assert full[0][0] < lo < hi < full[0][1], f"the drag did not zoom the reward panel: {full[0]} -> {zoomed[0]}"
