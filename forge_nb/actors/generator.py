@@ -225,15 +225,17 @@ class Generator(ForgeActor):
         ``prompt`` is a string, or token ids (a list of ints or a 1-D tensor) fed as they are: what a
         multi-turn episode sends, so every turn sees exactly the tokens of the turns before it (text
         tokenized again may split differently) and the engine's prefix cache can reuse them."""
-        return await self._generate(prompt, *self._sampling_for(sampling_overrides))
+        (answer,) = await self._generate([prompt], *self._sampling_for(sampling_overrides))
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
     @concurrent_endpoint
     async def generate_many(self, prompts: list[Any], **sampling_overrides: Any) -> list[Completions | Exception]:
         """``generate`` of each prompt, all at once in the engine: one answer per prompt, in order, an
         exception where that prompt failed. What a service sends for ``generate.route`` calls made together
         (``batched_endpoints``, ``forge_nb.service.coalesce``)."""
-        values, params = self._sampling_for(sampling_overrides)
-        answers = await asyncio.gather(*(self._generate(p, values, params) for p in prompts), return_exceptions=True)
+        answers = await self._generate(list(prompts), *self._sampling_for(sampling_overrides))
         # a prompt's error as monarch sends a call's own: with its traceback, formatted here
         return [ActorError(a) if isinstance(a, Exception) else a for a in answers]
 
@@ -246,9 +248,10 @@ class Generator(ForgeActor):
         values = self._config.sampling_params | overrides
         return values, self._sampling(values, where="generate(**sampling_overrides)")
 
-    async def _generate(self, prompt: Any, values: dict[str, Any], params: Any) -> Completions:
+    async def _generate(self, prompts: list[Any], values: dict[str, Any], params: Any) -> list[Completions | Exception]:
+        """Each prompt's completions, or its own exception; the prompts enter the engine together."""
         engine = self._require_engine("generate")
-        prompt = _prompt(prompt)
+        prompts = [_prompt_or_error(p) for p in prompts]
         # Admission comes first: with no update pending it completes without yielding, so a request
         # sent before update_weights() runs on the old weights and one sent after it on the new.
         async with self._gate:
@@ -256,15 +259,14 @@ class Generator(ForgeActor):
             if self._broken:
                 raise RuntimeError(self._broken)
             self._in_flight += 1
-        version = self._version  # no update can start until this request is done
+        version = self._version  # no update can start until these requests are done
         try:
-            from vllm.renderers.inputs.preprocess import parse_model_prompt
-
-            parsed = parse_model_prompt(engine.model_config, prompt)
-            (engine_input,) = await engine.renderer.render_cmpl_async([parsed])
-            final = None
-            async for output in engine.generate(engine_input, params, f"gen-{next(self._ids)}"):
-                final = output
+            inputs = await asyncio.gather(*(self._render(p) for p in prompts), return_exceptions=True)
+            rendered = [i for i, x in enumerate(inputs) if not isinstance(x, BaseException)]
+            outputs = await _final_outputs(engine, [(inputs[i], params, f"gen-{next(self._ids)}") for i in rendered])
+            answers: list[Any] = list(inputs)
+            for i, output in zip(rendered, outputs, strict=True):
+                answers[i] = output
         except Exception as e:
             self._exit_if_engine_dead(e)
             raise
@@ -272,9 +274,27 @@ class Generator(ForgeActor):
             async with self._gate:
                 self._in_flight -= 1
                 self._gate.notify_all()
-        assert final is not None and final.finished
-        return completions(prompt if isinstance(prompt, str) else None, final, version,
-                           tokenizer=self._tokenizer if not params.detokenize and decodes_here(values) else None)
+        decode = not params.detokenize and decodes_here(values)
+        for i, (prompt, answer) in enumerate(zip(prompts, answers, strict=True)):
+            if isinstance(answer, BaseException):
+                self._exit_if_engine_dead(answer)
+                if not isinstance(answer, Exception):
+                    raise answer  # a cancellation: not one prompt's own error
+            else:
+                assert answer.finished
+                answers[i] = completions(prompt if isinstance(prompt, str) else None, answer, version,
+                                         tokenizer=self._tokenizer if decode else None)
+        return answers
+
+    async def _render(self, prompt: str | list[int] | Exception) -> Any:
+        """The engine's input for a prompt (a string is tokenized in vLLM's tokenizer pool)."""
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+        if isinstance(prompt, Exception):
+            raise prompt
+        engine = self._engine
+        (engine_input,) = await engine.renderer.render_cmpl_async([parse_model_prompt(engine.model_config, prompt)])
+        return engine_input
 
     @concurrent_endpoint
     async def update_weights(self, version: int, manifest: dict[str, Any] | None = None) -> int:
@@ -394,8 +414,21 @@ def _import_vllm() -> None:
             return
 
 
-def _prompt(prompt: Any) -> str | list[int]:
-    """A prompt string, or token ids as a list of ints; anything else is a TypeError that says what fits."""
+async def _final_outputs(engine: Any, requests: list[tuple[Any, Any, str]]) -> list[Any]:
+    """The final output of each ``(engine_input, params, request_id)``, or its exception: added to the engine
+    in one go where the engine can (``InprocEngine.generate_many``), else one ``generate`` each."""
+    if isinstance(engine, InprocEngine):
+        return await engine.generate_many(requests)
+
+    async def final(engine_input: Any, params: Any, request_id: str) -> Any:
+        outputs = [output async for output in engine.generate(engine_input, params, request_id)]
+        return outputs[-1]  # FINAL_ONLY: the one output
+
+    return await asyncio.gather(*(final(*request) for request in requests), return_exceptions=True)
+
+
+def _prompt_or_error(prompt: Any) -> str | list[int] | TypeError:
+    """A prompt string, or token ids as a list of ints; anything else gives a TypeError that says what fits."""
     import torch
 
     if isinstance(prompt, torch.Tensor) and prompt.dim() == 1 and not prompt.is_floating_point():
@@ -403,6 +436,6 @@ def _prompt(prompt: Any) -> str | list[int]:
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt
                                    and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
         return prompt
-    raise TypeError(f"generate() takes one prompt: a string or token ids (a non-empty list of ints or a 1-D "
+    return TypeError(f"generate() takes one prompt: a string or token ids (a non-empty list of ints or a 1-D "
                     f"integer tensor), got {type(prompt).__name__}; for many prompts call generate once per "
                     "prompt, concurrently (they batch in the engine)")
