@@ -5,7 +5,8 @@ in ``vllm.model_executor.layers.utils``) and drop the loaded tensor, so a new ve
 ``reload_weights``: every layer is rebuilt, loaded and repacked. For a small model that costs more than the
 matmuls it speeds up. With plain weights a layer multiplies with ``torch.nn.functional.linear`` on the
 weight as loaded, and a version is copied into the parameters by the model's own ``load_weights``, the
-in-place path vLLM takes on GPUs.
+in-place path vLLM takes on GPUs (from the second version on, by replaying the copies the first one made:
+:mod:`forge_nb.actors._vllm_replay`).
 
 Measured here (2 cores, float32, the same engine in one process, 16 completions of 4 tokens):
 

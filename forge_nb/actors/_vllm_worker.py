@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from forge_nb.actors import _vllm_plain
+from forge_nb.actors import _vllm_plain, _vllm_replay
 from forge_nb.rl.types import Completion, Completions
 
 if TYPE_CHECKING:
@@ -320,11 +320,14 @@ class TorchstoreWeightLoader:
             except Exception as e:
                 return {"refused": f"fetching it from torchstore failed ({type(e).__name__}: {e})"}
             fetched = time.perf_counter()
-            expected = checkpoint_names(self.vllm_config.model_config.model)
+            if not hasattr(self, "_forge_nb_expected"):  # the checkpoint the engine was built from
+                self._forge_nb_expected = checkpoint_names(self.vllm_config.model_config.model)
+            expected = self._forge_nb_expected
             if expected is not None and (why := _mismatch(set(state_dict), expected)):
                 return {"refused": why}
             if _vllm_plain.active():  # plain CPU weights: copied into the parameters in place
-                self.model_runner.get_model().load_weights(weights=iter(state_dict.items()))
+                self._forge_nb_replay = _vllm_replay.load(self.model_runner.get_model(), state_dict,
+                                                          getattr(self, "_forge_nb_replay", None))
             else:  # vLLM's CPU kernels repack weights after loading (parameters become empty): it redoes that
                 self.model_runner.reload_weights(weights_iterator=iter(state_dict.items()))
             return {
