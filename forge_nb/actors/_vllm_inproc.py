@@ -184,9 +184,9 @@ class InprocEngine:
             except queue.Empty:
                 pass
             if self._engine.has_unfinished_requests():
-                for output in self._engine.step():
-                    if output.finished:
-                        self._settle(self._finals.pop(output.request_id, None), output)
+                done = [(self._finals.pop(o.request_id, None), o) for o in self._engine.step() if o.finished]
+                if done:  # one wake-up of the actor's loop for all the requests this step finished
+                    self._settle_all(done)
 
     def _run(self, fn: Callable[[], Any], done: asyncio.Future | None) -> None:
         try:
@@ -198,15 +198,18 @@ class InprocEngine:
         self._settle(done, result)
 
     def _settle(self, future: asyncio.Future | None, result: Any) -> None:
-        if future is None:
-            return
+        self._settle_all([(future, result)])
+
+    def _settle_all(self, results: list[tuple[asyncio.Future | None, Any]]) -> None:
+        """Resolve each future (None: its request was aborted) with its result, on the actor's loop."""
 
         def settle() -> None:
-            if future.done():
-                return
-            if isinstance(result, BaseException):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
+            for future, result in results:
+                if future is None or future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
 
         self._loop.call_soon_threadsafe(settle)

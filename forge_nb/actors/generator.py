@@ -74,6 +74,8 @@ __all__ = ["Generator", "GeneratorArgs", "Policy", "make_engine_args", "make_sam
 
 #: Seconds one weight update may take (fetch + load); torchstore moves ~0.2 GB/s without RDMA.
 UPDATE_TIMEOUT_S = 900.0
+#: Prompt strings up to this many characters are tokenized on the actor's loop, longer ones in vLLM's pool.
+RENDER_HERE_CHARS = 2048
 
 
 def _own_socket_dir() -> Path | None:
@@ -261,7 +263,12 @@ class Generator(ForgeActor):
             self._in_flight += 1
         version = self._version  # no update can start until these requests are done
         try:
-            inputs = await asyncio.gather(*(self._render(p) for p in prompts), return_exceptions=True)
+            inputs: list[Any] = []
+            for prompt in prompts:
+                try:
+                    inputs.append(await self._render(prompt))
+                except Exception as e:  # this prompt's own error
+                    inputs.append(e)
             rendered = [i for i, x in enumerate(inputs) if not isinstance(x, BaseException)]
             outputs = await _final_outputs(engine, [(inputs[i], params, f"gen-{next(self._ids)}") for i in rendered])
             answers: list[Any] = list(inputs)
@@ -287,13 +294,19 @@ class Generator(ForgeActor):
         return answers
 
     async def _render(self, prompt: str | list[int] | Exception) -> Any:
-        """The engine's input for a prompt (a string is tokenized in vLLM's tokenizer pool)."""
+        """The engine's input for a prompt. Token ids and short strings are rendered here: for them the hop to
+        vLLM's tokenizer pool and back (two thread wake-ups) cost more than tokenizing; a long string is
+        tokenized in the pool, so the actor's loop is not held while it is."""
         from vllm.renderers.inputs.preprocess import parse_model_prompt
 
         if isinstance(prompt, Exception):
             raise prompt
         engine = self._engine
-        (engine_input,) = await engine.renderer.render_cmpl_async([parse_model_prompt(engine.model_config, prompt)])
+        parsed = [parse_model_prompt(engine.model_config, prompt)]
+        if isinstance(prompt, str) and len(prompt) > RENDER_HERE_CHARS:
+            (engine_input,) = await engine.renderer.render_cmpl_async(parsed)
+        else:
+            (engine_input,) = engine.renderer.render_cmpl(parsed)
         return engine_input
 
     @concurrent_endpoint

@@ -154,11 +154,13 @@ async def test_concurrent_generates_batch_in_the_engine(gen: Any) -> None:
 
 async def test_generate_many_answers_each_prompt_or_its_own_error(gen: Any) -> None:
     """The batch form a service sends for generate.route calls made together (``batched_endpoints``)."""
-    out = await gen.actor.generate_many.call_one(["abc", [10**6], "bcd"], n=2, max_tokens=3)
+    long = "ab" * 1500  # tokenized in vLLM's pool (RENDER_HERE_CHARS), and longer than the model's context
+    out = await gen.actor.generate_many.call_one(["abc", [10**6], "bcd", long], n=2, max_tokens=3)
     assert [c.prompt for c in out[0]] == ["abc", "abc"] and [c.prompt for c in out[2]] == ["bcd", "bcd"]
     assert all(len(c.token_ids) <= 3 for c in out[0] + out[2])
     assert isinstance(out[1], ActorError), out[1]  # the bad prompt's error, for its caller alone, as if alone
     assert "1000000" in str(out[1]), str(out[1])
+    assert isinstance(out[3], ActorError) and "3000" in str(out[3]), str(out[3])
 
 
 def dominant_state_dict(model: Path, token: str = DOMINANT) -> dict[str, torch.Tensor]:
