@@ -49,6 +49,7 @@ class InprocEngine:
         self._work: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
         self._finals: dict[str, asyncio.Future] = {}  # request id -> its final RequestOutput
         self._ids = itertools.count()
+        self.steps = 0  #: engine steps taken (what shared a step shared the model's forward)
         self._dead: EngineStopped | None = None
         self._lock = threading.Lock()  # _dead is set and the queue drained together
         self._thread: threading.Thread | None = None
@@ -185,6 +186,7 @@ class InprocEngine:
                 pass
             if self._engine.has_unfinished_requests():
                 done = [(self._finals.pop(o.request_id, None), o) for o in self._engine.step() if o.finished]
+                self.steps += 1
                 if done:  # one wake-up of the actor's loop for all the requests this step finished
                     self._settle_all(done)
 

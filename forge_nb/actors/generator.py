@@ -354,6 +354,12 @@ class Generator(ForgeActor):
         """The weight version generating now (0: the model's own weights)."""
         return self._version
 
+    @concurrent_endpoint
+    async def engine_steps(self) -> int | None:
+        """Engine steps the vLLM engine has taken (requests in flight together share steps); None where vLLM runs
+        in processes of its own (``AsyncLLM``: on GPUs, or ``distributed_executor_backend`` set)."""
+        return getattr(self._engine, "steps", None)
+
     async def __cleanup__(self, exc: Exception | None) -> None:
         """Monarch calls this when the actor stops: shut the engine's processes down cleanly."""
         if self._engine is not None:
