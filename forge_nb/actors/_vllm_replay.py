@@ -7,7 +7,7 @@ version alone and ~2 ms on the quickstart's busy cores, every training step (iss
 version's tensors is the same each time: copy a slice of each into a slice of a parameter, fill the
 padding. So the first load runs it under a ``TorchFunctionMode`` that records each ``copy_`` (the destination
 view, the source as a strided view of a named tensor of the version) and each ``fill_`` with a number; later
-versions with the same names, dtypes and shapes replay those (~0.1 ms).
+versions with the same names, dtypes and shapes replay those (0.24 ms alone on the tiny model).
 
 A load is recorded only when it did nothing else to a tensor: any operation outside views, sizes and those
 two (a dtype conversion, arithmetic, a copy from a tensor that is not a view of the version's, indexing
