@@ -6,9 +6,9 @@ starts each with ``spawn``, so each imports vLLM again (~8 s apiece on two cores
 ``%forge_spawn`` to the first step), and both busy-wait (``sched_yield``) for a second after every message
 they exchange, taking a core the trainer needs. :class:`InprocEngine` runs vLLM's ``LLMEngine`` with
 its in-process client and the ``uni`` executor instead, so engine core, scheduler and model all live in
-the actor's process, and gives the Generator the few ``AsyncLLM`` calls it makes: ``generate``,
-``collective_rpc``, ``reset_prefix_cache``, ``shutdown``, ``model_config`` and ``renderer``, and one more,
-``generate_many``: several requests that start in the same engine step.
+the actor's process, and gives the Generator the ``AsyncLLM`` calls it makes besides ``generate``:
+``collective_rpc``, ``reset_prefix_cache``, ``shutdown``, ``model_config`` and ``renderer``; in place of
+``generate``, ``generate_many``: several requests that start in the same engine step (one is a batch of one).
 
 ``LLMEngine`` is not thread-safe and its ``step()`` blocks, so one thread owns it: the actor's event loop
 hands it work through a queue (add requests, abort them, run a worker method, drop the prefix cache) and
@@ -27,7 +27,7 @@ import itertools
 import os
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 #: What the thread is handed: a function to run on the engine, and the future that gets its result.
@@ -64,13 +64,6 @@ class InprocEngine:
         engine._thread.start()
         await built
         return engine
-
-    async def generate(self, engine_input: Any, params: Any, request_id: str) -> AsyncIterator[Any]:
-        """Yield the request's final output (the Generator asks for final outputs only)."""
-        (final,) = await self.generate_many([(engine_input, params, request_id)])
-        if isinstance(final, BaseException):
-            raise final
-        yield final
 
     async def generate_many(self, requests: list[tuple[Any, Any, str]]) -> list[Any]:
         """The final output of each ``(engine_input, params, request_id)``, in order, or the exception that
