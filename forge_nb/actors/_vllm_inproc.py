@@ -15,6 +15,13 @@ hands it work through a queue (add requests, abort them, run a worker method, dr
 the thread steps the engine while any request is unfinished, resolving each request's future on the
 actor's loop when it finishes. When nothing is unfinished the thread sleeps on the queue: no busy-wait.
 
+The first time a machine's vLLM meets a model class it inspects the class in a Python process of its own, to
+keep CUDA out of the engine's process (``_run_in_subprocess`` in ``vllm.model_executor.models.registry``), then
+caches what it learnt under ``~/.cache/vllm/modelinfos``. That process imports vLLM again: 10 s of a first
+``%forge_spawn`` on two cores (21 s against 11 s with the cache, the quickstart). On CPU there is no CUDA to
+keep out and the engine imports the class anyway, so :func:`inspect_models_here` has vLLM inspect it in this
+process while the engine is built; the cache is written as before.
+
 Considered: ``AsyncLLM`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (it always starts an EngineCore process
 in vLLM 0.32), and vLLM's ``LLM`` class (its ``generate`` takes a whole batch and returns when all of it
 is done; the rollout loops submit groups one by one and must not wait for each other).
@@ -23,11 +30,12 @@ is done; the rollout loops submit groups one by one and must not wait for each o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 #: What the thread is handed: a function to run on the engine, and the future that gets its result.
@@ -136,7 +144,8 @@ class InprocEngine:
             torch._dynamo.config.disable = True
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read by from_engine_args: the in-process client
         engine_args.distributed_executor_backend = "uni"  # the model runs in this process, not a worker
-        self._engine = LLMEngine.from_engine_args(engine_args, enable_multiprocessing=False)
+        with inspect_models_here():
+            self._engine = LLMEngine.from_engine_args(engine_args, enable_multiprocessing=False)
         self.model_config = self._engine.model_config
         self.renderer = self._engine.renderer
 
@@ -208,3 +217,21 @@ class InprocEngine:
                     future.set_result(result)
 
         self._loop.call_soon_threadsafe(settle)
+
+
+@contextlib.contextmanager
+def inspect_models_here() -> Iterator[None]:
+    """Meanwhile vLLM inspects a model class it has not cached in this process, not in a new one (see the
+    module docstring). Only for engines without CUDA: vLLM's subprocess is there to keep CUDA out of the
+    process that inspects. Where vLLM has no such function (another version), nothing changes."""
+    from vllm.model_executor.models import registry
+
+    in_subprocess = getattr(registry, "_run_in_subprocess", None)
+    if in_subprocess is None:
+        yield
+        return
+    registry._run_in_subprocess = lambda fn: fn()
+    try:
+        yield
+    finally:
+        registry._run_in_subprocess = in_subprocess
