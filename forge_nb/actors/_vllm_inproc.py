@@ -20,7 +20,8 @@ keep CUDA out of the engine's process (``_run_in_subprocess`` in ``vllm.model_ex
 caches what it learnt under ``~/.cache/vllm/modelinfos``. That process imports vLLM again: 10 s of a first
 ``%forge_spawn`` on two cores (21 s against 11 s with the cache, the quickstart). On CPU there is no CUDA to
 keep out and the engine imports the class anyway, so :func:`inspect_models_here` has vLLM inspect it in this
-process while the engine is built; the cache is written as before.
+process while the engine is built (also where a CPU Generator runs vLLM's own processes); the cache is written as
+before.
 
 Considered: ``AsyncLLM`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (it always starts an EngineCore process
 in vLLM 0.32), and vLLM's ``LLM`` class (its ``generate`` takes a whole batch and returns when all of it

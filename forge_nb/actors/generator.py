@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from monarch.actor import ActorError, concurrent_endpoint, endpoint
 
 from forge_nb.actors import _vllm_plain
-from forge_nb.actors._vllm_inproc import EngineStopped, InprocEngine
+from forge_nb.actors._vllm_inproc import EngineStopped, InprocEngine, inspect_models_here
 from forge_nb.actors._vllm_worker import (
     WORKER_EXTENSION,
     completions,
@@ -215,7 +215,11 @@ class Generator(ForgeActor):
         else:
             from vllm.v1.engine.async_llm import AsyncLLM
 
-            self._engine = AsyncLLM.from_engine_args(engine_args)
+            if cuda:
+                self._engine = AsyncLLM.from_engine_args(engine_args)
+            else:  # vLLM's own processes on CPU: no CUDA to keep out of this one either
+                with inspect_models_here():
+                    self._engine = AsyncLLM.from_engine_args(engine_args)
         self._tokenizer = fast_tokenizer(self._engine.renderer.get_tokenizer())
         self._params = self._sampling(config.sampling_params)
         self._config = config
