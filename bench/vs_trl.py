@@ -287,8 +287,13 @@ def ratio(a: float, b: float) -> float:
 
 
 def main(args: argparse.Namespace) -> None:
+    import importlib.util
+
     import forge_nb
 
+    if importlib.util.find_spec("trl") is None:  # before any side runs, not in TRL's first child
+        raise SystemExit("bench/vs_trl.py runs TRL's GRPOTrainer, which is not installed here: "
+                         ".venv/bin/pip install -e '.[bench]'")
     workdir = Path(tempfile.mkdtemp(prefix="bench-vs-trl-"))
     print(f"logs and records in {workdir}", flush=True)
     cfg = forge_nb.quickstart()
