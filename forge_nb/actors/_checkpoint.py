@@ -154,15 +154,17 @@ def latest(folder: str | Path) -> Path | None:
 
 
 def load(
-    path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any]
+    path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any], *,
+    verified: bool = False,
 ) -> dict[str, Any]:
     """Load model and optimizer in place from a complete checkpoint (collective).
 
     ``trainer_state`` names the trainer entries to read (DCP loads only keys it is asked for) with
-    defaults; returns it filled from the checkpoint.
+    defaults; returns it filled from the checkpoint. The folder is checked against its commit marker first
+    (every byte read once more), unless ``verified``: :func:`latest` just did.
     """
     path = Path(path)
-    why = check(path)
+    why = None if verified else check(path)
     if why is not None:
         raise FileNotFoundError(
             f"{str(path)!r} is not a whole checkpoint ({why}); pass a step_* folder that save_checkpoint "

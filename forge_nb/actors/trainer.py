@@ -307,6 +307,7 @@ class RLTrainer(ForgeActor):
         return self._load(path)
 
     def _load(self, path: str | None) -> int | None:
+        verified = path is None  # latest() checks what it finds against the commit marker: once is enough
         if path is None:
             if not self.ckpt_cfg.folder:
                 raise ValueError("no checkpoint folder: pass path=, or configure checkpoint={'folder': ...}")
@@ -314,7 +315,7 @@ class RLTrainer(ForgeActor):
             if found is None:
                 return None
             path = str(found)
-        state = _checkpoint.load(path, self._policy().module, self.optimizer, {"step": 0})
+        state = _checkpoint.load(path, self._policy().module, self.optimizer, {"step": 0}, verified=verified)
         self.step = int(state["step"])
         for group in self.optimizer.param_groups:  # the loaded param groups carry the old values
             group["weight_decay"] = self.opt_cfg.weight_decay

@@ -1,0 +1,47 @@
+"""A checkpoint's files are read once to check them before a load, not once per caller that checks.
+
+``_checkpoint.latest`` checks the folder it picks against its commit marker (a CRC-32 of every file); the
+trainer's resume then loads that folder with ``verified=True``, so a resumed trainer reads the checkpoint twice
+(check, then DCP's load) instead of three times. A path the user names is still checked before it loads."""
+
+from __future__ import annotations
+
+import collections
+import importlib
+
+import torch
+
+from forge_nb.actors import _checkpoint
+
+commit = importlib.import_module("forge_nb.rundir.commit")  # the module (forge_nb.rundir's `commit` is its function)
+
+
+def _model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.ones(2, 8)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def test_latest_then_load_checks_each_file_once_and_a_named_path_is_checked(tmp_path, monkeypatch):
+    saved_model, optimizer = _model_and_optimizer()
+    _checkpoint.save(tmp_path, 1, saved_model, optimizer, {"step": 1})
+    reads: collections.Counter[str] = collections.Counter()
+    digest = commit.digest
+
+    def counted(path):
+        reads[str(path)] += 1
+        return digest(path)
+
+    monkeypatch.setattr(commit, "digest", counted)
+    model, fresh = _model_and_optimizer()
+    found = _checkpoint.latest(tmp_path)
+    state = _checkpoint.load(found, model, fresh, {"step": 0}, verified=True)
+    assert state["step"] == 1 and torch.equal(model.weight, saved_model.weight)
+    files = sorted(str(p) for p in found.rglob("*") if p.is_file() and p.name != commit.MARKER)
+    assert sorted(reads) == files and set(reads.values()) == {1}
+
+    reads.clear()
+    _checkpoint.load(found, model, fresh, {"step": 0})  # a path named by the caller: checked first
+    assert sorted(reads) == files and set(reads.values()) == {1}
