@@ -148,6 +148,13 @@ def test_quickstart_on_three_slurm_nodes_outlives_its_kernel_a_node_and_ends_wit
         assert until_sync(lambda: value(second, "run.state") == "failed", timeout=120), \
             value(second, "[run.state, run.error]")
         assert f"SLURM job {job_id} ended (CANCELLED), and its hosts with it" in value(second, "run.error")
+        # each replica gives up at the first respawn that learns the job ended, and says so, instead of trying
+        # max_restarts times
+        for service in ("policy", "trainer"):
+            replicas = f"[(r.state, r.last_error) for r in run.{service}.replicas]"
+            failed = until_sync(lambda r=replicas: value(second, r)[0][0] == "failed", timeout=60)
+            assert failed, value(second, replicas)
+            assert value(second, replicas)[0][1].startswith(f"SLURM job {job_id} ended"), value(second, replicas)
         shown = ok(second.run("%forge_status")).text
         assert f"job {job_id} ended" in shown, shown
         assert value(second, "1 + 1") == 2

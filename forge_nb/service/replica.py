@@ -36,6 +36,7 @@ from monarch.actor import ActorError
 from forge_nb.service.errors import ActorStartFailed, ReplicaDied
 from forge_nb.service.options import ActorClass, Options
 from forge_nb.system import runtime
+from forge_nb.system.gpus import JobEnded
 from forge_nb.system.procs import kill_pids
 
 __all__ = ["STATES", "Replica", "ReplicaDied", "ReplicaStatus"]
@@ -189,6 +190,11 @@ class Replica:
                 await self.mesh.stop()
             try:
                 await self.start()  # state stays "recovering" until it turns healthy
+            except JobEnded as e:  # its hosts went with the job: no respawn can succeed, so none is tried again
+                self.failures += 1
+                self.last_error = str(e)[:300]
+                self._set_state("failed", self.last_error)
+                return
             except Exception as e:
                 self.failures += 1
                 self.last_error = f"respawn {self.restarts} failed: {type(e).__name__}: {e}"[:300]

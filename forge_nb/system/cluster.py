@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forge_nb.system.gpus import ResourceError
+from forge_nb.system.gpus import JobEnded, ResourceError
 from forge_nb.system.monarch_compat import await_maybe
 
 __all__ = ["KERNEL", "Cluster", "Host", "current", "job_line", "lost", "one_host", "release_job", "use_job", "where"]
@@ -129,7 +129,7 @@ class Cluster:
             suspect = time.monotonic() - h.failed_at < SUSPECT_S
             fits.append((suspect, same, sum(1 for host, _, _ in meshes if host == h.name), i, h))
         if not fits and self.described.get("ended"):
-            raise ResourceError(f"{self.described.get('scheduler', 'the').upper()} job {self.described.get('job_id')} "
+            raise JobEnded(f"{self.described.get('scheduler', 'the').upper()} job {self.described.get('job_id')} "
                                 f"ended ({self.described['ended']}), and its hosts with it: nothing can run there. "
                                 "%forge_shutdown, allocate again (%forge_cluster ...) and %forge_attach the run "
                                 "directory to go on from its last checkpoint")

@@ -12,6 +12,11 @@ class ResourceError(RuntimeError):
     """The machine cannot provide what a spawn asked for (GPUs, hosts). Nothing was spawned."""
 
 
+class JobEnded(ResourceError):
+    """The job's scheduler ended it (``scancel``, a time limit): nothing can be spawned on its hosts again, so a
+    replica that died with them is not respawned."""
+
+
 def visible() -> int:
     """How many CUDA devices this process can see (0 without CUDA). Does not initialise CUDA."""
     try:
