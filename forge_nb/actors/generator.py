@@ -36,6 +36,7 @@ process, when the next generator starts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -215,11 +216,9 @@ class Generator(ForgeActor):
         else:
             from vllm.v1.engine.async_llm import AsyncLLM
 
-            if cuda:
+            # vLLM's own processes on CPU: no CUDA to keep out of this one either
+            with contextlib.nullcontext() if cuda else inspect_models_here():
                 self._engine = AsyncLLM.from_engine_args(engine_args)
-            else:  # vLLM's own processes on CPU: no CUDA to keep out of this one either
-                with inspect_models_here():
-                    self._engine = AsyncLLM.from_engine_args(engine_args)
         self._tokenizer = fast_tokenizer(self._engine.renderer.get_tokenizer())
         self._params = self._sampling(config.sampling_params)
         self._config = config
