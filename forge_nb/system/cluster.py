@@ -130,9 +130,9 @@ class Cluster:
             fits.append((suspect, same, sum(1 for host, _, _ in meshes if host == h.name), i, h))
         if not fits and self.described.get("ended"):
             raise JobEnded(f"{self.described.get('scheduler', 'the').upper()} job {self.described.get('job_id')} "
-                                f"ended ({self.described['ended']}), and its hosts with it: nothing can run there. "
-                                "%forge_shutdown, allocate again (%forge_cluster ...) and %forge_attach the run "
-                                "directory to go on from its last checkpoint")
+                           f"ended ({self.described['ended']}), and its hosts with it: nothing can run there. "
+                           "%forge_shutdown, allocate again (%forge_cluster ...) and %forge_attach the run "
+                           "directory to go on from its last checkpoint")
         if not fits:
             where = f"host mesh {group!r}" if group else "the job"
             raise ResourceError(f"no host of {where} can take {name} ({procs} proc(s)"
