@@ -14,7 +14,10 @@ the CPU tests exercise the code the CUDA path runs.
 
 Left padding: episodes left-pad prompts to a fixed ``request_len``. vLLM never saw those pads, so the
 forward masks them and restarts positions at the first real token; the logprobs then match the
-generator's instead of drifting with the amount of padding.
+generator's instead of drifting with the amount of padding. Columns that are padding in every row of a batch
+change nothing but the cost, so :meth:`PolicyModel.without_shared_padding` drops them before the forward
+(as TRL pads a batch's prompts to its longest): the quickstart's one-token prompts, padded to 4, made its
+training batches 8 columns wide where 5 hold every real token, and its training step ~2.5 ms (20%) slower.
 """
 
 from __future__ import annotations
@@ -141,6 +144,17 @@ class PolicyModel:
             input_ids=tokens, attention_mask=attention_mask, position_ids=positions, use_cache=False
         )
         return out.logits
+
+    def without_shared_padding(self, tokens: torch.Tensor, request_len: int) -> tuple[torch.Tensor, int]:
+        """``tokens`` without the leading columns that are left padding in every row, and ``request_len`` less
+        as many. The logits of the columns kept are those of the whole batch: a dropped column was masked in
+        every row, and positions count real tokens only. torchtitan's batches keep their width: its
+        FlexAttention is compiled for each sequence length it meets."""
+        if self._titan is not None or self.pad_id is None or tokens.dim() != 2 or request_len <= 1:
+            return tokens, request_len
+        real = real_token_mask(tokens[:, :request_len], self.pad_id, request_len)
+        drop = int(real.any(0).int().argmax())  # the first column a row needs (request_len - 1 at the latest)
+        return (tokens[:, drop:], request_len - drop) if drop else (tokens, request_len)
 
     def hf_state_dict(self, copy: bool = True, cpu: bool = True) -> dict[str, torch.Tensor]:
         """Whole HF-named weights on the CPU. Collective when sharded: every rank must call it; rank 0 gets

@@ -94,6 +94,8 @@ class ReferenceModel(ForgeActor):
                 f"must start at a column between 1 and {input_ids.shape[1] - 1}. Left-pad each request to "
                 "max_req_tokens and append the response (as forge_nb.rl.collate does), or pass a TrainBatch"
             )
+        if return_logprobs:  # the logits keep the batch's width: they are returned whole
+            input_ids, start = self.policy.without_shared_padding(input_ids, start)
         dtype = self.config.torch_dtype
         autocast = torch.autocast(self.policy.device.type, dtype=dtype, enabled=dtype != torch.float32)
         with torch.inference_mode(), autocast:

@@ -19,6 +19,7 @@ run that a notebook is steering. Endpoints that touch the model are collective o
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -159,6 +160,8 @@ class RLTrainer(ForgeActor):
                     loss, m = text_loss(self.loss_fn, logits, micro, self.train_cfg.logits_temperature)
                     tokens += int(micro.target_mask.sum())
                 else:
+                    tokens_kept, request_len = policy.without_shared_padding(micro.tokens, micro.request_len)
+                    micro = dataclasses.replace(micro, tokens=tokens_kept, request_len=request_len)
                     logits = policy.logits(micro.tokens, micro.request_len)
                     loss, m = rl_loss(self.loss_fn, logits, micro, self.train_cfg.logits_temperature)
                     tokens += int(micro.response_mask.sum())
@@ -271,6 +274,7 @@ class RLTrainer(ForgeActor):
             input_ids, request_len = input_ids.tokens, input_ids.request_len
         if request_len is None:
             raise ValueError("forward(input_ids, request_len): say where the response starts")
+        input_ids, request_len = self._policy().without_shared_padding(torch.as_tensor(input_ids), request_len)
         with torch.no_grad(), self._autocast():
             logits = self._policy().logits(input_ids, request_len)
             return response_logprobs(logits, input_ids, request_len, self.train_cfg.logits_temperature).cpu()

@@ -82,6 +82,16 @@ def test_titan_masks_left_padding_like_transformers(models: tuple) -> None:
     torch.testing.assert_close(lp_titan[:1], alone, atol=1e-4, rtol=0)
 
 
+def test_titan_batches_keep_their_width(models: tuple) -> None:
+    """Padding every row shares is dropped for transformers only: FlexAttention compiles for each length."""
+    titan, hf = models
+    tokens = torch.randint(2, 10, SHAPE, generator=torch.Generator().manual_seed(2))
+    tokens[:, :3] = 0
+    kept, request_len = titan.without_shared_padding(tokens, 8)
+    assert kept is tokens and request_len == 8
+    assert hf.without_shared_padding(tokens, 8)[1] == 5
+
+
 def test_titan_weights_map_back_to_hf_names(models: tuple) -> None:
     titan, hf = models
     assert titan.engine == "torchtitan" and "layers.0.attention.qkv_linear.wq.weight" in titan.module.state_dict()
