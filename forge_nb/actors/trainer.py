@@ -32,7 +32,6 @@ import torch
 import torch.distributed as dist
 from monarch.actor import endpoint
 
-from forge_nb.actors import _checkpoint
 from forge_nb.actors._policy_model import (
     PolicyModel,
     all_ranks,
@@ -284,6 +283,8 @@ class RLTrainer(ForgeActor):
         """Whole float32 weights (HF names), optimizer state and step on rank 0 (other ranks: {})."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
+        from forge_nb.actors import _checkpoint
+
         policy = self._policy()
         weights = policy.hf_state_dict()
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -298,6 +299,8 @@ class RLTrainer(ForgeActor):
         return str(self._save(self.step if step is None else step))
 
     def _save(self, step: int) -> Path:
+        from forge_nb.actors import _checkpoint
+
         if not self.ckpt_cfg.folder:
             raise ValueError("no checkpoint folder: create the trainer with checkpoint={'folder': ...}")
         module, keep = self._policy().module, self.ckpt_cfg.keep_last
@@ -311,6 +314,8 @@ class RLTrainer(ForgeActor):
         return self._load(path)
 
     def _load(self, path: str | None) -> int | None:
+        from forge_nb.actors import _checkpoint
+
         verified = path is None  # latest() checks what it finds against the commit marker: once is enough
         if path is None:
             if not self.ckpt_cfg.folder:

@@ -28,7 +28,9 @@ async def initialize_store() -> bool:
     loop = asyncio.get_running_loop()
     lock = _store_locks.setdefault(loop, asyncio.Lock())
     async with lock:  # services spawned side by side (asyncio.gather) each ask for the store
-        ts = store_client()
+        # torchstore's first import (it imports torch.distributed.checkpoint: ~1.4 s, 2-3 s on a slow machine)
+        # runs off the event loop: a run's services spawn their processes meanwhile (issue 34)
+        ts = await asyncio.to_thread(store_client)
         remove_orphaned_shm()
         if _store_mesh is not None and _store_mesh.state != "running":
             await _forget_store()  # its volume was stopped (runtime.stop_all): the controller still says ready
