@@ -25,8 +25,8 @@ The transports behind the same calls (``push_state_dict``, ``load_state_dict``/`
 * ``"shm+torchstore"``: the same, with the tensors put in torchstore by every push (readers that cannot
   reach the stream find them there at once; a push costs as much as a torchstore one).
 
-The store's life. The kernel's torchstore (a controller and one storage volume process) is started
-either directly, ``await initialize_store()`` (tests, benches, a notebook's own cells) and stopped by
+The store's life. The kernel's torchstore (a controller and one storage volume, both in the kernel's process)
+is started either directly, ``await initialize_store()`` (tests, benches, a notebook's own cells) and stopped by
 ``await shutdown_store()``; or *leased*: ``await lease_store(holder)`` starts it for its first holder,
 ``await release_store(holder)`` stops it after the last one lets go (see ``forge_nb.system.leases``). Runs
 and services whose actor class ``needs_store`` lease it, so a second run's shutdown never tears the

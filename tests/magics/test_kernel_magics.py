@@ -77,7 +77,7 @@ def test_spawn_binds_the_run_and_its_services(kernel):
                              "type(policy).__name__, policy is run.policy, trainer is run.trainer)"))
     assert kinds == ["Run", "quickstart", "ready", ["policy", "trainer"], "Service", True, True]
     meshes = ok(kernel.run("%forge_meshes")).text
-    assert "3 mesh(es) held by this kernel" in meshes  # the generator, the trainer, torchstore's volume
+    assert "2 mesh(es) held by this kernel" in meshes  # the generator and the trainer (torchstore: in the kernel)
     assert "quickstart-policy-r0" in meshes and "quickstart-policy-r1" not in meshes and "quickstart-trainer" in meshes
 
 
@@ -176,10 +176,10 @@ def test_a_checkpoint_keeps_the_run_for_a_later_attach(kernel):
 
 def test_shutdown_leaves_no_process(kernel):
     pids = value(kernel.run("import forge_nb\n_value([p for m in forge_nb.meshes() for p in m.pids])"))[0]
-    assert len(pids) == 3 and all(pid_alive(p) for p in pids)  # torchstore's storage volume has a mesh too
+    assert len(pids) == 2 and all(pid_alive(p) for p in pids)  # torchstore lives in the kernel: no mesh
     reply = ok(kernel.run("%forge_shutdown", timeout=180))
-    # the generator replica, the trainer and torchstore's storage volume
-    assert "shut down 1 run(s) and 3 mesh(es): all 3 process(es) exited" in reply.stdout, reply.stdout[-2000:]
+    # the generator replica and the trainer
+    assert "shut down 1 run(s) and 2 mesh(es): all 2 process(es) exited" in reply.stdout, reply.stdout[-2000:]
     assert not [p for p in pids if pid_alive(p)]
     assert "no meshes" in ok(kernel.run("%forge_meshes")).stdout
     assert "UsageError: no run yet" in kernel.run("%forge_status").stderr

@@ -44,4 +44,4 @@ async def test_two_quickstart_runs_train_together_and_one_shuts_down_alone(tmp_p
     finally:
         await a.shutdown()
         await b.shutdown()
-    assert runtime.meshes() == [], "both runs shut down: nothing may be left, the store's volume included"
+    assert runtime.meshes() == [] and not weights.store_running(), "both runs shut down: nothing may be left"
