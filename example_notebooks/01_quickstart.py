@@ -26,7 +26,7 @@ STEPS = 250  # training steps for the %forge_step cell below
 
 # %% [markdown]
 # Spawn the run: a generator replica and a trainer, each its own process mesh. The cell waits until
-# they are up (10-20 s on two cores) and binds `run`; the run directory is `runs/quickstart-<time>/`.
+# they are up (10-25 s on two cores) and binds `run`; the run directory is `runs/quickstart-<time>/`.
 
 # %%
 %forge_spawn quickstart
