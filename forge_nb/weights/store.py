@@ -5,7 +5,8 @@ The store lives in the kernel's process: its controller, as torchstore always pl
 volume, with torchstore's ``ControllerStorageVolumes`` strategy (the volume is a singleton actor beside the
 controller). A volume of its own process cost a third process in every run on one machine: ~350 MB and, on
 two cores, ~4.5 s of CPU importing torch while a run starts (issue 34), for a store that holds manifests
-(the weights themselves go through shared memory and streams, ``forge_nb.weights.shm``). Considered: a
+wherever a machine has shared memory (the weights go through it and through streams, ``forge_nb.weights.shm``;
+only the torchstore transport puts tensors here, in the kernel's memory). Considered: a
 volume process spawned by the runtime (what this module did until issue 34), and torchstore's own spawn
 (a process the runtime would not know, outliving ``shutdown_store``).
 """
