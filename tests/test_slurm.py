@@ -17,7 +17,7 @@ import signal
 import psutil
 import pytest
 
-from forge_nb.system.slurm import _normalized
+from forge_nb.system.slurm import _normalized, settled_job_info, why_ended
 from tests import slurm_cluster
 from tests.kernel_client import Kernel, Reply
 from tests.waiting import until_sync
@@ -71,6 +71,26 @@ def test_squeue_json_of_old_and_new_slurm_reads_the_same():
         assert read["job_state"] == ["RUNNING"]
         assert [n["name"] for n in read["job_resources"]["nodes"]["allocation"]] == ["n1", "n2"]
 
+
+def test_a_job_ended_says_why_and_not_that_it_is_still_completing():
+    """``scancel`` leaves a job CANCELLED and COMPLETING for a moment: the reason is CANCELLED."""
+    assert why_ended(["RUNNING"]) is None and why_ended([]) is None
+    assert why_ended(["CANCELLED", "COMPLETING"]) == "CANCELLED"
+    assert why_ended(["COMPLETING"]) == "COMPLETING"  # finishing with no other reason (its script returned)
+    assert why_ended(["NODE_FAIL", "TIMEOUT"]) == "NODE_FAIL, TIMEOUT"
+
+
+def test_a_cancelled_job_is_said_to_be_cancelled_at_once(slurm, monkeypatch):
+    """Right after ``scancel`` SLURM shows the job as COMPLETING alone; what forge_nb reads says CANCELLED."""
+    for name, setting in slurm.env.items():
+        monkeypatch.setenv(name, setting)
+    job_id = slurm.run("sbatch", "--parsable", "--nodes", "1", "--wrap", "sleep 300").strip().split(";")[0]
+    try:
+        assert until_sync(lambda: [line.split()[:2] for line in slurm.jobs()] == [[job_id, "RUNNING"]], timeout=60)
+    finally:
+        slurm.run("scancel", job_id)
+    assert why_ended(settled_job_info(job_id)["job_state"]) == "CANCELLED"
+    assert until_sync(lambda: not slurm.jobs(), timeout=60), slurm.jobs()  # gone before the next test asks
 
 def test_quickstart_on_three_slurm_nodes_outlives_its_kernel_a_node_and_ends_with_its_job(slurm, tmp_path):
     save, runs = tmp_path / "job.pkl", tmp_path / "runs"
@@ -147,7 +167,8 @@ def test_quickstart_on_three_slurm_nodes_outlives_its_kernel_a_node_and_ends_wit
         slurm.run("scancel", job_id)
         assert until_sync(lambda: value(second, "run.state") == "failed", timeout=120), \
             value(second, "[run.state, run.error]")
-        assert f"SLURM job {job_id} ended (CANCELLED), and its hosts with it" in value(second, "run.error")
+        error = value(second, "run.error")
+        assert f"SLURM job {job_id} ended (CANCELLED), and its hosts with it" in error, error
         # each replica gives up at the first respawn that learns the job ended, and says so, instead of trying
         # max_restarts times
         for service in ("policy", "trainer"):

@@ -42,6 +42,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,8 @@ __all__ = ["SlurmJob", "SlurmRefused", "job_info"]
 
 logger = logging.getLogger(__name__)
 
+#: How often, and how far apart, a job SLURM shows only as COMPLETING is asked again for why it ended.
+COMPLETING_ASKS, COMPLETING_WAIT_S = 8, 0.25
 #: What a job in these states will not come back from (SLURM's terminal and leaving states).
 ENDED = frozenset({"FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "COMPLETED", "COMPLETING", "NODE_FAIL",
                    "OUT_OF_MEMORY", "DEADLINE", "BOOT_FAIL"})
@@ -73,6 +76,27 @@ def job_info(job_id: str) -> dict[str, Any] | None:
         if str(job.get("job_id")) == str(job_id):  # SLURM 22.05 lists every job whatever --jobs says
             return _normalized(job)
     return None
+
+
+def why_ended(states: list[str]) -> str | None:
+    """Why SLURM ended a job in ``states`` (``squeue``'s ``job_state`` list), or None while it runs or waits.
+    COMPLETING only says that its processes are still being ended: beside a reason, the reason alone is said."""
+    ended = set(ENDED.intersection(states))
+    if len(ended) > 1:
+        ended.discard("COMPLETING")
+    return ", ".join(sorted(ended)) or None
+
+
+def settled_job_info(job_id: str) -> dict[str, Any] | None:
+    """:func:`job_info`, asked again while SLURM shows the job only as COMPLETING (``scancel`` leaves it so for
+    a moment before CANCELLED), at most ``COMPLETING_ASKS`` times ``COMPLETING_WAIT_S`` apart."""
+    info = job_info(job_id)
+    for _ in range(COMPLETING_ASKS):
+        if info is None or info["job_state"] != ["COMPLETING"]:
+            break
+        time.sleep(COMPLETING_WAIT_S)
+        info = job_info(job_id)
+    return info
 
 
 def _normalized(job: dict[str, Any]) -> dict[str, Any]:
@@ -197,16 +221,16 @@ class SlurmJob(_MonarchSlurmJob):
     def describe(self) -> dict[str, Any]:
         """The job as tables show it: scheduler, id, state, nodes, and ``ended``: why SLURM ended it (its state:
         ``CANCELLED``, ``TIMEOUT``, ...; or that it left the queue), None while it runs or waits. A failing
-        ``squeue`` is not an answer: state "unknown", not ended."""
+        ``squeue`` is not an answer: state "unknown", not ended. It blocks (see :func:`settled_job_info`): callers
+        on an event loop run it in a thread."""
         job_id = self.job_id
         out: dict[str, Any] = {"scheduler": "slurm", "job_id": job_id, "nodes": list(self._all_hostnames)}
         if job_id is None:
             return {**out, "state": "released", "ended": "it was never submitted, or was released"}
         try:
-            info = job_info(job_id)
+            info = settled_job_info(job_id)
         except (subprocess.CalledProcessError, json.JSONDecodeError, OSError) as e:
             return {**out, "state": f"unknown (squeue: {getattr(e, 'stderr', None) or e})", "ended": None}
         if info is None:
             return {**out, "state": "gone from the queue", "ended": "it left SLURM's queue"}
-        ended = ENDED.intersection(info["job_state"])
-        return {**out, "state": ", ".join(info["job_state"]), "ended": ", ".join(sorted(ended)) if ended else None}
+        return {**out, "state": ", ".join(info["job_state"]), "ended": why_ended(info["job_state"])}
