@@ -18,7 +18,7 @@
 # (`EnvPool`: two replicas, each holding one environment object per trajectory, every call of a
 # trajectory sticking to one replica). `multi_turn_episode` plays each GRPO group against it and trains
 # on the policy's own tokens only: the environment's letters are context, masked out of the loss.
-# The tiny model learns it from scratch in under two minutes on two CPU cores.
+# The tiny model learns it from scratch in two to four minutes on two CPU cores.
 
 # %% tags=["parameters"]
 STEPS = 300
@@ -30,7 +30,7 @@ from forge_nb.envs import EchoEnv, EnvPool, multi_turn_episode
 from forge_nb.recipes import multi_turn_echo
 
 env = await EnvPool.options(num_replicas=2).as_service(EchoEnv, turns=3, chars=2)
-run = await forge_nb.spawn(multi_turn_echo())  # the quickstart's run: groups of 8, batches of 32, 12 response tokens
+run = await forge_nb.spawn(multi_turn_echo())  # the quickstart's run: groups of 8, batches of 32, lr 5e-4, 12 response tokens
 run.episode_fn = multi_turn_episode(env, max_turns=3, turn_tokens=2)
 
 # %%
