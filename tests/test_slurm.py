@@ -84,7 +84,8 @@ def test_a_cancelled_job_is_said_to_be_cancelled_at_once(slurm, monkeypatch):
     """Right after ``scancel`` SLURM shows the job as COMPLETING alone; what forge_nb reads says CANCELLED."""
     for name, setting in slurm.env.items():
         monkeypatch.setenv(name, setting)
-    job_id = slurm.run("sbatch", "--parsable", "--nodes", "1", "--wrap", "sleep 300").strip().split(";")[0]
+    job_id = slurm.run("sbatch", "--parsable", "--nodes", "1", "--output", "/dev/null",  # no slurm-N.out here
+                       "--wrap", "sleep 300").strip().split(";")[0]
     try:
         assert until_sync(lambda: [line.split()[:2] for line in slurm.jobs()] == [[job_id, "RUNNING"]], timeout=60)
     finally:
