@@ -73,7 +73,7 @@ def test_squeue_json_of_old_and_new_slurm_reads_the_same():
 
 
 def test_a_job_ended_says_why_and_not_that_it_is_still_completing():
-    """``scancel`` leaves a job CANCELLED and COMPLETING for a moment: the reason is CANCELLED."""
+    """A job that is COMPLETING beside a reason has ended for that reason; COMPLETING alone is said as such."""
     assert why_ended(["RUNNING"]) is None and why_ended([]) is None
     assert why_ended(["CANCELLED", "COMPLETING"]) == "CANCELLED"
     assert why_ended(["COMPLETING"]) == "COMPLETING"  # finishing with no other reason (its script returned)
@@ -92,6 +92,7 @@ def test_a_cancelled_job_is_said_to_be_cancelled_at_once(slurm, monkeypatch):
         slurm.run("scancel", job_id)
     assert why_ended(settled_job_info(job_id)["job_state"]) == "CANCELLED"
     assert until_sync(lambda: not slurm.jobs(), timeout=60), slurm.jobs()  # gone before the next test asks
+
 
 def test_quickstart_on_three_slurm_nodes_outlives_its_kernel_a_node_and_ends_with_its_job(slurm, tmp_path):
     save, runs = tmp_path / "job.pkl", tmp_path / "runs"
