@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from forge_nb.config import GeneratorConfig, LoopConfig, RunConfig, TrainerConfig
@@ -55,7 +56,7 @@ def multi_turn_echo(**overrides: Any) -> RunConfig:
     """
     return quickstart(**({"name": "multi-turn", "max_res_tokens": 12, "group_size": 8, "batch_size": 32,
                           "max_policy_age": 1,  # 2 learned less per step (see above)
-                          "trainer": TrainerConfig(lr=5e-4, loss="grpo", loss_config={"beta": 0.0})} | overrides))
+                          "trainer": replace(quickstart().trainer, lr=5e-4)} | overrides))
 
 
 def guess_the_number_qwen3(model: str = "Qwen/Qwen3-1.7B", **overrides: Any) -> RunConfig:
