@@ -132,6 +132,8 @@ class InprocEngine:
         import torch._dynamo
         from vllm.v1.engine.llm_engine import LLMEngine
 
+        from forge_nb.actors import _vllm_cpu_norm
+
         # One thread builds and steps the engine: OpenMP's thread count is per thread, and vLLM's CPU
         # attention checks that the count its metadata was built with is the one it runs with. vLLM's
         # multiprocess executor gives its worker every core but one (kept for the EngineCore process);
@@ -143,6 +145,8 @@ class InprocEngine:
             # inductor: g++ runs and an ISA probe, ~2.8 s between the first batch and the first step on two
             # cores (bench/vs_trl.py, issue 34). Eager they are one comparison and one sum.
             torch._dynamo.config.disable = True
+            if _vllm_cpu_norm.register():  # eager, vLLM's native norms are many small ops: its C kernels
+                _vllm_cpu_norm.prefer(engine_args)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read by from_engine_args: the in-process client
         engine_args.distributed_executor_backend = "uni"  # the model runs in this process, not a worker
         with inspect_models_here():

@@ -1,0 +1,91 @@
+"""vLLM's own CPU kernels for RMS norm, in the Generator's eager CPU engine.
+
+vLLM routes RMSNorm through its IR ops (``vllm.ir.ops.rms_norm`` and ``fused_add_rms_norm``) and on CPU
+picks their ``native`` implementation: five to eight torch calls written for torch.compile to fuse. The
+CPU engine runs eager (``enforce_eager``: inductor's first compile is seconds of g++ at start, see
+:mod:`forge_nb.actors._vllm_inproc`), so each norm is that many small ops, 6.4% of the generator's CPU in
+the quickstart (py-spy). vLLM's CPU build ships a C kernel for each (``torch.ops._C.rms_norm`` and
+``fused_add_rms_norm``): through vLLM's op dispatch 11 against 46 us a norm of the tiny model's size here, 15
+against 61 with the residual add, and 3% less of the engine's CPU for the quickstart's batches (median ratio
+of 20 alternated pairs of rounds in one process). :func:`register` offers them through
+vLLM's extension point for such kernels (``IrOp.register_impl``, as its own ``vllm_c`` provider and the
+AITER one do), for contiguous inputs whose dtype is the weight's; :func:`prefer` puts that provider first in
+the engine's ``ir_op_priority``, and vLLM appends ``native`` after it for everything else (Qwen3's per-head
+q and k norms read strided views, which the C kernel would get wrong).
+
+Considered: naming vLLM's ``vllm_c`` provider, which calls the same kernels but is registered as supported
+only on CUDA-like devices and XPU (naming it on CPU raises); torch.compile of the native ops (the start
+cost above).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+PROVIDER = "forge_nb_cpu"
+_OPS = ("rms_norm", "fused_add_rms_norm")
+
+
+def register() -> bool:
+    """Offer the C kernels as provider :data:`PROVIDER` in this process (once). False where this vLLM has
+    no such IR ops or its CPU build lacks the kernels: the engine then keeps vLLM's choice."""
+    try:
+        from vllm import ir
+        from vllm.platforms import current_platform
+
+        current_platform.import_kernels()
+        ops = [getattr(ir.ops, name) for name in _OPS]
+        if not all(hasattr(torch.ops._C, name) for name in _OPS):
+            return False
+    except (ImportError, AttributeError, RuntimeError):
+        return False
+    rms_norm, fused_add_rms_norm = ops
+    if PROVIDER in rms_norm.impls:
+        return True
+
+    @rms_norm.register_impl(PROVIDER, supports_args=_rms_norm_args)
+    def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float,
+                  variance_size: int | None = None) -> torch.Tensor:
+        out = torch.empty_like(x)
+        torch.ops._C.rms_norm(out, x, weight, epsilon)
+        return out
+
+    @fused_add_rms_norm.register_impl(PROVIDER, supports_args=_fused_add_rms_norm_args, inplace=True)
+    def _fused_add_rms_norm(x: torch.Tensor, x_residual: torch.Tensor, weight: torch.Tensor | None,
+                            epsilon: float, variance_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.ops._C.fused_add_rms_norm(x, x_residual, weight, epsilon)  # x: the norm; x_residual: the sum
+        return x, x_residual
+
+    return True
+
+
+def _rms_norm_args(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float,
+                   variance_size: int | None = None) -> bool:
+    return variance_size is None and x.is_contiguous() and (weight is None or weight.dtype == x.dtype)
+
+
+def _fused_add_rms_norm_args(x: torch.Tensor, x_residual: torch.Tensor, weight: torch.Tensor | None,
+                             epsilon: float, variance_size: int | None = None) -> bool:
+    return _rms_norm_args(x, weight, epsilon, variance_size) and x_residual.is_contiguous()
+
+
+def prefer(engine_args: Any) -> None:
+    """Put :data:`PROVIDER` first for both norms in ``engine_args`` (vLLM's ``EngineArgs``), unless the
+    user chose a priority for either; call after :func:`register` returned True."""
+    kernel_config = engine_args.kernel_config
+    kernel_priority = (kernel_config.get("ir_op_priority") if isinstance(kernel_config, dict)
+                       else getattr(kernel_config, "ir_op_priority", None))
+    if _chosen(engine_args.ir_op_priority) or _chosen(kernel_priority):
+        return
+    from vllm.config.kernel import IrOpPriorityConfig
+
+    engine_args.ir_op_priority = IrOpPriorityConfig(**{name: [PROVIDER] for name in _OPS})
+
+
+def _chosen(priority: Any) -> bool:
+    """Whether an ``ir_op_priority`` (a dict, vLLM's config or None) names providers for either norm."""
+    if isinstance(priority, dict):
+        return any(priority.get(name) for name in _OPS)
+    return any(getattr(priority, name, None) for name in _OPS)
