@@ -6,12 +6,14 @@ CPU engine runs eager (``enforce_eager``: inductor's first compile is seconds of
 :mod:`forge_nb.actors._vllm_inproc`), so each norm is that many small ops, 6.4% of the generator's CPU in
 the quickstart (py-spy). vLLM's CPU build ships a C kernel for each (``torch.ops._C.rms_norm`` and
 ``fused_add_rms_norm``): through vLLM's op dispatch 11 against 46 us a norm of the tiny model's size here, 15
-against 61 with the residual add, and 3% less of the engine's CPU for the quickstart's batches (median ratio
-of 20 alternated pairs of rounds in one process). :func:`register` offers them through
+against 61 with the residual add, and 7% less of the engine's CPU for the quickstart's batches (median ratio
+of 20 alternated pairs of rounds in one process; 3% while the strided q and k norms stayed native). :func:`register` offers them through
 vLLM's extension point for such kernels (``IrOp.register_impl``, as its own ``vllm_c`` provider and the
-AITER one do), for contiguous inputs whose dtype is the weight's; :func:`prefer` puts that provider first in
-the engine's ``ir_op_priority``, and vLLM appends ``native`` after it for everything else (Qwen3's per-head
-q and k norms read strided views, which the C kernel would get wrong).
+AITER one do), for inputs whose dtype is the weight's; :func:`prefer` puts that provider first in
+the engine's ``ir_op_priority``, and vLLM appends ``native`` after it for everything else. The kernel reads
+whole rows, so a strided input (Qwen3's per-head q and k norms read views of the fused qkv) is copied to
+one block first: one copy instead of the native norm's ops; the in-place add-and-norm takes contiguous
+tensors only.
 
 Considered: naming vLLM's ``vllm_c`` provider, which calls the same kernels but is registered as supported
 only on CUDA-like devices and XPU (naming it on CPU raises); torch.compile of the native ops (the start
@@ -48,6 +50,7 @@ def register() -> bool:
     @rms_norm.register_impl(PROVIDER, supports_args=_rms_norm_args)
     def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float,
                   variance_size: int | None = None) -> torch.Tensor:
+        x = x.contiguous()  # the kernel reads whole rows: a strided view (Qwen3's per-head q, k) is copied
         out = torch.empty_like(x)
         torch.ops._C.rms_norm(out, x, weight, epsilon)
         return out
@@ -63,12 +66,13 @@ def register() -> bool:
 
 def _rms_norm_args(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float,
                    variance_size: int | None = None) -> bool:
-    return variance_size is None and x.is_contiguous() and (weight is None or weight.dtype == x.dtype)
+    return variance_size is None and (weight is None or weight.dtype == x.dtype)
 
 
 def _fused_add_rms_norm_args(x: torch.Tensor, x_residual: torch.Tensor, weight: torch.Tensor | None,
                              epsilon: float, variance_size: int | None = None) -> bool:
-    return _rms_norm_args(x, weight, epsilon, variance_size) and x_residual.is_contiguous()
+    """In place, so both must be one contiguous block already."""
+    return _rms_norm_args(x, weight, epsilon, variance_size) and x.is_contiguous() and x_residual.is_contiguous()
 
 
 def prefer(engine_args: Any) -> None:

@@ -1,6 +1,6 @@
 """vLLM's CPU C kernels for RMS norm offered to the eager CPU engine (``forge_nb.actors._vllm_cpu_norm``):
-they agree with vLLM's native norms where they are chosen, strided inputs stay native, and a priority the
-user set is kept. The engine that uses them generates in tests/actors/test_generator*.py."""
+they agree with vLLM's native norms where they are chosen (strided heads too), and a priority the user set
+is kept. The engine that uses them generates in tests/actors/test_generator*.py."""
 
 from __future__ import annotations
 
@@ -41,17 +41,19 @@ def test_the_kernels_agree_with_vllms_native_norms(ops):
     torch.testing.assert_close(total, x + residual)
 
 
-def test_strided_heads_and_other_dtypes_stay_native(ops):
+def test_strided_heads_are_normed_right_and_other_cases_stay_native(ops):
     _use(ops, [_vllm_cpu_norm.PROVIDER, "native"])
     qkv = torch.randn(5, 3 * 64)
     heads = qkv[:, :64].view(5, 4, 16)  # Qwen3's per-head q norm reads a strided view like this
     weight = torch.randn(16)
     assert not heads.is_contiguous()
-    assert ops.rms_norm.dispatch(heads, weight, 1e-6, None).provider == "native"
+    assert ops.rms_norm.dispatch(heads, weight, 1e-6, None).provider == _vllm_cpu_norm.PROVIDER
     torch.testing.assert_close(ops.rms_norm(heads, weight, 1e-6, None),
                                heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + 1e-6) * weight)
-    assert ops.rms_norm.dispatch(heads.contiguous(), weight.double(), 1e-6, None).provider == "native"
-    assert ops.rms_norm.dispatch(heads.contiguous(), weight, 1e-6, 8).provider == "native"
+    assert ops.rms_norm.dispatch(heads, weight.double(), 1e-6, None).provider == "native"
+    assert ops.rms_norm.dispatch(heads, weight, 1e-6, 8).provider == "native"
+    rows = qkv[:, :64]  # the in-place add-and-norm writes its inputs: strided ones stay native
+    assert ops.fused_add_rms_norm.dispatch(rows, torch.randn(5, 64), torch.randn(64), 1e-6, None).provider == "native"
 
 
 def test_the_engine_prefers_them_unless_the_user_chose_a_priority(ops, tmp_path):
