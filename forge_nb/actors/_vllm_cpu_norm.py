@@ -5,15 +5,15 @@ picks their ``native`` implementation: five to eight torch calls written for tor
 CPU engine runs eager (``enforce_eager``: inductor's first compile is seconds of g++ at start, see
 :mod:`forge_nb.actors._vllm_inproc`), so each norm is that many small ops, 6.4% of the generator's CPU in
 the quickstart (py-spy). vLLM's CPU build ships a C kernel for each (``torch.ops._C.rms_norm`` and
-``fused_add_rms_norm``): through vLLM's op dispatch 11 against 46 us a norm of the tiny model's size here, 15
-against 61 with the residual add, and 7% less of the engine's CPU for the quickstart's batches (median ratio
-of 20 alternated pairs of rounds in one process; 3% while the strided q and k norms stayed native). :func:`register` offers them through
-vLLM's extension point for such kernels (``IrOp.register_impl``, as its own ``vllm_c`` provider and the
-AITER one do), for inputs whose dtype is the weight's; :func:`prefer` puts that provider first in
-the engine's ``ir_op_priority``, and vLLM appends ``native`` after it for everything else. The kernel reads
-whole rows, so a strided input (Qwen3's per-head q and k norms read views of the fused qkv) is copied to
-one block first: one copy instead of the native norm's ops; the in-place add-and-norm takes contiguous
-tensors only.
+``fused_add_rms_norm``): through vLLM's op dispatch 11 against 46 us a norm of the tiny model's size here,
+15 against 61 with the residual add. :func:`register` offers them through vLLM's extension point for such
+kernels (``IrOp.register_impl``, as its own ``vllm_c`` provider and the AITER one do), for inputs whose
+dtype is the weight's; :func:`prefer` puts that provider first in the engine's ``ir_op_priority``, and vLLM
+appends ``native`` after it for everything else. The kernel reads whole rows, so a strided input (Qwen3's
+per-head q and k norms read views of the fused qkv) is copied to one block first: one copy instead of the
+native norm's ops; the in-place add-and-norm takes contiguous tensors only. The engine's CPU for the
+quickstart's batches fell 7% (median ratio of 20 alternated pairs of rounds in one process; 3% while the
+strided q and k norms stayed native).
 
 Considered: naming vLLM's ``vllm_c`` provider, which calls the same kernels but is registered as supported
 only on CUDA-like devices and XPU (naming it on CPU raises); torch.compile of the native ops (the start
