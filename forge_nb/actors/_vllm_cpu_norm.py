@@ -76,20 +76,12 @@ def _fused_add_rms_norm_args(x: torch.Tensor, x_residual: torch.Tensor, weight: 
 
 
 def prefer(engine_args: Any) -> None:
-    """Put :data:`PROVIDER` first for both norms in ``engine_args`` (vLLM's ``EngineArgs``), unless the
-    user chose a priority for either; call after :func:`register` returned True."""
-    kernel_config = engine_args.kernel_config
-    kernel_priority = (kernel_config.get("ir_op_priority") if isinstance(kernel_config, dict)
-                       else getattr(kernel_config, "ir_op_priority", None))
-    if _chosen(engine_args.ir_op_priority) or _chosen(kernel_priority):
+    """Put :data:`PROVIDER` first for both norms in ``engine_args`` (vLLM's ``EngineArgs``, whose
+    ``__post_init__`` made configs of any dicts given), unless the user chose a priority for either, at the
+    top level or in ``kernel_config``; call after :func:`register` returned True."""
+    chosen = (engine_args.ir_op_priority, getattr(engine_args.kernel_config, "ir_op_priority", None))
+    if any(getattr(priority, name, None) for priority in chosen for name in _OPS):
         return
     from vllm.config.kernel import IrOpPriorityConfig
 
     engine_args.ir_op_priority = IrOpPriorityConfig(**{name: [PROVIDER] for name in _OPS})
-
-
-def _chosen(priority: Any) -> bool:
-    """Whether an ``ir_op_priority`` (a dict, vLLM's config or None) names providers for either norm."""
-    if isinstance(priority, dict):
-        return any(priority.get(name) for name in _OPS)
-    return any(getattr(priority, name, None) for name in _OPS)
