@@ -415,3 +415,24 @@ class BreakableGenerator(Generator):
     @endpoint
     async def break_engine(self) -> None:
         await self._require_engine("break_engine").collective_rpc(_break_model)
+
+
+class GcProbe(ForgeActor):
+    """How its process's garbage collector is set while its ``setup`` runs and after (forge_nb.system.startup_gc)."""
+
+    @endpoint
+    async def setup(self) -> None:
+        import gc
+
+        from forge_nb.system import startup_gc
+
+        self.during_setup = {"paused": startup_gc.paused(), "threshold": gc.get_threshold()}
+
+    @endpoint
+    async def gc_state(self) -> dict[str, Any]:
+        import gc
+
+        from forge_nb.system import startup_gc
+
+        return {"during_setup": getattr(self, "during_setup", None), "paused": startup_gc.paused(),
+                "threshold": gc.get_threshold(), "frozen": gc.get_freeze_count()}

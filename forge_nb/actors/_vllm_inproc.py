@@ -133,6 +133,9 @@ class InprocEngine:
         from vllm.v1.engine.llm_engine import LLMEngine
 
         from forge_nb.actors import _vllm_cpu_norm
+        from forge_nb.system import startup_gc
+
+        startup_gc.keep_what_is_loaded()  # vLLM's engine collects garbage three times as it starts
 
         # One thread builds and steps the engine: OpenMP's thread count is per thread, and vLLM's CPU
         # attention checks that the count its metadata was built with is the one it runs with. vLLM's

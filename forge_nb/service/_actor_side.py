@@ -36,6 +36,8 @@ from typing import Any
 
 from monarch._src.actor.endpoint import EndpointProperty
 
+from forge_nb.system import startup_gc
+
 _INIT_ERROR = "_forge_nb_init_error"
 #: True while a ForgeActor's ``__init__`` runs in this context.
 _constructing: contextvars.ContextVar[bool] = contextvars.ContextVar("forge_nb_constructing", default=False)
@@ -130,8 +132,11 @@ def _guarded(setup: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(setup)
     async def setup_after_init(self: Any, *args: Any, **kwargs: Any) -> Any:
         failed: tuple[BaseException, TracebackType | None] | None = self.__dict__.get(_INIT_ERROR)
-        if failed is not None:  # raised here, not in a helper: one frame less in the traceback the user reads
-            raise failed[0].with_traceback(failed[1])
-        return await setup(self, *args, **kwargs)
+        try:
+            if failed is not None:  # raised here, not in a helper: one frame less in the traceback the user reads
+                raise failed[0].with_traceback(failed[1])
+            return await setup(self, *args, **kwargs)
+        finally:  # the process's start is over: full garbage collections again
+            startup_gc.settle()
 
     return setup_after_init
