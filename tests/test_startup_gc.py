@@ -93,3 +93,17 @@ def test_setup_settles_the_process_even_when_it_raises():
         print(startup_gc.paused())
     """)
     assert out == "False"
+
+
+def test_a_child_forked_during_the_start_collects_as_usual():
+    out = _run("""
+        import gc, os
+        from forge_nb.system import startup_gc
+        startup_gc.pause()
+        pid = os.fork()
+        if pid == 0:  # no timer thread came along: the child must not stay paused
+            os._exit(0 if not startup_gc.paused() and gc.get_threshold() == (700, 10, 10) else 3)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status), startup_gc.paused())
+    """)
+    assert out == "0 True"
