@@ -27,7 +27,8 @@
 // color, width, dash, smooth}], marks [[step, kind, label]], mark_styles {kind: {name, color, symbol, y}},
 // height, redraw_interval (seconds), smoothing (EMA weight, 0..0.99). Tests and benchmarks read
 // el.forgeCurves: points(key), drawn(key) (the values drawn, smoothed), hidden(key), xrange(), and stats
-// (messages, draws, syncs, draw_ms, and the titles of the panels last drawn empty).
+// (messages, draws, syncs, draw_ms, the titles of the panels last drawn empty, and errors: "<panel>: <error>"
+// for each panel a draw failed on).
 
 const FONT = "11px system-ui, -apple-system, 'Segoe UI', sans-serif";
 const TOOLBAR = 26, TITLE = 16, LEGEND = 22, GAP = 16, COLUMN = 300;
@@ -115,6 +116,16 @@ function aligned(list) {
   return [joined[0], ...list.map(s => (s && s.n ? joined[k++] : new Array(joined[0].length).fill(null)))];
 }
 
+function yRange(u, min, max) {
+  // uPlot's own y range (its default: 10% padding, soft zero), except for values that differ only by float
+  // rounding (a clipped gradient norm: 1.0 give or take 2e-7). uPlot pads those to [1, 1], where its tick
+  // loop pushes ticks until the page throws "Invalid array length" (leeoniya/uPlot#1084, left to callers);
+  // they are drawn as the flat line they are, ranged as uPlot ranges equal values.
+  if (min == null || max == null) return [null, null];
+  const flat = max - min <= 1e-5 * Math.max(Math.abs(min), Math.abs(max));
+  return flat ? uPlot.rangeNum((min + max) / 2, (min + max) / 2, 0.1, true) : uPlot.rangeNum(min, max, 0.1, true);
+}
+
 function faint(color) {
   if (color.startsWith("#") && color.length === 7) return color + "40";
   return color;
@@ -135,7 +146,7 @@ function render({ model: host, el }) {
   const slider = toolbar.querySelector("input"), shown = toolbar.querySelector(".forge-smoothing-value");
 
   const data = [];  // trace index -> series
-  const stats = { messages: 0, draws: 0, syncs: 0, draw_ms: 0, empty: [] };
+  const stats = { messages: 0, draws: 0, syncs: 0, draw_ms: 0, empty: [], errors: [] };
   const hidden = new Set();  // keys of the traces hidden from the legend
   let charts = [];  // per panel: {panel, cols: [{i, role}], plot, box, empty, label}
   let zoom = null;  // [min, max] of the step axis, shared by every panel; null: all steps
@@ -244,7 +255,7 @@ function render({ model: host, el }) {
       chart.empty.textContent = panel.empty || "";
       chart.plot = new uPlot({
         ...dims[k],
-        scales: { x: { time: false } },
+        scales: { x: { time: false }, y: { range: yRange } },
         series: uSeries,
         bands,
         axes: [{ font: FONT, size: 24, space: 70, gap: 2 }, { font: FONT, size: 56, space: 14, gap: 2 }],
@@ -341,23 +352,32 @@ function render({ model: host, el }) {
     const [lo, hi] = zoom || [xlo, xhi];
     stats.empty = [];
     charts.forEach((c, k) => {
-      const table = aligned(c.cols.map(col => data[col.i]));
-      const cols = c.cols.map((col, j) => {
-        const ys = table[j + 1], smooth = weight > 0 && col.t && col.t.smooth;
-        if (col.role === "raw") return smooth ? ys : ys.map(() => null);
-        return col.role === "main" && smooth ? ema(ys, weight) : ys;
-      });
-      const none = !c.cols.some(col => data[col.i] && data[col.i].n);
-      c.empty.style.display = none && c.panel.empty ? "" : "none";
-      if (none && c.panel.empty) stats.empty.push(c.panel.title);
-      if (c.plot.width !== dims[k].width || c.plot.height !== dims[k].height) c.plot.setSize(dims[k]);
-      c.plot.batch(() => {
-        c.plot.setData([table[0], ...cols], false);
-        c.plot.setScale("x", { min: lo, max: hi });
-      });
-      markLabel(c, c.plot);
+      try {
+        update(c, dims[k], weight, lo, hi);
+      } catch (e) {  // one panel that cannot be drawn leaves the others drawn, and says why once
+        const why = `${c.panel.title}: ${e}`;
+        if (!stats.errors.includes(why)) { stats.errors.push(why); console.error("forge_nb curves", why, e); }
+      }
     });
     stats.draw_ms += performance.now() - last;
+  }
+
+  function update(c, dim, weight, lo, hi) {
+    const table = aligned(c.cols.map(col => data[col.i]));
+    const cols = c.cols.map((col, j) => {
+      const ys = table[j + 1], smooth = weight > 0 && col.t && col.t.smooth;
+      if (col.role === "raw") return smooth ? ys : ys.map(() => null);
+      return col.role === "main" && smooth ? ema(ys, weight) : ys;
+    });
+    const none = !c.cols.some(col => data[col.i] && data[col.i].n);
+    c.empty.style.display = none && c.panel.empty ? "" : "none";
+    if (none && c.panel.empty) stats.empty.push(c.panel.title);
+    c.plot.batch(() => {  // uPlot draws once, at the end of the batch (so a panel's error is thrown here)
+      if (c.plot.width !== dim.width || c.plot.height !== dim.height) c.plot.setSize(dim);
+      c.plot.setData([table[0], ...cols], false);
+      c.plot.setScale("x", { min: lo, max: hi });
+    });
+    markLabel(c, c.plot);
   }
 
   const syncSlider = () => {

@@ -270,6 +270,7 @@ def _zoom_every_panel_after_a_resize(page: Any, console: list[str]) -> None:
     assert full[0][0] < lo < hi < full[0][1], f"the drag did not zoom the reward panel: {full[0]} -> {zoomed[0]}"
     assert all(r == [lo, hi] for r in zoomed), \
         f"not every panel shows the zoomed steps: {zoomed}; the browser console's errors: {console}"
+    assert curves.evaluate("el => el.forgeCurves.stats.errors") == [], console
 
 
 def _run_all(page: Any, url: str, seen: dict[tuple[int, float | None], str], lab_pid: int) -> None:
@@ -277,7 +278,7 @@ def _run_all(page: Any, url: str, seen: dict[tuple[int, float | None], str], lab
     and after, then the cells' output, then a zoom after a resize."""
     console: list[str] = []
     page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: console.append(f"uncaught: {e}"))
+    page.on("pageerror", lambda e: console.append(f"uncaught: {e}\n{e.stack}"))
     _open_by_double_click(page, url)
     # the budget, typed into the parameters cell as a user would
     params = page.locator(".jp-NotebookPanel .jp-CodeCell", has_text="STEPS = ").first

@@ -204,13 +204,18 @@ class Lab:
 # quickstart (pytest runs a module's tests in file order): a training run beside them would only load
 # the 2 cores they share.
 
+# A gradient norm clipped to 1.0, as float32 rounds it: uPlot ranged such a panel to [1, 1] and its tick loop
+# threw "Invalid array length" (leeoniya/uPlot#1084), which stopped the panels after it from drawing.
+GRAD_NORM = (0.9999997615814209, 1.000000238418579)
 CONTROL_CELLS = [
     "import math\nfrom forge_nb.metrics import MetricsStore\nfrom forge_nb.widgets.curves import Curves\n"
     "store, curves = MetricsStore(), Curves()\nstore.subscribe(curves.observe)\n"
+    f"GRAD_NORM = {GRAD_NORM!r}\n"
     "for s in range(1, 61):\n"
     "    r = 0.5 + 0.4 * math.sin(s) \n"
     "    store.record(s, {'reward/mean': r, 'reward/min': r - 0.2, 'reward/max': r + 0.2,\n"
-    "                     'reward/PatternReward': r, 'loss': 1.0 / s, 'entropy': 2.0 - 0.01 * s})\n"
+    "                     'reward/PatternReward': r, 'loss': 1.0 / s, 'entropy': 2.0 - 0.01 * s,\n"
+    "                     'grad_norm': GRAD_NORM[s % 2]})\n"
     "store.event('set', step=30, changes={'lr': 3e-6})\n"
     "curves.flush()\ncurves.widget",
 ]
@@ -239,7 +244,7 @@ def test_curves_controls_smoothing_legend_click_and_zoom() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="forge-nb-lab-"))
     lab = Lab(tmp, CONTROL_CELLS, shutdown="curves.close()")
     errors: list[str] = []
-    lab.page.on("pageerror", lambda e: errors.append(str(e)))
+    lab.page.on("pageerror", lambda e: errors.append(f"{e}\n{e.stack}"))
     try:
         lab.open_and_run_all()
         page = lab.page
@@ -255,6 +260,9 @@ def test_curves_controls_smoothing_legend_click_and_zoom() -> None:
         assert drawn["x"] == list(range(1, 61))
         assert drawn["y"] == pytest.approx(_ema(raw, 0.6))  # smoothed by default, as TensorBoard does
         assert _curves(page, "drawn('loss')")["y"] == pytest.approx(_ema([1.0 / s for s in range(1, 61)], 0.6))
+        grad_norm = _curves(page, "drawn('grad_norm')")["y"]  # flat up to float32 rounding, and drawn
+        assert grad_norm == pytest.approx(_ema([GRAD_NORM[s % 2] for s in range(1, 61)], 0.6), rel=1e-12)
+        assert _curves(page, "stats.errors") == []
         titles = page.locator(f"{VIEW} .forge-curves-panel").evaluate_all("els => els.map(e => e.dataset.title)")
         assert titles[:3] == ["reward", "reward per function", "KL"]
         lab.shot("curves-smoothed", selector=VIEW)
@@ -300,6 +308,7 @@ def test_curves_controls_smoothing_legend_click_and_zoom() -> None:
         page.wait_for_function(f"() => document.querySelector('{VIEW}').forgeCurves.xrange()[0][1] === 60",
                                timeout=10_000)
         assert all(r == pytest.approx([1, 60]) for r in _curves(page, "xrange()"))
+        assert _curves(page, "stats.errors") == []
         assert not errors, errors
     finally:
         lab.close()
