@@ -260,9 +260,17 @@ def reap(kernel: int, pgids: list[int], wait_s: float = 10.0, leaders: dict[int,
 # that a group's pid still names the proc that led it: the shell only probes (kill -0; a reused group
 # keeps it waiting, no more). Only if that interpreter cannot run at all does the shell SIGKILL the
 # groups unchecked. PR_SET_PDEATHSIG takes a mesh proc along with a killed kernel, but not what the proc
-# started (vLLM's engine and workers), which is re-parented to init and would otherwise run on.
+# started (vLLM's engine and workers), which is re-parented to init and would otherwise run on. The probes
+# are shell builtins and ``sleep`` the one program a round runs: grep reading the kernel's state made a
+# round 2.9 ms of CPU (1.2 now), twice a second per mesh, on the cores the run trains on.
 _REAPER = """
-while [ -r /proc/{kernel}/status ] && ! grep -q '^State:.Z' /proc/{kernel}/status; do
+zombie() {{
+  while read -r key state _; do
+    [ "$key" = State: ] && {{ [ "$state" = Z ]; return; }}
+  done < /proc/{kernel}/status
+  return 1
+}}
+while [ -r /proc/{kernel}/status ] && ! zombie; do
   alive=
   for g in {groups}; do kill -0 -$g 2>/dev/null && alive=1; done
   [ -n "$alive" ] || exit 0
