@@ -27,7 +27,7 @@ prints, medians over seeds:
     RESULT seeds_reaching_0.8 forge_nb <n> trl <n> of <seeds>        (target: forge_nb >= TRL)
     RESULT time_to_0.8_vs_trl <forge_nb seconds from launch to 0.8 / TRL's> (target <= 1.5)
     RESULT peak_memory_mb forge_nb <MB> trl <MB>   (the largest summed PSS of each side's processes, sampled
-                                                   every 0.5 s the same way: forge_nb counts all of its own)
+                                                   every 2 s the same way: forge_nb counts all of its own)
     RESULT quickstart_launch_to_first_step_s <forge_nb: launch to the first training step>
     RESULT quickstart_spawn_to_first_step_s <forge_nb: from calling spawn, as %forge_spawn does in a kernel
                                              that has imported forge_nb, to the first step> (target 15)
@@ -352,7 +352,10 @@ if __name__ == "__main__":
     ap.add_argument("--forge-steps", type=int, default=120, help="forge_nb: steps")
     ap.add_argument("--forge-budget-s", type=float, default=120.0, help="forge_nb: seconds of training at most")
     ap.add_argument("--skip", type=int, default=10, help="steps left out of the steady rate")
-    ap.add_argument("--memory-every-s", type=float, default=0.5, help="how often each side's memory is sampled")
+    # A sample reads /proc/<pid>/smaps_rollup of every process of the side: ~60 ms of CPU for forge_nb's 1.4 GB,
+    # taken from the two cores the sides run on. Every 0.5 s it cost the quickstart's start 1-2 s and both
+    # sides' steps; every 2 s the peaks came out the same (issue 34, bench/RESULTS.md).
+    ap.add_argument("--memory-every-s", type=float, default=2.0, help="how often each side's memory is sampled")
     ap.add_argument("--child", choices=("trl", "forge"), help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
