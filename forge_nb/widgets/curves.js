@@ -122,8 +122,8 @@ function yRange(u, min, max) {
   // loop pushes ticks until the page throws "Invalid array length" (leeoniya/uPlot#1084, left to callers);
   // they are drawn as the flat line they are, ranged as uPlot ranges equal values.
   if (min == null || max == null) return [null, null];
-  const flat = max - min <= 1e-5 * Math.max(Math.abs(min), Math.abs(max));
-  return flat ? uPlot.rangeNum((min + max) / 2, (min + max) / 2, 0.1, true) : uPlot.rangeNum(min, max, 0.1, true);
+  if (max - min <= 1e-5 * Math.max(Math.abs(min), Math.abs(max))) min = max = (min + max) / 2;
+  return uPlot.rangeNum(min, max, 0.1, true);
 }
 
 function faint(color) {
