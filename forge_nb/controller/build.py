@@ -43,7 +43,7 @@ from forge_nb.metrics import MetricsStore
 from forge_nb.models import TINY_PAD_ID, TRANSFORMERS_LOCK, TinyModelConfig, build_tiny_model, resolve_model
 from forge_nb.rl import ReplayBuffer
 from forge_nb.rundir import RunDir
-from forge_nb.system import cluster, proclogs, runtime
+from forge_nb.system import cluster, proclogs, runtime, start_cores
 from forge_nb.system.importpath import import_path
 from forge_nb.system.leftovers import remove_leftovers
 
@@ -197,7 +197,13 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
             hosts=cfg.trainer.hosts if ref.hosts is None else ref.hosts,
             log_dir=logs,
         ), written, {"model": model, **ref.extra, "training": ref_training})
-    services = await _start_all(starts, progress)
+    generators = cfg.generator.num_replicas * cfg.generator.procs
+    others = cfg.trainer.procs + (cfg.reference.num_replicas * cfg.reference.procs if cfg.use_reference else 0)
+    # on two cores the generators' import of vLLM and engine build is what the first step waits for
+    async with start_cores.generators_first(f"{cfg.name}-policy-r", processes=generators + others,
+                                            generator_processes=generators) as generators_up:
+        starts["policy"] = _then(starts["policy"], generators_up)
+        services = await _start_all(starts, progress)
     try:
         reported = (await services["trainer"].info.call())[0]["hparams"]
         loss = {k: v for k, v in reported.items() if k not in trainer_hparam_sections()}
@@ -254,6 +260,14 @@ def _start(configured: Any, written: asyncio.Future[Any], kwargs: dict[str, Any]
     from forge_nb.service.service import ActorHandle, Service
 
     return (ActorHandle if actor else Service).start(configured, configured._options, (), kwargs, setup_after=written)
+
+
+async def _then(started: Any, done: Callable[[], None]) -> Any:
+    """``await started``, then ``done()`` (whether it started or failed)."""
+    try:
+        return await started
+    finally:
+        done()
 
 
 async def _start_all(starts: dict[str, Any], progress: bool) -> dict[str, Any]:
