@@ -7,9 +7,9 @@ the two cores among them, so the generator's chain ran at ~80% of a core. :func:
 kernel and the run's other processes off the first core(s) until the generators' service is up: the
 generators' processes have those cores to themselves and may use the rest as well. Then every thread it moved
 gets the machine's cores back, and the trainer finishes its start on both. Measured on the project's two-core
-machine, the quickstart from spawn to its first step, alternating ``FORGE_NB_START_CORES=0`` and 1: sooner in
-7 pairs of 8 (by 0.2-2.3 s; 2.3 s later in the other, when the cores came back only once every service was
-up), and by 0.9-2.3 s in the three pairs of this code (14.1 / 13.6 / 15.7 s against 15.1 / 15.9 / 16.6 s).
+machine, the quickstart from spawn to its first step, alternating ``FORGE_NB_START_CORES=0`` and 1 (7 pairs):
+sooner in 5 (by 0.3-2.3 s), later in 2 (by 0.1 and 1.1 s), 0.6 s sooner on average: 0.9-2.3 s in the first
+three (14.1 / 13.6 / 15.7 s against 15.1 / 15.9 / 16.6 s), about nothing in the four 20 minutes later.
 Where there are as many cores as busy processes, on a job's hosts, or on a machine of one core, it does
 nothing; ``FORGE_NB_START_CORES=0`` turns it off.
 
