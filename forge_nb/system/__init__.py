@@ -14,6 +14,7 @@ Nothing here knows about runs, services or models. Reading order, bottom up::
     slurm          monarch's SlurmJob made to work with the SLURM a cluster runs (slurm_worker: what srun starts)
     runtime        the only module that starts or stops monarch processes: spawn_mesh, stop_all, fault hook
     leftovers      what killed processes left (vLLM segments, sockets), found and removed
+    start_cores    while meshes start on fewer cores than busy processes, some cores kept for the named ones
 
 Public names (``forge_nb.spawn_mesh``, ``forge_nb.use_job``, ``forge_nb.SlurmJob``...) come from ``forge_nb``.
 """
