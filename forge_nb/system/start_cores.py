@@ -122,7 +122,10 @@ async def generators_first(generator_meshes: str, *, processes: int,
 
     async def keep() -> None:
         while True:
-            reservation.poll()
+            try:
+                reservation.poll()
+            except Exception:  # a speed-up only: the start goes on without it
+                logger.debug("keeping cores for %s*", generator_meshes, exc_info=True)
             await asyncio.sleep(POLL_S)
 
     keeping = asyncio.ensure_future(keep())
