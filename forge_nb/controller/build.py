@@ -176,10 +176,11 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
     logs = str(directory.logs)  # the processes' output: %forge_logs / run.logs() read it, the cells stay quiet
     sampling = {"n": cfg.group_size, "max_tokens": cfg.max_res_tokens, **cfg.generator.sampling_params}
     engine_args = cfg.engine_args()
+    policy_mesh = f"{cfg.name}-policy"  # its replicas' meshes are <policy_mesh>-r<index>
     starts: dict[str, Any] = {
         "policy": _start(Generator.options(num_replicas=cfg.generator.num_replicas, procs=cfg.generator.procs,
                                            with_gpus=cfg.generator.with_gpus, hosts=cfg.generator.hosts,
-                                           mesh_name=f"{cfg.name}-policy", log_dir=logs),
+                                           mesh_name=policy_mesh, log_dir=logs),
                          written, {"model": model, "engine_args": engine_args, "sampling_params": sampling,
                                    "weights_namespace": sync.namespace}),
         "trainer": _start(RLTrainer.options(procs=cfg.trainer.procs, with_gpus=cfg.trainer.with_gpus,
@@ -200,7 +201,7 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
     generators = cfg.generator.num_replicas * cfg.generator.procs
     others = cfg.trainer.procs + (cfg.reference.num_replicas * cfg.reference.procs if cfg.use_reference else 0)
     # on two cores the generators' import of vLLM and engine build is what the first step waits for
-    async with start_cores.generators_first(f"{cfg.name}-policy-r", processes=generators + others,
+    async with start_cores.generators_first(f"{policy_mesh}-r", processes=generators + others,
                                             generator_processes=generators) as generators_up:
         starts["policy"] = _then(starts["policy"], generators_up)
         services = await _start_all(starts, progress)
