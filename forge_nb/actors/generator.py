@@ -42,7 +42,6 @@ import logging
 import os
 import pickle
 import shutil
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch.actor import ActorError, concurrent_endpoint, endpoint
 
-from forge_nb.actors import _vllm_plain
+from forge_nb.actors import _vllm_import, _vllm_plain
 from forge_nb.actors._vllm_inproc import EngineStopped, InprocEngine, inspect_models_here
 from forge_nb.actors._vllm_worker import (
     WORKER_EXTENSION,
@@ -185,10 +184,9 @@ class Generator(ForgeActor):
         self._gate = asyncio.Condition()
         self._update_lock = asyncio.Lock()
         self._ids = itertools.count()
-        # vLLM's import (~5 s on two cores) starts with the process: a run's spawn starts the generators'
+        # vLLM's import (~14 s of CPU on two cores) starts with the process: a run's spawn starts the generators'
         # processes while the kernel still writes the model their setup() loads (Service.start's setup_after).
-        self._preload = threading.Thread(target=_import_vllm, name="forge_nb.vllm-import", daemon=True)
-        self._preload.start()
+        self._preload = _vllm_import.start(engine_args if engine_args is not None else engine_config)
 
     @endpoint
     async def setup(self) -> None:
@@ -423,17 +421,6 @@ class Generator(ForgeActor):
 
 
 Policy = Generator
-
-
-def _import_vllm() -> None:
-    """Import the vLLM modules setup() needs (an error is left for setup's own import to raise)."""
-    import importlib
-
-    for module in ("vllm.v1.engine.llm_engine", "vllm.v1.engine.async_llm", "vllm.renderers.inputs.preprocess"):
-        try:
-            importlib.import_module(module)
-        except Exception:
-            return
 
 
 async def _final_outputs(engine: Any, requests: list[tuple[Any, Any, str]]) -> list[Any]:

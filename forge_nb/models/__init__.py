@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forge_nb.system.dist_cache import cache_root
+
 logger = logging.getLogger(__name__)
 
 PAD, EOS = "<pad>", "<eos>"
@@ -119,14 +121,14 @@ def _built(path: Path, wanted: str) -> bool:
 def _cache_folder(wanted: str) -> Path | None:
     """This machine's folder for the model of ``wanted`` (None with the cache turned off). The key holds the
     libraries that write the files, so an upgrade builds again."""
-    root = os.environ.get("FORGE_NB_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "forge_nb"))
-    if not root:
+    root = cache_root()
+    if root is None:
         return None
     from importlib.metadata import version
 
     libraries = [version(name) for name in ("torch", "transformers", "tokenizers", "safetensors")]
     key = hashlib.sha256(json.dumps([wanted, libraries, _BUILD]).encode()).hexdigest()[:20]
-    return Path(root) / "tiny-models" / key
+    return root / "tiny-models" / key
 
 
 def _build_into_cache(cached: Path, config: TinyModelConfig) -> None:

@@ -7,6 +7,7 @@ Nothing here knows about runs, services or models. Reading order, bottom up::
     gpus           how many GPUs this process sees and which are free
     diskspace      a full disk said as such (DiskFull)
     importpath     "package.module:Name" paths and optional packages, imported or a clear error
+    dist_cache     this machine's cache folder; the installed distributions' packages, computed once there
     leases         a kernel-wide resource that starts on its first lease and stops on its last release
     monarch_compat bridges over monarch 0.7 behaviour
     procinfo       the small actor on every mesh (its pids) and job host (the host's probe)
