@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from forge_nb.actors._titan import TitanQwen3, why_not_trainable
+from forge_nb.system import dist_cache
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,8 @@ class PolicyModel:
             self._titan = TitanQwen3(path, device)
             self.module: torch.nn.Module = self._titan.module
         else:
-            from transformers import AutoModelForCausalLM
+            with dist_cache.cached_packages_distributions():  # transformers' import-time scan of the venv
+                from transformers import AutoModelForCausalLM
 
             self.module = AutoModelForCausalLM.from_pretrained(
                 path, dtype=torch.float32, attn_implementation="sdpa"
