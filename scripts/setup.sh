@@ -42,20 +42,19 @@ fi
 mkdir -p $venv/share/jupyter/lab/settings/overrides.d
 cp jupyter-config/lab/settings/overrides.d/forge-nb.json $venv/share/jupyter/lab/settings/overrides.d/
 
-if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "setup: installing Debian's chromium for the browser tests"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-    || echo "setup: could not install chromium; browser tests will skip"
-fi
-
-if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "setup: installing Debian's bubblewrap for SandboxedPythonCoder"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
-    || echo "setup: could not install bubblewrap; SandboxedPythonCoder will refuse to start without it"
-fi
-
-if ! command -v slurmctld >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "setup: installing Debian's slurm-wlm and munge for the SLURM tests"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null) \
-    || echo "setup: could not install slurm-wlm; tests/test_slurm.py will skip"
+# What Debian gives and pip cannot: "packages|what happens without them". Installed when running as root
+# with apt-get, after one `apt-get update` for all of them (each update fetches every package list again).
+debian=()
+command -v chromium >/dev/null 2>&1 || debian+=("chromium|browser tests will skip")
+command -v bwrap >/dev/null 2>&1 || debian+=("bubblewrap|SandboxedPythonCoder will refuse to start without it")
+command -v slurmctld >/dev/null 2>&1 || debian+=("slurm-wlm munge|tests/test_slurm.py will skip")
+if [ ${#debian[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq || echo "setup: apt-get update failed; trying the package lists already here"
+  for wanted in "${debian[@]}"; do
+    IFS='|' read -r packages without <<< "$wanted"
+    echo "setup: installing Debian's $packages"
+    # shellcheck disable=SC2086  # several packages in one word
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $packages >/dev/null \
+      || echo "setup: could not install $packages; $without"
+  done
 fi

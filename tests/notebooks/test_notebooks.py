@@ -1,4 +1,5 @@
-"""Every example notebook runs top to bottom in a real kernel, with a small step budget."""
+"""Every example notebook runs top to bottom in a real kernel: here with a small step budget, or as written in a
+test of its own (RUN_WHOLE)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "example_notebooks").glob("[0-9][0-9]_*.py"))
-#: Executed as written by a test of their own, which checks more than a short run here would.
-RUN_WHOLE = {"08_multi_turn", "09_agents"}
+#: Executed as written by a test of their own, which checks more than a short run here would (the quickstart's
+#: also checks what the short run below does: tests/notebooks/test_quickstart_ends_well.py).
+RUN_WHOLE = {"01_quickstart", "08_multi_turn", "09_agents"}
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900)]
 

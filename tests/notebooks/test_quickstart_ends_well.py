@@ -47,7 +47,12 @@ def run_as_written(name: str, tmp_path: Path) -> tuple[dict, dict, list[str]]:
 
 def test_the_quickstart_notebook_ends_well_with_quiet_cells(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
+    before = set((ROOT / "example_notebooks").iterdir())
     result, nb, lines = run_as_written("01_quickstart.py", tmp_path)
+    # what tests/notebooks/test_notebooks.py checks of the other notebooks' short runs
+    assert result["report"] and Path(result["report"]).stat().st_size > 10_000
+    assert result["run_dirs"] and all(Path(d).is_relative_to(tmp_path) for d in result["run_dirs"])
+    assert set((ROOT / "example_notebooks").iterdir()) == before  # no runs/ beside the sources
     rows = [json.loads(line) for line in (Path(result["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     assert len([r for r in rows if "reward/mean" in r]) >= 250
     assert result["final_reward"] >= 0.9, result["final_reward"]  # the mean of the last 50 steps
