@@ -18,6 +18,14 @@ RUN_WHOLE = {"01_quickstart", "08_multi_turn", "09_agents"}
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900)]
 
 
+def assert_left_in_outputs(result: dict, outputs: Path, sources_before: set[Path]) -> None:
+    """An executed example left its report and its run directories under ``outputs``, and nothing beside the
+    notebook sources (``sources_before``: ``example_notebooks/`` listed before it ran)."""
+    assert result["report"] and Path(result["report"]).stat().st_size > 10_000
+    assert result["run_dirs"] and all(Path(d).is_relative_to(outputs) for d in result["run_dirs"])
+    assert set((ROOT / "example_notebooks").iterdir()) == sources_before  # no runs/ beside the sources
+
+
 def _runner():
     spec = importlib.util.spec_from_file_location("run_notebook", ROOT / "scripts" / "run_notebook.py")
     module = importlib.util.module_from_spec(spec)
@@ -73,9 +81,7 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
     assert not errors, errors[0]
     assert any("STEPS = 3" in "".join(c["source"]) for c in nb["cells"]
                if "injected-parameters" in c["metadata"].get("tags", []))
-    assert result["report"] and Path(result["report"]).stat().st_size > 10_000
     assert result["final_reward"] is not None and 0.0 <= result["final_reward"] <= 1.0
-    assert result["run_dirs"] and all(Path(d).is_relative_to(tmp_path) for d in result["run_dirs"])
-    assert set((ROOT / "example_notebooks").iterdir()) == before  # no runs/ beside the sources
+    assert_left_in_outputs(result, tmp_path, before)
     rows = (Path(result["run_dir"]) / "metrics.jsonl").read_text().splitlines()
     assert len(rows) >= 3
