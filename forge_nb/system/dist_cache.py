@@ -7,11 +7,15 @@ the call reads the metadata of every installed distribution, and the RECORD of e
 process pays it in the serial chain of imports that a run's first step waits for (:mod:`forge_nb.actors._vllm_import`).
 
 The answer depends only on what is installed where the interpreter looks, so :func:`cached_packages_distributions`
-keys a JSON file on the Python version, ``sys.path`` and the modification time of each of its folders (installing
-or removing a distribution adds or removes a folder there; importlib.metadata's own lookup cache keys on the same
-times). A missing, unreadable or stale file is computed again and written by rename, so concurrent processes
-never read half a file. Considered: passing the kernel's answer to each process (a process's ``sys.path`` is its
-own), and leaving transformers' import alone (the ~0.7 s is ~5% of that chain).
+keys a JSON file on the Python version, ``sys.path``, and the metadata folders (``*.dist-info``, ``*.egg-info``) in
+each of its folders with their modification times: installing, upgrading or removing a distribution adds, renames
+or removes one (a reinstall of the same version makes it anew). Anything else written beside them leaves the key as
+it was: ``sys.path`` starts with the current folder (a notebook's, where a run writes its files), and keying on
+folders' own times, as importlib.metadata's lookup cache does, missed there whenever a file came or went (52 files
+in a few hours of this project's tests). Listing the folders costs ~1 ms. A missing, unreadable or stale file is
+computed again and written by rename, so concurrent processes never read half a file; the newest ``KEEP`` files
+are kept. Considered: passing the kernel's answer to each process (a process's ``sys.path`` is its own), and
+leaving transformers' import alone (the ~0.7 s is ~5% of that chain).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import os
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 
 def cache_root() -> Path | None:
@@ -33,15 +38,24 @@ def cache_root() -> Path | None:
     return Path(root) if root else None
 
 
-def _key() -> str:
-    """What ``packages_distributions()`` depends on: the interpreter's version and where it finds distributions."""
-    def mtime(entry: str) -> int:
-        try:
-            return os.stat(entry or ".").st_mtime_ns
-        except OSError:
-            return -1
+KEEP = 16  #: cache files kept (one per environment and ``sys.path``); older ones are removed on a write
+_METADATA = (".dist-info", ".egg-info")
 
-    places = [(entry, os.path.abspath(entry or "."), mtime(entry)) for entry in sys.path]
+
+def _key() -> str:
+    """What ``packages_distributions()`` depends on: the interpreter's version, and the distributions' metadata
+    folders (names and times) where it looks."""
+    def found(entry: str) -> Any:
+        place = entry or "."
+        try:
+            with os.scandir(place) as listing:
+                return sorted((e.name, e.stat().st_mtime_ns) for e in listing if e.name.endswith(_METADATA))
+        except NotADirectoryError:  # a zip file on the path
+            return os.stat(place).st_mtime_ns
+        except OSError:  # missing or unreadable (or a path hook's name): nothing found there
+            return None
+
+    places = [(entry, os.path.abspath(entry or "."), found(entry)) for entry in sys.path]
     return hashlib.sha256(json.dumps([sys.version, places]).encode()).hexdigest()[:24]
 
 
@@ -62,6 +76,20 @@ def _write(path: Path, mapping: Mapping[str, list[str]]) -> None:
         os.replace(scratch, path)
     except OSError:
         scratch.unlink(missing_ok=True)
+        return
+    _prune(path.parent)
+
+
+def _prune(folder: Path) -> None:
+    """Remove all but the newest ``KEEP`` cache files (other environments' and older ``sys.path``'s)."""
+    def age(file: Path) -> int:
+        try:
+            return file.stat().st_mtime_ns
+        except OSError:
+            return 0
+
+    for old in sorted(folder.glob("*.json"), key=age, reverse=True)[KEEP:]:
+        old.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -110,6 +110,13 @@ def test_packages_distributions_answers_from_the_cache_file_keyed_on_where_pytho
         assert importlib.metadata.packages_distributions() == standard()
     assert len(list((tmp_path / "packages-distributions").glob("*.json"))) == 2
 
+    key = dist_cache._key()
+    (tmp_path / "site" / "notes.txt").write_text("a run's file")  # not a distribution: the same key
+    (tmp_path / "site" / "runs").mkdir()
+    assert dist_cache._key() == key
+    (tmp_path / "site" / "a_dist-1.0.dist-info").mkdir()  # a distribution installed there: another key
+    assert dist_cache._key() != key
+
     monkeypatch.undo()  # sys.path as it was: the first key again
     monkeypatch.setenv("FORGE_NB_CACHE_DIR", str(tmp_path))
     written.write_text("{not json")  # a damaged file is computed again and written whole
@@ -120,3 +127,18 @@ def test_packages_distributions_answers_from_the_cache_file_keyed_on_where_pytho
     monkeypatch.setenv("FORGE_NB_CACHE_DIR", "")  # caching turned off: the standard function
     with dist_cache.cached_packages_distributions():
         assert importlib.metadata.packages_distributions is standard
+
+
+def test_the_cache_keeps_its_newest_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGE_NB_CACHE_DIR", str(tmp_path))
+    folder = tmp_path / "packages-distributions"
+    folder.mkdir()
+    for i in range(dist_cache.KEEP + 3):  # other environments' files, oldest first
+        old = folder / f"other{i:02d}.json"
+        old.write_text("{}")
+        os.utime(old, ns=(i * 10**9, i * 10**9))
+    with dist_cache.cached_packages_distributions():
+        importlib.metadata.packages_distributions()  # a miss: computed and written
+    kept = {p.name for p in folder.glob("*.json")}
+    # the one just written, and the newest others
+    assert kept == {f"{dist_cache._key()}.json"} | {f"other{i:02d}.json" for i in range(4, dist_cache.KEEP + 3)}
