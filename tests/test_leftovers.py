@@ -11,6 +11,8 @@ import sys
 import time
 import uuid
 
+import pytest
+
 from forge_nb.system.leftovers import SHM, engine_patterns, orphaned, remove_leftovers
 from forge_nb.system.procs import kill_groups, pid_alive, started, weight_files_root
 
@@ -68,17 +70,19 @@ for pid in (proc.pid, os.getpid()):
     (SOCKETS_ROOT / str(pid)).mkdir(parents=True)
     weight_files_root().mkdir(parents=True, exist_ok=True)
     (weight_files_root() / f"{pid}-forge_nb.v1.bin").write_bytes(b"0")
-start_reaper([proc.pid], period=0.1)
+start_reaper([proc.pid], period=float(sys.argv[1]))
 print(proc.pid, segment, flush=True)
 time.sleep(120)
 """
 
 
-def test_a_killed_kernel_s_reaper_removes_what_its_procs_left(tmp_path):
+@pytest.mark.parametrize("period", [0.1, 600.0])
+def test_a_killed_kernel_s_reaper_removes_what_its_procs_left(tmp_path, period):
     """The reaper kills the procs' groups once the kernel is gone and removes their segments, socket folders
-    and weight files; a segment another live process maps, and a live process's folder, stay."""
+    and weight files; a segment another live process maps, and a live process's folder, stay. It learns of
+    the kernel's end when its pipe ends, not at its next round (600 s: the test waits 30)."""
     env = {**os.environ, "TMPDIR": str(tmp_path), "FORGE_NB_SHM_DIR": str(tmp_path / "shm")}
-    kernel = subprocess.Popen([sys.executable, "-c", KERNEL], env=env, stdout=subprocess.PIPE, text=True)
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(period)], env=env, stdout=subprocess.PIPE, text=True)
     sockets, weights = tmp_path / "forge_nb-vllm", tmp_path / "shm"
     try:
         leader, segment = kernel.stdout.readline().split()

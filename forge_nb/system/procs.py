@@ -260,9 +260,16 @@ def reap(kernel: int, pgids: list[int], wait_s: float = 10.0, leaders: dict[int,
 # that a group's pid still names the proc that led it: the shell only probes (kill -0; a reused group
 # keeps it waiting, no more). Only if that interpreter cannot run at all does the shell SIGKILL the
 # groups unchecked. PR_SET_PDEATHSIG takes a mesh proc along with a killed kernel, but not what the proc
-# started (vLLM's engine and workers), which is re-parented to init and would otherwise run on. The probes
-# are shell builtins and ``sleep`` the one program a round runs: grep reading the kernel's state made a
-# round 2.9 ms of CPU (1.2 now), twice a second per mesh, on the cores the run trains on.
+# started (vLLM's engine and workers), which is re-parented to init and would otherwise run on.
+#
+# A round waits in bash's builtin ``read -t`` on the read end of a pipe whose write end only the kernel
+# holds (:func:`_life_pipe`): it ends after ``period``, or at once when the kernel ends however it ends
+# (its files close, and the read sees the end of the pipe). Every probe is a builtin, so a round starts
+# no program: ``sleep`` in each round cost 2.5 ms of CPU a second per mesh (20 s measured on the project's
+# machine), and ``grep`` before it more, on the cores the run trains on. The kernel's liveness is still
+# probed each round (a child the kernel forked without exec holds the write end too), and after the pipe
+# ended with the kernel alive (its end closed by mistake) rounds wait with ``sleep``, as they do where
+# bash is missing.
 _REAPER = """
 zombie() {{
   while read -r key state _; do
@@ -270,14 +277,31 @@ zombie() {{
   done < /proc/{kernel}/status
   return 1
 }}
+ended={ended}
 while [ -r /proc/{kernel}/status ] && ! zombie; do
   alive=
   for g in {groups}; do kill -0 -$g 2>/dev/null && alive=1; done
   [ -n "$alive" ] || exit 0
-  sleep {period}
+  if [ -z "$ended" ]; then
+    read -r -t {period} -u {life} _
+    [ $? -gt 128 ] || ended=1
+  else
+    sleep {period}
+  fi
 done
 {reap} 2>/dev/null || for g in {groups}; do kill -9 -$g 2>/dev/null; done
 """
+
+_pipe: tuple[int, int, int] | None = None  # (this process's pid, the read end, the write end)
+
+
+def _life_pipe() -> int:
+    """The read end of a pipe whose write end this process holds open all its life (made once per
+    process; both ends close on exec, so the procs it starts do not hold the write end)."""
+    global _pipe
+    if _pipe is None or _pipe[0] != os.getpid():  # a forked child makes its own
+        _pipe = (os.getpid(), *os.pipe())
+    return _pipe[1]
 
 
 def start_reaper(pgids: list[int], period: float = 0.5,
@@ -293,10 +317,12 @@ def start_reaper(pgids: list[int], period: float = 0.5,
     kernel, package_parent = os.getpid(), str(Path(__file__).resolve().parents[1])
     code = (f"import sys; sys.path.insert(0, {package_parent!r}); from forge_nb.system.procs import reap; "
             f"reap({kernel}, {groups!r}, leaders={leaders or {}!r})")
-    script = _REAPER.format(kernel=kernel, groups=" ".join(map(str, groups)), period=period,
-                            reap=shlex.join([sys.executable, "-c", code]))
-    return subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    bash = shutil.which("bash")
+    life = _life_pipe()
+    script = _REAPER.format(kernel=kernel, groups=" ".join(map(str, groups)), period=period, life=life,
+                            ended="" if bash else "1", reap=shlex.join([sys.executable, "-c", code]))
+    return subprocess.Popen([bash or "/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, pass_fds=(life,))
 
 
 def stop_reaper(reaper: subprocess.Popen[bytes] | None) -> None:
