@@ -49,8 +49,10 @@ def test_the_newest_whole_checkpoint_is_chosen_and_what_is_newer_is_set_aside(tm
     (run.checkpoints / "state_00000004.pt").write_bytes(b"cut")  # the run's side of 4 damaged
     orphan = _folder(run.checkpoints / "step_00000005", **{".metadata": b"m"})  # the trainer's, no run state
     commit(orphan, [".metadata"], orphan / MARKER)
+    assert run.verified_trainer_checkpoint is None
     state, skipped = run.checkpoint_to_resume()
     assert state["version"] == 3 and state["step"] == 30
+    assert run.verified_trainer_checkpoint == run.checkpoints / "step_00000003"  # the trainer need not read it again
     damaged = f"state_00000004.pt is 3 bytes; {size} were written"
     assert skipped == [(str(run.checkpoints / "state_00000004.pt"), damaged),
                        (str(orphan), "no run state was committed for it (the run stopped while checkpointing)")]
@@ -63,8 +65,10 @@ def test_a_run_directory_moved_elsewhere_resumes_from_its_own_checkpoints(tmp_pa
     run = RunDir.create({}, "r", str(tmp_path / "run"))
     _checkpoint(run, 1)
     (tmp_path / "run").rename(tmp_path / "moved")
-    state, skipped = RunDir.open(tmp_path / "moved").checkpoint_to_resume()
+    moved = RunDir.open(tmp_path / "moved")
+    state, skipped = moved.checkpoint_to_resume()
     assert (state["version"], skipped) == (1, [])
+    assert moved.verified_trainer_checkpoint == tmp_path / "moved" / "checkpoints" / "step_00000001"
 
 
 def test_none_whole_refuses_with_each_and_renames_nothing(tmp_path):

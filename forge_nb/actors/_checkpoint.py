@@ -8,7 +8,8 @@ Layout inside the run's checkpoint folder::
 DCP writes ``.metadata`` last, but a crash can still leave a folder that looks plausible, and a full disk or a
 bad copy can damage a file after the fact. So rank 0 writes a commit marker (``COMMITTED.json``: every file's
 size and CRC-32, ``forge_nb.rundir.commit``) before the rename, which is the commit point, and :func:`latest`
-trusts only ``step_*`` folders whose files match their marker (:func:`check`), skipping damaged ones. Every
+trusts only ``step_*`` folders whose files match their marker (:func:`check`), skipping damaged ones, or the
+one its caller names as checked already (``forge_nb.resume`` checks before it spawns the trainer). Every
 rank calls :func:`save` and :func:`load` (DCP is collective over the trainer's process group); rank 0
 alone touches folder names, between barriers. The state dicts come from ``get_state_dict``, so a
 checkpoint saved by N ranks loads on M.
@@ -134,20 +135,23 @@ def check(path: str | Path) -> str | None:
     return verify_folder(path)
 
 
-def newest_intact(folder: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The whole checkpoint with the highest step in ``folder`` (or None), and the newer ones skipped, with why."""
+def newest_intact(folder: str | Path, verified: str | Path | None = None) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The whole checkpoint with the highest step in ``folder`` (or None), and the newer ones skipped, with why.
+    ``verified``: a folder the caller knows was just checked (``CheckpointConfig.verified``): not read again."""
     skipped: list[tuple[Path, str]] = []
+    trusted = Path(verified).resolve() if verified is not None else None
     for _, path in reversed(_complete(folder)):
-        why = check(path)
+        why = None if path.resolve() == trusted else check(path)
         if why is None:
             return path, skipped
         skipped.append((path, why))
     return None, skipped
 
 
-def latest(folder: str | Path) -> Path | None:
-    """The whole checkpoint with the highest step in ``folder``, or None (damaged newer ones are logged)."""
-    found, skipped = newest_intact(folder)
+def latest(folder: str | Path, verified: str | Path | None = None) -> Path | None:
+    """The whole checkpoint with the highest step in ``folder``, or None (damaged newer ones are logged);
+    ``verified`` as in :func:`newest_intact`."""
+    found, skipped = newest_intact(folder, verified)
     for path, why in skipped:
         logger.warning("checkpoint %s skipped: %s", path, why)
     return found

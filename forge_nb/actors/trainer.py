@@ -98,6 +98,7 @@ class RLTrainer(ForgeActor):
         self.weights_namespace = weights_namespace
         self.step = 0
         self.policy: PolicyModel | None = None
+        self.resumed: dict[str, Any] | None = None  # the checkpoint loaded last (info()["resumed"])
 
     @endpoint
     async def setup(self) -> None:
@@ -317,28 +318,51 @@ class RLTrainer(ForgeActor):
         from forge_nb.actors import _checkpoint
 
         verified = path is None  # latest() checks what it finds against the commit marker: once is enough
+        checked = "on loading"
         if path is None:
             if not self.ckpt_cfg.folder:
                 raise ValueError("no checkpoint folder: pass path=, or configure checkpoint={'folder': ...}")
-            found = _checkpoint.latest(self.ckpt_cfg.folder)
+            trusted = self.ckpt_cfg.verified
+            found = self._on_rank0(lambda: _checkpoint.latest(self.ckpt_cfg.folder, trusted))
             if found is None:
                 return None
             path = str(found)
+            by_resume = trusted is not None and found.resolve() == Path(trusted).resolve()
+            checked = "by the resume, before the trainer started" if by_resume else "by rank 0, before loading"
         state = _checkpoint.load(path, self._policy().module, self.optimizer, {"step": 0}, verified=verified)
         self.step = int(state["step"])
         for group in self.optimizer.param_groups:  # the loaded param groups carry the old values
             group["weight_decay"] = self.opt_cfg.weight_decay
-        logger.info("resumed from %s at step %d", path, self.step)
+        self.resumed = {"path": path, "step": self.step, "checked": checked}
+        logger.info("resumed from %s at step %d (checked %s)", path, self.step, checked)
         return self.step
+
+    def _on_rank0(self, pick: Callable[[], Any]) -> Any:
+        """``pick()`` on rank 0, its answer (or its error) sent to every rank: one rank reads a checkpoint's
+        files to check them, not each rank of the trainer."""
+        if self.world == 1 or not dist.is_initialized():
+            return pick()
+        box: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                box = [("ok", pick())]
+            except Exception as e:
+                box = [("error", f"{type(e).__name__}: {e}")]
+        dist.broadcast_object_list(box, src=0, device=torch.device("cpu"))
+        kind, value = box[0]
+        if kind == "error":
+            raise RuntimeError(f"rank 0 could not pick the checkpoint to resume: {value}")
+        return value
 
     @endpoint
     async def info(self) -> dict[str, Any]:
-        """Engine, why torchtitan was not used (if so), device, CPU threads, ranks, step and hyperparameters."""
+        """Engine, why torchtitan was not used (if so), device, CPU threads, ranks, step, hyperparameters, and
+        the checkpoint loaded last (``resumed``: its path, step, and when its files were checked; None if none)."""
         policy = self._policy()
         return {
             "engine": policy.engine, "fallback_reason": self.fallback_reason, "device": str(policy.device),
             "cpu_threads": torch.get_num_threads(), "world_size": self.world, "rank": self.rank, "step": self.step,
-            "hparams": hparams(self.opt_cfg, self.train_cfg, self.loss_fn),
+            "hparams": hparams(self.opt_cfg, self.train_cfg, self.loss_fn), "resumed": self.resumed,
         }
 
     @endpoint

@@ -13,20 +13,23 @@ if TYPE_CHECKING:
     from forge_nb.config._run import RunConfig
 
 
-def trainer_actor_kwargs(cfg: RunConfig, *, checkpoint_folder: str | None,
-                         weights_namespace: str = "policy") -> dict[str, Any]:
+def trainer_actor_kwargs(cfg: RunConfig, *, checkpoint_folder: str | None, weights_namespace: str = "policy",
+                         verified_checkpoint: str | None = None) -> dict[str, Any]:
     """``RLTrainer`` keyword arguments of ``cfg``'s trainer (besides ``model`` and ``pad_id``).
 
     ``trainer`` is ``cfg.trainer`` itself (lr, weight_decay, max_norm, loss, loss_config and its ``extra``
     sections). The other sections carry what the run decides and TrainerConfig does not hold: the seed, the
     learning-rate warmup, the checkpoint folder, and the sampling temperature (the trainer's logprobs are of
     the distribution the generator samples from). ``cfg.trainer.extra`` wins over these, as a YAML's
-    ``trainer.checkpoint.folder`` does. ``weights_namespace``: the run's torchstore key namespace::
+    ``trainer.checkpoint.folder`` does. ``weights_namespace``: the run's torchstore key namespace.
+    ``verified_checkpoint``: the checkpoint folder a resume has just checked (``CheckpointConfig.verified``)::
 
         RLTrainer.options(procs=cfg.trainer.procs, with_gpus=cfg.trainer.with_gpus, mesh_name=...)
             .as_actor(model=model, pad_id=pad_id, **trainer_actor_kwargs(cfg, checkpoint_folder=folder))
     """
     checkpoint = {"folder": checkpoint_folder} if checkpoint_folder is not None else {}
+    if checkpoint and verified_checkpoint is not None:
+        checkpoint["verified"] = verified_checkpoint
     return {
         "trainer": cfg.trainer,
         "training": {"seed": cfg.seed, "temperature": cfg.sampling().temperature},

@@ -176,6 +176,10 @@ class CheckpointConfig:
     """At setup, load the latest complete checkpoint in ``folder`` when there is one."""
     keep_last: int | None = None
     """Delete all but the newest ``keep_last`` checkpoints after each save; None keeps all."""
+    verified: str | None = None
+    """A ``step_*`` folder checked against its commit marker just before this trainer starts (``forge_nb.resume``
+    does, before it spawns anything): when it is the newest whole checkpoint, the resume loads it without reading
+    every byte again. Any other folder is checked as usual."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.interval, int) or self.interval < 0:

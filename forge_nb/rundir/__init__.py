@@ -37,6 +37,9 @@ from forge_nb.system.diskspace import size_of
 class RunDir:
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        #: The trainer checkpoint folder :meth:`checkpoint_to_resume` has just checked against its marker: the
+        #: trainer's resume loads it without reading every byte again (``CheckpointConfig.verified``).
+        self.verified_trainer_checkpoint: Path | None = None
 
     @classmethod
     def create(cls, config_data: dict[str, Any], name: str, base: str | None) -> RunDir:
@@ -129,9 +132,12 @@ class RunDir:
             why = verify(self.checkpoints, path.with_suffix(".json"))
             if why is None:
                 state = load_plain(path)
-                why = _trainer_checkpoint_damage(self._here(state["trainer_checkpoint"]))
+                trainer_checkpoint = self._here(state["trainer_checkpoint"])
+                why = _trainer_checkpoint_damage(trainer_checkpoint)
                 if why is None:
                     chosen = state
+                    if trainer_checkpoint.is_dir():  # a committed folder, just checked (a custom trainer's file is not)
+                        self.verified_trainer_checkpoint = trainer_checkpoint
                     break
             skipped.append((path, why))
         newest = int(chosen["version"]) if chosen is not None else -1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import importlib
+from pathlib import Path
 
 import torch
 
@@ -45,3 +46,27 @@ def test_latest_then_load_checks_each_file_once_and_a_named_path_is_checked(tmp_
     reads.clear()
     _checkpoint.load(found, model, fresh, {"step": 0})  # a path named by the caller: checked first
     assert sorted(reads) == files and set(reads.values()) == {1}
+
+
+def test_a_folder_the_resume_just_checked_is_not_read_again_and_a_newer_one_is(tmp_path, monkeypatch):
+    """What ``CheckpointConfig.verified`` names (``forge_nb.resume`` checked it before spawning the trainer) is
+    taken as whole; any other folder, here a newer one that appeared since, is checked as before."""
+    model, optimizer = _model_and_optimizer()
+    for step in (1, 2):
+        _checkpoint.save(tmp_path, step, model, optimizer, {"step": step})
+    first, second = _checkpoint.step_dir(tmp_path, 1), _checkpoint.step_dir(tmp_path, 2)
+    reads: collections.Counter[str] = collections.Counter()
+    digest = commit.digest
+    monkeypatch.setattr(commit, "digest", lambda path: (reads.update([str(path)]), digest(path))[1])
+
+    assert _checkpoint.latest(tmp_path, verified=second) == second
+    assert not reads  # nothing of it read again
+
+    assert _checkpoint.latest(tmp_path, verified=first) == second  # the newest is another: it is checked
+    assert {str(p.parent) for p in map(Path, reads)} == {str(second)}
+
+    shard = next(second.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-1])  # damaged after the resume's check named the older one
+    reads.clear()
+    assert _checkpoint.latest(tmp_path, verified=first) == first  # second: found cut short by its size
+    assert not {str(p.parent) for p in map(Path, reads)} & {str(first)}  # first: trusted, not read

@@ -360,7 +360,13 @@ async def test_fsdp_over_two_procs_matches_one_proc(env: Any) -> None:
         assert_same(whole, expected, atol=1e-5)
 
         # A checkpoint written by 2 ranks loads on 1 (DCP reshards).
-        await sharded.save_checkpoint.call()
+        saved = first(await sharded.save_checkpoint.call())
+        # ... and back on both: rank 0 alone picks the newest whole one, checking its files; the other gets its answer
+        restored = await sharded.load_checkpoint.call()
+        assert [restored.item(procs=r) for r in range(2)] == [3, 3]
+        info = await sharded.info.call()
+        assert [info.item(procs=r)["resumed"] for r in range(2)] == [
+            {"path": saved, "step": 3, "checked": "by rank 0, before loading"}] * 2
         resumed = await spawn(env.mesh, "fsdp-resume", env.model, checkpoint={"folder": str(folder)})
         assert first(await resumed.info.call())["step"] == 3
         assert_same(first(await resumed.state_dict.call())["model"], whole, atol=0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -349,6 +350,9 @@ async def test_checkpoint_then_resume_in_a_fresh_run_keeps_history(run):
         assert "rewind" in kinds and kinds[-1] == "resume"
         assert again.mode == "rl" and "checkpointed during SFT" in again.metrics.events[-1]["message"]
         assert await again.policy.get_version.fanout() == [version, version]
+        resumed = (await again.trainer.info.call())[0]["resumed"]  # read once, by the resume, not again
+        assert resumed["checked"] == "by the resume, before the trainer started", resumed
+        assert Path(resumed["path"]).name == f"step_{version:08d}"
         rows = await again.step(1)
         assert rows[-1]["step"] == last_step + 1 and again.version == version + 1
     finally:
@@ -375,7 +379,9 @@ async def test_damaged_checkpoints_are_skipped_by_name_and_none_whole_refuses_be
     again = await forge_nb.resume(run.dir.path, progress=False)
     try:
         assert again.version == versions[0]  # the third newest, the newest whole one
-        assert (await again.trainer.info.call())[0]["step"] == versions[0]
+        info = (await again.trainer.info.call())[0]
+        assert info["step"] == versions[0]
+        assert info["resumed"]["checked"] == "by the resume, before the trainer started", info["resumed"]
         skipped = [e for e in again.metrics.events if e["kind"] == "checkpoint_skipped"]
         assert [e["reason"] for e in skipped] == [
             f"trainer checkpoint {newest.name}: {shard.name} is {size // 2} bytes; {size} were written",
