@@ -33,9 +33,12 @@ def stream_lines(nb: dict) -> list[str]:
 
 
 def run_as_written(name: str, tmp_path: Path) -> tuple[dict, dict, list[str]]:
-    """Execute ``example_notebooks/<name>`` with its own parameters; assert that no cell raised and that the
-    cells stayed quiet; return the runner's result, the executed notebook and the lines the cells wrote."""
+    """Execute ``example_notebooks/<name>`` with its own parameters; assert that no cell raised, that the
+    cells stayed quiet and that what it wrote is under ``tmp_path`` (as the short runs of the others are
+    checked); return the runner's result, the executed notebook and the lines the cells wrote."""
+    before = set((ROOT / "example_notebooks").iterdir())
     result = _runner().execute(ROOT / "example_notebooks" / name, tmp_path / "outputs", steps=None, timeout=900)
+    assert_left_in_outputs(result, tmp_path, before)
     nb = json.loads(Path(result["notebook"]).read_text())
     errors = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
@@ -47,9 +50,7 @@ def run_as_written(name: str, tmp_path: Path) -> tuple[dict, dict, list[str]]:
 
 def test_the_quickstart_notebook_ends_well_with_quiet_cells(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    before = set((ROOT / "example_notebooks").iterdir())
     result, nb, lines = run_as_written("01_quickstart.py", tmp_path)
-    assert_left_in_outputs(result, tmp_path, before)  # as the other notebooks' short runs are checked
     rows = [json.loads(line) for line in (Path(result["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     assert len([r for r in rows if "reward/mean" in r]) >= 250
     assert result["final_reward"] >= 0.9, result["final_reward"]  # the mean of the last 50 steps
