@@ -12,7 +12,7 @@ each of its folders with their modification times: installing, upgrading or remo
 or removes one (a reinstall of the same version makes it anew). Anything else written beside them leaves the key as
 it was: ``sys.path`` starts with the current folder (a notebook's, where a run writes its files), and keying on
 folders' own times, as importlib.metadata's lookup cache does, missed there whenever a file came or went (52 files
-in a few hours of this project's tests). Listing the folders costs ~1 ms. A missing, unreadable or stale file is
+in a few hours of this project's tests). Listing the folders costs ~3 ms. A missing, unreadable or stale file is
 computed again and written by rename, so concurrent processes never read half a file; the newest ``KEEP`` files
 are kept. Considered: passing the kernel's answer to each process (a process's ``sys.path`` is its own), and
 leaving transformers' import alone (the ~0.7 s is ~5% of that chain).
