@@ -70,6 +70,7 @@ for pid in (proc.pid, os.getpid()):
     (SOCKETS_ROOT / str(pid)).mkdir(parents=True)
     weight_files_root().mkdir(parents=True, exist_ok=True)
     (weight_files_root() / f"{pid}-forge_nb.v1.bin").write_bytes(b"0")
+os.close(0)  # as a kernel started without stdin (under a CI runner, nohup): the next fd opened is 0
 start_reaper([proc.pid], period=float(sys.argv[1]))
 print(proc.pid, segment, flush=True)
 time.sleep(120)

@@ -17,6 +17,7 @@ or holds open is read from ``/proc/<pid>/maps`` and ``fd`` directly: psutil's ``
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shlex
 import shutil
@@ -297,10 +298,16 @@ _pipe: tuple[int, int, int] | None = None  # (this process's pid, the read end, 
 
 def _life_pipe() -> int:
     """The read end of a pipe whose write end this process holds open all its life (made once per
-    process; both ends close on exec, so the procs it starts do not hold the write end)."""
+    process; both ends close on exec, so the procs it starts do not hold the write end). Both ends are
+    above the standard streams: a process started with stdin or stdout closed gets fd 0 or 1 from
+    ``os.pipe()``, which the reaper's own stdin would replace, or where this process's prints would go."""
     global _pipe
     if _pipe is None or _pipe[0] != os.getpid():  # a forked child makes its own
-        _pipe = (os.getpid(), *os.pipe())
+        ends = []
+        for fd in os.pipe():
+            ends.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3))
+            os.close(fd)
+        _pipe = (os.getpid(), *ends)
     return _pipe[1]
 
 
