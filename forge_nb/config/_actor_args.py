@@ -7,6 +7,7 @@ so no second shape of the trainer's configuration is built here.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def trainer_actor_kwargs(cfg: RunConfig, *, checkpoint_folder: str | None, weights_namespace: str = "policy",
-                         verified_checkpoint: str | None = None) -> dict[str, Any]:
+                         verified_checkpoint: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """``RLTrainer`` keyword arguments of ``cfg``'s trainer (besides ``model`` and ``pad_id``).
 
     ``trainer`` is ``cfg.trainer`` itself (lr, weight_decay, max_norm, loss, loss_config and its ``extra``
@@ -29,7 +30,7 @@ def trainer_actor_kwargs(cfg: RunConfig, *, checkpoint_folder: str | None, weigh
     """
     checkpoint = {"folder": checkpoint_folder} if checkpoint_folder is not None else {}
     if checkpoint and verified_checkpoint is not None:
-        checkpoint["verified"] = verified_checkpoint
+        checkpoint["verified"] = str(verified_checkpoint)
     return {
         "trainer": cfg.trainer,
         "training": {"seed": cfg.seed, "temperature": cfg.sampling().temperature},

@@ -119,12 +119,6 @@ def _actor_classes(actors: dict[str, type] | None) -> dict[str, type]:
     return dict(actors or {})
 
 
-def _verified(directory: RunDir) -> str | None:
-    """The trainer checkpoint folder the resume checked (RunDir.checkpoint_to_resume), if any."""
-    folder = directory.verified_trainer_checkpoint
-    return str(folder) if folder is not None else None
-
-
 def _check_gpus(cfg: RunConfig) -> None:
     """Every GPU the run's services ask for, checked together before anything (the store included) spawns."""
     wanted = {"generator": cfg.generator.procs * cfg.generator.num_replicas if cfg.generator.with_gpus else 0,
@@ -193,7 +187,7 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
                                             hosts=cfg.trainer.hosts, mesh_name=f"{cfg.name}-trainer", log_dir=logs),
                           written, {"model": model, "pad_id": pad_id, **trainer_actor_kwargs(
                               cfg, checkpoint_folder=str(directory.checkpoints), weights_namespace=sync.namespace,
-                              verified_checkpoint=_verified(directory))},
+                              verified_checkpoint=directory.verified_trainer_checkpoint)},
                           actor=True),
     }
     if cfg.use_reference:

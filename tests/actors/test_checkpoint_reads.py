@@ -25,9 +25,8 @@ def _model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, optimizer
 
 
-def test_latest_then_load_checks_each_file_once_and_a_named_path_is_checked(tmp_path, monkeypatch):
-    saved_model, optimizer = _model_and_optimizer()
-    _checkpoint.save(tmp_path, 1, saved_model, optimizer, {"step": 1})
+def _count_reads(monkeypatch) -> collections.Counter[str]:
+    """How many times each file's bytes are read to check it (``commit.digest``), from now on."""
     reads: collections.Counter[str] = collections.Counter()
     digest = commit.digest
 
@@ -36,6 +35,13 @@ def test_latest_then_load_checks_each_file_once_and_a_named_path_is_checked(tmp_
         return digest(path)
 
     monkeypatch.setattr(commit, "digest", counted)
+    return reads
+
+
+def test_latest_then_load_checks_each_file_once_and_a_named_path_is_checked(tmp_path, monkeypatch):
+    saved_model, optimizer = _model_and_optimizer()
+    _checkpoint.save(tmp_path, 1, saved_model, optimizer, {"step": 1})
+    reads = _count_reads(monkeypatch)
     model, fresh = _model_and_optimizer()
     found = _checkpoint.latest(tmp_path)
     state = _checkpoint.load(found, model, fresh, {"step": 0}, verified=True)
@@ -55,9 +61,7 @@ def test_a_folder_the_resume_just_checked_is_not_read_again_and_a_newer_one_is(t
     for step in (1, 2):
         _checkpoint.save(tmp_path, step, model, optimizer, {"step": step})
     first, second = _checkpoint.step_dir(tmp_path, 1), _checkpoint.step_dir(tmp_path, 2)
-    reads: collections.Counter[str] = collections.Counter()
-    digest = commit.digest
-    monkeypatch.setattr(commit, "digest", lambda path: (reads.update([str(path)]), digest(path))[1])
+    reads = _count_reads(monkeypatch)
 
     assert _checkpoint.latest(tmp_path, verified=second) == second
     assert not reads  # nothing of it read again
