@@ -268,9 +268,10 @@ def reap(kernel: int, pgids: list[int], wait_s: float = 10.0, leaders: dict[int,
 # (its files close, and the read sees the end of the pipe). Every probe is a builtin, so a round starts
 # no program: ``sleep`` in each round cost 2.5 ms of CPU a second per mesh (20 s measured on the project's
 # machine), and ``grep`` before it more, on the cores the run trains on. The kernel's liveness is still
-# probed each round (a child the kernel forked without exec holds the write end too), and after the pipe
-# ended with the kernel alive (its end closed by mistake) rounds wait with ``sleep``, as they do where
-# bash is missing.
+# probed each round (a child the kernel forked without exec holds the write end too). A killed kernel's
+# files close before it turns zombie, so the end of the pipe can come while /proc still shows it running:
+# the reaper then gives it up to 2 s to finish. After the pipe ended with the kernel alive past that (its
+# end closed by mistake), rounds wait with ``sleep``, as they do where bash is missing.
 _REAPER = """
 zombie() {{
   while read -r key state _; do
@@ -285,7 +286,11 @@ while [ -r /proc/{kernel}/status ] && ! zombie; do
   [ -n "$alive" ] || exit 0
   if [ -z "$ended" ]; then
     read -r -t {period} -u {life} _
-    [ $? -gt 128 ] || ended=1
+    if [ $? -le 128 ]; then
+      ended=1
+      n=0
+      while [ $n -lt 40 ] && [ -r /proc/{kernel}/status ] && ! zombie; do sleep 0.05; n=$((n + 1)); done
+    fi
   else
     sleep {period}
   fi
