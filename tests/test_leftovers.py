@@ -55,6 +55,37 @@ def test_a_file_held_open_is_in_use(tmp_path):
 
 
 
+@pytest.mark.parametrize("killer", ["kill_groups", "SIGKILL"])
+def test_a_named_semaphore_is_in_use_while_its_maker_lives_and_removed_after(killer):
+    """multiprocessing's named semaphores: sem_open maps a temporary file before naming it, so only the inode
+    says the maker still uses it. Killed with its resource tracker (one group), the maker leaves it behind:
+    forge_nb's kill_groups removes it, and after any other kill the leftovers' clean-up does."""
+    maker = subprocess.Popen([sys.executable, "-c", "import multiprocessing as mp, time\n"
+                              "lock = mp.get_context('spawn').Lock()\n"
+                              "print(lock._semlock.name, flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    path = None
+    try:
+        path = SHM / f"sem.{maker.stdout.readline().strip().lstrip('/')}"
+        assert path.exists()
+        assert path not in orphaned(engine_patterns(), min_age_s=0)
+        if killer == "kill_groups":
+            kill_groups([maker.pid])
+            maker.wait()
+        else:
+            os.killpg(maker.pid, signal.SIGKILL)
+            maker.wait()
+            time.sleep(0.2)  # the tracker, in the same group, dies too
+            assert path.exists() and path in orphaned(engine_patterns(), min_age_s=0)
+            remove_leftovers(min_age_s=0)
+        assert not path.exists()
+    finally:
+        maker.kill()
+        maker.wait()
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+
 # A stand-in for a kernel: it starts a process in its own group (as monarch starts a proc) that creates a
 # shared-memory segment (as a vLLM engine does), leaves a socket folder and weight file named by that
 # process and by itself, starts forge_nb's reaper on the group, and waits to be killed.

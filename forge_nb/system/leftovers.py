@@ -2,7 +2,8 @@
 rendezvous files, generator socket folders and weight files of processes that are gone.
 
 A vLLM engine killed with SIGKILL cannot clean up: its ``/dev/shm/psm_*`` segments (each hundreds of
-MB of apparent size) and the ``<tmp>/vllm_dist_*`` file of its torch.distributed rendezvous stay
+MB of apparent size), multiprocessing's named semaphores (``/dev/shm/sem.mp-*``, where its resource
+tracker died with it) and the ``<tmp>/vllm_dist_*`` file of its torch.distributed rendezvous stay
 until reboot. Their names say nothing of their owner, so a file counts as left over when no live
 process maps it or holds it open (read from ``/proc``) and it is older than ``min_age_s`` (so one
 being created right now by a starting engine is never taken). Folders and files named after a pid
@@ -26,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from forge_nb.system.procs import SHM, SOCKETS_ROOT, files_in_use, remove_left_by_dead, weight_files_root
+from forge_nb.system.procs import SEGMENTS, SHM, SOCKETS_ROOT, files_in_use, remove_left_by_dead, weight_files_root
 
 
 def orphaned(patterns: list[tuple[Path, str]], min_age_s: float = 30.0) -> list[Path]:
@@ -47,7 +48,7 @@ def orphaned(patterns: list[tuple[Path, str]], min_age_s: float = 30.0) -> list[
 
 
 def engine_patterns() -> list[tuple[Path, str]]:
-    return [(SHM, "psm_*"), (Path(tempfile.gettempdir()), "vllm_dist_*")]
+    return [*((SHM, pattern) for pattern in SEGMENTS), (Path(tempfile.gettempdir()), "vllm_dist_*")]
 
 
 def remove_leftovers(min_age_s: float = 30.0) -> dict[str, int]:

@@ -126,15 +126,23 @@ class StoppedWatch:
 
 
 def files_in_use(pids: Iterable[int | str] | None = None) -> set[str]:
-    """Every file some live process (of ``pids``; None: any) maps or holds open (those this user may look at)."""
+    """Every file some live process (of ``pids``; None: any) maps or holds open (those this user may look at).
+
+    A file of :data:`SHM` counts by its inode: ``sem_open`` (multiprocessing's named semaphores) maps a
+    temporary file and then links it to its name, so its creator's mapping names a deleted file."""
     used: set[str] = set()
+    shm = _shm_names()
     for entry in os.listdir("/proc") if pids is None else map(str, pids):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/maps") as f:
-                used |= {line.split(None, 5)[5].strip() for line in f if line.count(" ") >= 5 and "/" in line}
-        except (OSError, IndexError):
+                for line in f:
+                    fields = line.split(None, 5)
+                    if len(fields) == 6 and "/" in fields[5]:
+                        path = fields[5].strip()
+                        used.add(shm.get(int(fields[4]), path) if path.startswith(f"{SHM}/") else path)
+        except (OSError, ValueError):
             pass
         try:
             for fd in os.listdir(f"/proc/{entry}/fd"):
@@ -142,6 +150,17 @@ def files_in_use(pids: Iterable[int | str] | None = None) -> set[str]:
         except OSError:
             pass
     return {path.removesuffix(" (deleted)") for path in used}
+
+
+def _shm_names() -> dict[int, str]:
+    """The files in :data:`SHM` by inode."""
+    names = {}
+    for path in SHM.iterdir() if SHM.is_dir() else []:
+        try:
+            names[path.lstat().st_ino] = str(path)
+        except OSError:
+            continue
+    return names
 
 
 def remove_left_by_dead(root: Path, pids: Iterable[int] | None = None) -> list[Path]:
