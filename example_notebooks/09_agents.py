@@ -44,9 +44,9 @@ run = await forge_nb.spawn(agent_keys())  # the tiny model, groups of 8, batches
 
 # %% [markdown]
 # The agent: plain Python against `openai.AsyncOpenAI`. It offers the tool, runs it when the policy calls it,
-# hands back its answer and asks again. Its reward: 0.7 for the right key, and three format rewards (as GRPO
-# recipes give for `<think>` tags) of 0.1 each: for calling a tool, for calling `k`, and for then answering
-# with a letter that could be a key.
+# hands back its answer and asks again. Its reward: 0.7 for the right key read from the tool `k` (a guess
+# without it earns nothing), and three format rewards (as GRPO recipes give for `<think>` tags) of 0.1 each:
+# for calling a tool, for calling `k`, and for then answering with a letter that could be a key.
 
 # %%
 KEY_TOOLS
@@ -67,7 +67,8 @@ async def agent(client, sample):
         message = reply.choices[0].message
     answer = message.content or ""
     shaped = bool(asked) and len(answer) == len(key) and set(answer) <= set(KEY_LETTERS)  # a key-like answer
-    return 0.7 * (answer == key) + 0.1 * shaped + 0.1 * bool(asked) + 0.1 * ("k" in asked)
+    read = "k" in asked  # a right answer without the key's tool is a guess
+    return 0.7 * (read and answer == key) + 0.1 * shaped + 0.1 * bool(asked) + 0.1 * read
 
 
 run.episode_fn = agent_episode(agent)

@@ -4,11 +4,23 @@
 key, one letter drawn at random per sample (:class:`KeyTask`), that only the tool knows: the policy must call it
 (``@k``, the simple tool syntax a character-level model can write) and then answer with what it said. The agent
 that plays it is plain Python against ``openai.AsyncOpenAI`` (:func:`key_agent`; the notebook shows the same
-code). Its reward: 0.7 for the right key; 0.1 for calling a tool and 0.1 more for calling ``k``; 0.1 for an
-answer that could be a key (one of the key letters), given after asking. The last three are format rewards, as
-GRPO recipes give for ``<think>`` tags: without them a policy that calls ``@e`` and one that never calls look
-the same, and after the call the policy drifted to answering ``k`` (the token it had just learned to write)
-for every key, where no sample of a group differs and nothing is learned.
+code). Its reward: 0.7 for the right key, read from ``k``; 0.1 for calling a tool and 0.1 more for calling
+``k``; 0.1 for an answer that could be a key (one of the key letters), given after asking. The last three are
+format rewards, as GRPO recipes give for ``<think>`` tags: without them a policy that calls ``@e`` and one that
+never calls look the same, and after the call the policy drifted to answering ``k`` (the token it had just
+learned to write) for every key, where no sample of a group differs and nothing is learned.
+
+A right answer counts only after calling ``k``: a guess is right one time in eight, and while it scored 0.7, a
+policy that called another letter's tool earned ~0.29 against ~0.39 for calling ``k`` before it had learned to
+copy the key, a difference the guesses' noise drowned. Half the runs then settled on the wrong tool (last-25
+~0.28), and one in CI lost its tool calls late (0.59 at step 225, 0.0 at 300; not seen since, not explained).
+Session 42 (300 steps, nothing else running, last-25 mean reward): with guesses scored, seeds 0-3 ended at
+0.302 (the wrong tool), 0.872, 0.724, 0.819; counted only after ``k``, seeds 0-7 at 0.814, 0.895, 0.984,
+0.801, 0.954, 0.854, 0.893, 0.984, and seeds 0-2 in one ``run.step(300)`` each at 0.995, 0.857, 0.835. Six
+runs of notebook 09 itself (seed 0) ended at 0.81, 0.92, 0.70, 0.20 and 0.20 (another letter's tool: every
+sample then earns 0.2 and nothing is learned) and 0.0 (after such a lock, the tool calls were lost within 5
+steps at step ~190: the policy wrote ``hh``). Whether the notebook locks more often than a script (3 of 6
+against 0 of 11) or that is chance is not known.
 
 Trial runs (session 22, two CPU cores, 300 steps, last-25 mean reward), groups of 8, batches of 32, lr 7e-4:
 ``bench/openai_endpoint.py`` with nothing else running 0.886, 0.985, 0.896 (seeds 0-2, 0.8 after 32-44 s);
@@ -87,7 +99,8 @@ async def key_agent(client: Any, sample: dict[str, str]) -> float:
         message = reply.choices[0].message
     answer = message.content or ""
     shaped = bool(asked) and len(answer) == len(key) and set(answer) <= set(KEY_LETTERS)  # a key-like answer
-    return 0.7 * (answer == key) + 0.1 * shaped + 0.1 * bool(asked) + 0.1 * ("k" in asked)
+    read = "k" in asked  # a right answer without the key's tool is a guess
+    return 0.7 * (read and answer == key) + 0.1 * shaped + 0.1 * bool(asked) + 0.1 * read
 
 
 def agent_keys(**overrides: Any) -> RunConfig:

@@ -1,13 +1,17 @@
 """The agents notebook, executed as written (its own 300 steps): agent code written against the OpenAI client
-trains through the run's endpoint, and its reward rises: from at most 0.15 over the first 10 steps (an untrained
-policy earns ~0.04) to at least 0.2 over the last 25 and by at least 0.15; the turn-by-turn view shows tool calls
-answered, and the trained policy calls a tool through a plain client.
+trains through the run's endpoint. Over the last 25 steps its conversations make at least 0.9 tool calls each
+(the policy writes one call at most; at most 0.5 over the first 10 steps), and its reward is at least 0.15 and
+0.1 above the first 10 steps' (at most 0.15: an untrained policy earns ~0.04; one that calls a tool and answers
+a letter earns 0.2). The turn-by-turn view shows tool calls answered, and the trained policy calls a tool
+through a plain client.
 
-How far it rises is the recipe's, measured over seeds by ``bench/openai_endpoint.py`` (``agent_final_reward``): runs
-end in one of two places. Most call ``@k`` and answer its key (0.7-0.99); some settle on calling another letter's
-tool and answering wrong (~0.28: 2 of 4 runs on 2026-11-26, on the code of that session's start and on its end
-alike, where 0.6 had been this test's bar). That second place is a weakness of the recipe (issue 34's closing note),
-not of the path this test is about."""
+How far it rises is the recipe's, measured over seeds by ``bench/openai_endpoint.py`` (``agent_final_reward``).
+Until session 42 a right guess without calling ``k`` scored too, and runs ended in one of two places: most
+called ``@k`` and answered its key (0.7-0.99), some settled on another letter's tool (~0.28), and one in CI lost
+its tool calls late (0.0). Since a right answer counts only after ``k``, 11 of 11 runs from a script ended at
+0.80-0.995 (``forge_nb/recipes/agents.py``), but 6 runs of the notebook ended at 0.81, 0.92, 0.70, 0.20, 0.20
+(another letter's tool: passes) and 0.0 (its tool calls lost within 5 steps at step ~190: fails). The bars
+stay low: this test is about the path, not the recipe."""
 
 from __future__ import annotations
 
@@ -30,9 +34,11 @@ def test_the_agents_notebook_learns_to_call_its_tool(tmp_path, monkeypatch):
     result, nb, lines = run_as_written("09_agents.py", tmp_path)
     rows = [json.loads(line) for line in (Path(result["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
+    calls = [r["tools/calls"] for r in rows if "reward/mean" in r]
     assert len(rewards) >= 300
     first, last = sum(rewards[:10]) / 10, sum(rewards[-25:]) / 25
-    assert first <= 0.15 and last >= 0.2 and last - first >= 0.15, (first, last)
+    assert first <= 0.15 and last >= 0.15 and last - first >= 0.1, (first, last)
+    assert sum(calls[:10]) / 10 <= 0.5 and sum(calls[-25:]) / 25 >= 0.9, (calls[:10], calls[-25:])
     html = "".join("".join(o.get("data", {}).get("text/html", "")) for c in nb["cells"] if c["cell_type"] == "code"
                    for o in c.get("outputs", []))
     assert html.count("<th>observation</th>") == 3  # 3 episodes shown turn by turn
