@@ -54,7 +54,6 @@ def test_a_file_held_open_is_in_use(tmp_path):
     os.unlink(path)
 
 
-
 @pytest.mark.parametrize("killer", ["kill_groups", "SIGKILL"])
 def test_a_named_semaphore_is_in_use_while_its_maker_lives_and_removed_after(killer):
     """multiprocessing's named semaphores: sem_open maps a temporary file before naming it, so only the inode

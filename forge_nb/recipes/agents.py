@@ -13,7 +13,7 @@ learned to write) for every key, where no sample of a group differs and nothing 
 A right answer counts only after calling ``k``: a guess is right one time in eight, and while it scored 0.7, a
 policy that called another letter's tool earned ~0.29 against ~0.39 for calling ``k`` before it had learned to
 copy the key, a difference the guesses' noise drowned. Half the runs then settled on the wrong tool (last-25
-~0.28), and one in CI lost its tool calls late (0.59 at step 225, 0.0 at 300; not seen since, not explained).
+~0.28), and one in CI lost its tool calls late (0.59 at step 225, 0.0 at 300; not explained).
 Session 42 (300 steps, nothing else running, last-25 mean reward): with guesses scored, seeds 0-3 ended at
 0.302 (the wrong tool), 0.872, 0.724, 0.819; counted only after ``k``, seeds 0-7 at 0.814, 0.895, 0.984,
 0.801, 0.954, 0.854, 0.893, 0.984, and seeds 0-2 in one ``run.step(300)`` each at 0.995, 0.857, 0.835. Six
