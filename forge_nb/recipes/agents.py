@@ -20,7 +20,8 @@ Session 42 (300 steps, nothing else running, last-25 mean reward): with guesses 
 runs of notebook 09 itself (seed 0) ended at 0.81, 0.92, 0.70, 0.20 and 0.20 (another letter's tool: every
 sample then earns 0.2 and nothing is learned) and 0.0 (after such a lock, the tool calls were lost within 5
 steps at step ~190: the policy wrote ``hh``). Whether the notebook locks more often than a script (3 of 6
-against 0 of 11) or that is chance is not known.
+against 0 of 11) or that is chance is not known. ``bench/openai_endpoint.py`` afterwards: 0.936, 0.623 (a
+plateau from step 125), 0.913.
 
 Trial runs (session 22, two CPU cores, 300 steps, last-25 mean reward), groups of 8, batches of 32, lr 7e-4:
 ``bench/openai_endpoint.py`` with nothing else running 0.886, 0.985, 0.896 (seeds 0-2, 0.8 after 32-44 s);
