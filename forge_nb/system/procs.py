@@ -292,14 +292,15 @@ def reap(kernel: int, pgids: list[int], wait_s: float = 10.0, leaders: dict[int,
 # the reaper then gives it up to 2 s to finish. After the pipe ended with the kernel alive past that (its
 # end closed by mistake), rounds wait with ``sleep``, as they do where bash is missing.
 _REAPER = """
-zombie() {{
+kernel_lives() {{
+  [ -r /proc/{kernel}/status ] || return 1
   while read -r key state _; do
-    [ "$key" = State: ] && {{ [ "$state" = Z ]; return; }}
+    [ "$key" = State: ] && {{ [ "$state" != Z ]; return; }}
   done < /proc/{kernel}/status
-  return 1
+  return 0
 }}
 ended={ended}
-while [ -r /proc/{kernel}/status ] && ! zombie; do
+while kernel_lives; do
   alive=
   for g in {groups}; do kill -0 -$g 2>/dev/null && alive=1; done
   [ -n "$alive" ] || exit 0
@@ -308,7 +309,7 @@ while [ -r /proc/{kernel}/status ] && ! zombie; do
     if [ $? -le 128 ]; then
       ended=1
       n=0
-      while [ $n -lt 40 ] && [ -r /proc/{kernel}/status ] && ! zombie; do sleep 0.05; n=$((n + 1)); done
+      while [ $n -lt 40 ] && kernel_lives; do sleep 0.05; n=$((n + 1)); done
     fi
   else
     sleep {period}
