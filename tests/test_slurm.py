@@ -17,7 +17,7 @@ import signal
 import psutil
 import pytest
 
-from forge_nb.system.slurm import _normalized, settled_job_info, why_ended
+from forge_nb.system.slurm import _normalized, job_info, settled_job_info, why_ended
 from tests import slurm_cluster
 from tests.kernel_client import Kernel, Reply
 from tests.waiting import until_sync
@@ -80,16 +80,22 @@ def test_a_job_ended_says_why_and_not_that_it_is_still_completing():
     assert why_ended(["NODE_FAIL", "TIMEOUT"]) == "NODE_FAIL, TIMEOUT"
 
 
-def test_a_cancelled_job_is_said_to_be_cancelled_at_once(slurm, monkeypatch):
-    """Right after ``scancel`` SLURM shows the job as COMPLETING alone; what forge_nb reads says CANCELLED."""
+@pytest.mark.parametrize("ignore_term", [False, True], ids=["plain", "ignores-SIGTERM"])
+def test_a_cancelled_job_is_said_to_be_cancelled_at_once(slurm, monkeypatch, tmp_path, ignore_term):
+    """Right after ``scancel`` SLURM shows the job as COMPLETING alone until its processes are gone (for a job
+    that ignores SIGTERM, KillWait: 5 s here); what forge_nb reads says CANCELLED."""
     for name, setting in slurm.env.items():
         monkeypatch.setenv(name, setting)
+    started = tmp_path / "started"
+    script = ("trap '' TERM; " if ignore_term else "") + f"touch {started}; sleep 300"  # sleep inherits the trap
     job_id = slurm.run("sbatch", "--parsable", "--nodes", "1", "--output", "/dev/null",  # no slurm-N.out here
-                       "--wrap", "sleep 300").strip().split(";")[0]
+                       "--wrap", script).strip().split(";")[0]
     try:
-        assert until_sync(lambda: [line.split()[:2] for line in slurm.jobs()] == [[job_id, "RUNNING"]], timeout=60)
+        assert until_sync(started.exists, timeout=60), slurm.jobs()  # running its script, not being launched
     finally:
         slurm.run("scancel", job_id)
+    if ignore_term:
+        assert job_info(job_id)["job_state"] == ["COMPLETING"]
     assert why_ended(settled_job_info(job_id)["job_state"]) == "CANCELLED"
     assert until_sync(lambda: not slurm.jobs(), timeout=60), slurm.jobs()  # gone before the next test asks
 

@@ -52,8 +52,11 @@ __all__ = ["SlurmJob", "SlurmRefused", "job_info"]
 
 logger = logging.getLogger(__name__)
 
-#: How often, and how far apart, a job SLURM shows only as COMPLETING is asked again for why it ended.
-COMPLETING_ASKS, COMPLETING_WAIT_S = 8, 0.25
+#: How long, and how often, a job SLURM shows only as COMPLETING is asked again for why it ended. COMPLETING
+#: lasts until the job's processes are gone: ~0.1 s after ``scancel`` here, but seconds on a busy machine, and up
+#: to SLURM's KillWait (30 s by default) for processes that ignore SIGTERM. Past the bound it is said as
+#: COMPLETING: the job has ended all the same.
+COMPLETING_SETTLE_S, COMPLETING_WAIT_S = 10.0, 0.1
 #: What a job in these states will not come back from (SLURM's terminal and leaving states).
 ENDED = frozenset({"FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "COMPLETED", "COMPLETING", "NODE_FAIL",
                    "OUT_OF_MEMORY", "DEADLINE", "BOOT_FAIL"})
@@ -88,12 +91,11 @@ def why_ended(states: list[str]) -> str | None:
 
 
 def settled_job_info(job_id: str) -> dict[str, Any] | None:
-    """:func:`job_info`, asked again while SLURM shows the job only as COMPLETING (``scancel`` leaves it so for
-    a moment before CANCELLED), at most ``COMPLETING_ASKS`` times ``COMPLETING_WAIT_S`` apart."""
+    """:func:`job_info`, asked again while SLURM shows the job only as COMPLETING (``scancel`` leaves it so until
+    its processes are gone, before CANCELLED), every ``COMPLETING_WAIT_S`` for at most ``COMPLETING_SETTLE_S``."""
     info = job_info(job_id)
-    for _ in range(COMPLETING_ASKS):
-        if info is None or info["job_state"] != ["COMPLETING"]:
-            break
+    give_up = time.monotonic() + COMPLETING_SETTLE_S
+    while info is not None and info["job_state"] == ["COMPLETING"] and time.monotonic() < give_up:
         time.sleep(COMPLETING_WAIT_S)
         info = job_info(job_id)
     return info
