@@ -57,12 +57,14 @@ def inject_parameters(nb: nbformat.NotebookNode, **values: Any) -> nbformat.Note
 
 
 def workdir(notebook: Path, outputs: Path) -> Path:
-    """A fresh folder for the kernel, with links to the files beside the notebook that are not notebooks."""
+    """A fresh folder for the kernel, with links to the files beside the notebook that are not notebooks, nor the
+    folder that holds ``outputs`` (a link to it would be a loop: ``out/nb-work/out/nb-work/...``)."""
     work = (outputs / f"{notebook.stem}-work").resolve()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     for sibling in notebook.resolve().parent.iterdir():
-        if sibling.suffix != ".py" and sibling.name not in ("runs", ".ipynb_checkpoints", "__pycache__"):
+        if sibling.suffix != ".py" and sibling.name not in ("runs", ".ipynb_checkpoints", "__pycache__") \
+                and not work.is_relative_to(sibling.resolve()):
             (work / sibling.name).symlink_to(sibling)
     return work
 

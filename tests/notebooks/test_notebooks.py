@@ -51,6 +51,16 @@ def test_every_notebook_source_converts_with_one_parameters_cell_and_no_test_plu
     assert "%forge_spawn quickstart" in [c.source for c in quickstart.cells]  # as in the README
 
 
+def test_the_runner_s_work_folder_links_what_sits_beside_the_notebook_but_not_its_own_outputs(tmp_path):
+    """Outputs kept beside the notebook (``--outputs <its folder>/out``) are not linked into the work folder
+    inside them: such a link is a loop that globbing and copying the folder would follow for ever."""
+    (tmp_path / "nb.py").write_text("# %%\n")
+    (tmp_path / "data").mkdir()
+    work = _runner().workdir(tmp_path / "nb.py", tmp_path / "out")
+    assert work == tmp_path / "out" / "nb-work"
+    assert sorted(p.name for p in work.iterdir()) == ["data"] and (work / "data").resolve() == tmp_path / "data"
+
+
 def test_the_runner_overrides_the_parameters_cell_and_refuses_an_unknown_name():
     runner = _runner()
     nb = runner.to_notebook((ROOT / "example_notebooks" / "01_quickstart.py").read_text())
