@@ -53,9 +53,9 @@ __all__ = ["SlurmJob", "SlurmRefused", "job_info"]
 logger = logging.getLogger(__name__)
 
 #: How long, and how often, a job SLURM shows only as COMPLETING is asked again for why it ended. COMPLETING
-#: lasts until the job's processes are gone: ~0.1 s after ``scancel`` here, but seconds on a busy machine, and up
-#: to SLURM's KillWait (30 s by default) for processes that ignore SIGTERM. Past the bound it is said as
-#: COMPLETING: the job has ended all the same.
+#: lasts until the job's processes are gone: ~0.1 s after ``scancel`` here, over 2 s once in CI (a job cancelled
+#: as it started), and up to SLURM's KillWait (30 s by default) for processes that ignore SIGTERM. Past the bound
+#: it is said as COMPLETING: the job has ended all the same.
 COMPLETING_SETTLE_S, COMPLETING_WAIT_S = 10.0, 0.1
 #: What a job in these states will not come back from (SLURM's terminal and leaving states).
 ENDED = frozenset({"FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "COMPLETED", "COMPLETING", "NODE_FAIL",
