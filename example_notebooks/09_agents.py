@@ -23,7 +23,9 @@
 #
 # The task here is small enough for the tiny CPU model to learn from scratch in a few minutes: the user asks
 # "?", and the answer is a key only a tool knows. The policy has to call the tool (`@k`, the simple syntax a
-# character-level model can write) and then answer with what the tool said.
+# character-level model can write) and then answer with what the tool said. The recipe keeps a small KL term
+# toward the untrained model (a `ReferenceModel` service computes it): without it, a policy whose samples have
+# all become alike (all calling the wrong tool, say) learns nothing more, and some runs stopped there.
 
 # %% tags=["parameters"]
 STEPS = 300
@@ -34,7 +36,7 @@ import forge_nb
 from forge_nb.agents import agent_episode
 from forge_nb.recipes.agents import KEY_LETTERS, KEY_TOOLS, agent_keys
 
-run = await forge_nb.spawn(agent_keys())  # the tiny model, groups of 8, batches of 32
+run = await forge_nb.spawn(agent_keys())  # the tiny model, groups of 8, batches of 32, a KL term (beta 0.02)
 
 # %% [markdown]
 # The run's policy as an OpenAI endpoint; `endpoint` holds it (`endpoint.url`, `endpoint.token`, `endpoint.client()`).
