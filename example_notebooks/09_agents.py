@@ -24,8 +24,8 @@
 # The task here is small enough for the tiny CPU model to learn from scratch in a few minutes: the user asks
 # "?", and the answer is a key only a tool knows. The policy has to call the tool (`@k`, the simple syntax a
 # character-level model can write) and then answer with what the tool said. The recipe keeps a small KL term
-# toward the untrained model (a `ReferenceModel` service computes it): without it, a policy whose samples have
-# all become alike (all calling the wrong tool, say) learns nothing more, and some runs stopped there.
+# toward the untrained model (a `ReferenceModel` service computes it): without it, some runs reached a policy
+# whose samples had all become alike (every one `@@`, no call) and learned nothing more.
 
 # %% tags=["parameters"]
 STEPS = 300

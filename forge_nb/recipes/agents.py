@@ -24,22 +24,22 @@ call, 0) in every sample from step ~190 on, and another wrote ``@@`` in every sa
 GRPO's advantages), 4 ended in such a state (0.20, 0.20, 0.0, 0.06), the others at 0.67-0.94; the fresh-clone
 suite's ``tests/notebooks/test_agents_learn.py`` failed on the ``@@`` collapse about one run in ten. The KL term
 pulls a policy that has stopped sampling anything else back toward the reference's spread (over the last 25 steps
-the entropy stays ~0.08-0.14, ``kl/k3`` ~2.5), so a state like ``@@`` is no longer one that nothing moves. 10
-notebook runs with it (session 44, seed 0) ended at 0.97, 0.89, 0.97, 0.84, 0.75, 0.88, 0.74, 0.90, 0.97 and, locked
-on other letters' tools from step ~50, 0.20: none lost its tool calls, and one other run that locked at 0.2 (steps
-50-100) climbed out to 0.89. That is 0 of 10 runs losing their tool calls against 2 of 14, no proof at these counts;
-what the counts do show is a steadier run. After step 150, a step whose mean reward fell by more than 0.4 from the
-step before came 0-3 times in each run with the term (6 in 10 runs), and 1-9 times without it (38 in session 43's 8
-runs at a constant lr; 17 in its 9 runs with a decaying one). The lock itself the term does not cure: the locked
-run's entropy stayed ~1.3 (it sampled several wrong tools, all earning 0.2) but almost never ``@k``, whose
-probability the untrained reference does not raise. Paying nothing for another tool's call (0.2 for calling ``k``
-instead of 0.1 for any tool and 0.1 for ``k``, and the key-like answer only after ``k``) removes the lock but not
-the falls: 7 notebook runs with the term ended at 0.67-0.96, none locked, with 0-4 such falls a run (19 in all), and
-one lost its tool calls for 5 steps and ended with 0.76 of them (the test asks for 0.9). Not adopted. Script trials
-of the same session (seed 0, 300 steps): beta 0.04 ended at 0.83 (entropy ~0.18), 0.01 at 0.81 (~0.10, still
-rising); an entropy bonus instead (``entropy_coef`` 0.01 and 0.003) ended at 0.89 but let the entropy fall to
-0.03-0.04 like no term at all. The reference model costs a process and a forward a group: notebook runs went at
-2.1-3.2 steps a second against 2.4-2.7 without it.
+the entropy stays ~0.08-0.14, ``kl/k3`` ~2.5), so no state like ``@@`` is left without a gradient. 10 notebook runs
+with it (session 44, seed 0) ended at 0.97, 0.89, 0.97, 0.84, 0.75, 0.88, 0.74, 0.90, 0.97 and, locked on other
+letters' tools from step ~50, 0.20: none lost its tool calls, and one other run that locked at 0.2 (steps 50-100)
+climbed out to 0.89. That is 0 of 10 runs losing their tool calls against 2 of 14, no proof at these counts; what
+the counts do show is a steadier run. After step 150, a step whose mean reward fell by more than 0.4 from the step
+before came 0-3 times in each run with the term (6 in 10 runs), and 1-9 times without it (38 in session 43's 8 runs
+at a constant lr; 17 in its 9 runs with a decaying one). The lock itself the term does not cure: the locked run's
+entropy stayed ~1.3 (it sampled several wrong tools, all earning 0.2) but almost never ``@k``, whose probability the
+untrained reference does not raise. Paying nothing for another tool's call (0.2 for calling ``k`` instead of 0.1 for
+any tool and 0.1 for ``k``, and the key-like answer only after ``k``) removes the lock but not the falls: 7 notebook
+runs with the term ended at 0.67-0.96, none locked, with 0-4 such falls a run (19 in all), and one lost its tool
+calls for 5 steps and ended with 0.76 of them (the test asks for 0.9). Not adopted. Script trials of the same
+session (seed 0, 300 steps): beta 0.04 ended at 0.83 (entropy ~0.18), 0.01 at 0.81 (~0.10, still rising); an entropy
+bonus instead (``entropy_coef`` 0.01 and 0.003) ended at 0.89 but let the entropy fall to 0.03-0.04 like no term at
+all. The reference model costs a process and a forward a group: notebook runs went at 2.1-3.2 steps a second against
+2.4-2.7 without it.
 
 Trial runs (session 22, two CPU cores, 300 steps, last-25 mean reward), groups of 8, batches of 32, lr 7e-4:
 ``bench/openai_endpoint.py`` with nothing else running 0.886, 0.985, 0.896 (seeds 0-2, 0.8 after 32-44 s);
