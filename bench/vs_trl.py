@@ -37,14 +37,24 @@ steps): waiting for a batch, the trainer's ``train_step``, pushing the weights, 
 async mode it overlaps the next step, so ``step`` is less than the sum), the whole step.
 A run that never reaches 0.8 in its budget counts as infinitely slow for that median.
 
+``--busy N`` runs both sides on a busier machine: N other processes, each spinning one core in a Python loop
+at the same priority, run through the whole comparison (started before the first seed, killed after the last),
+as another user's job would. The RESULT lines keep their names; the first lines of the output say N.
+TRL runs with torch's default intra-op threads (one a core), as its users do, unless ``--trl-threads N``;
+forge_nb's trainer and generator take one each on two cores (``forge_nb.actors._policy_model``,
+``forge_nb.actors._vllm_inproc``). Each TRL seed's line says how many it had. On a quiet machine TRL's default
+is its faster setting; beside other work its two threads wait on each other and one is faster by far, so a
+busy comparison is fair only when run both ways (``bench/RESULTS.md``, session 45).
+
     .venv/bin/pip install -e '.[bench]'
-    .venv/bin/python bench/vs_trl.py [--seeds 5] [--trl-budget-s 60] [--forge-steps 120]
+    .venv/bin/python bench/vs_trl.py [--seeds 5] [--trl-budget-s 60] [--forge-steps 120] [--busy 0]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -53,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +174,8 @@ def trl_side(args: argparse.Namespace) -> dict[str, Any]:
     from forge_nb.rl.tasks import PatternReward, ToyTask
 
     torch.manual_seed(args.seed)
+    if args.trl_threads:
+        torch.set_num_threads(args.trl_threads)
     folder = Path(args.workdir)
     model = tiny_model(args.seed, folder)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(model)
@@ -198,7 +211,7 @@ def trl_side(args: argparse.Namespace) -> dict[str, Any]:
                           processing_class=tokenizer, callbacks=[Record()])
     dtypes = sorted({str(p.dtype) for p in trainer.model.parameters()})
     trainer.train()
-    return {"times": times, "rewards": rewards, "param_dtypes": dtypes}
+    return {"times": times, "rewards": rewards, "param_dtypes": dtypes, "threads": torch.get_num_threads()}
 
 
 def forge_side(args: argparse.Namespace) -> dict[str, Any]:
@@ -260,7 +273,7 @@ def launch(side: str, seed: int, args: argparse.Namespace, workdir: Path) -> dic
     command = [sys.executable, os.path.abspath(__file__), "--child", side, "--seed", str(seed), "--out", str(out),
                "--workdir", str(workdir), "--trl-steps", str(args.trl_steps), "--trl-budget-s", str(args.trl_budget_s),
                "--forge-steps", str(args.forge_steps), "--forge-budget-s", str(args.forge_budget_s),
-               "--skip", str(args.skip)]
+               "--skip", str(args.skip), "--trl-threads", str(args.trl_threads)]
     launched = time.time()
     peak_mb, peak_procs = 0.0, 0
     with open(log, "w") as f:
@@ -286,6 +299,18 @@ def ratio(a: float, b: float) -> float:
     return a / b if b else math.inf
 
 
+@contextlib.contextmanager
+def other_work(processes: int) -> Iterator[None]:
+    """``processes`` processes that each spin one core for as long as the block runs (``--busy``)."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
 def main(args: argparse.Namespace) -> None:
     import importlib.util
 
@@ -300,6 +325,15 @@ def main(args: argparse.Namespace) -> None:
     print("forge_nb (forge_nb.quickstart()): " + ", ".join(f"{k}={v}" for k, v in forge_settings(cfg).items()))
     print("TRL (GRPOConfig, besides use_cpu and logging): "
           + ", ".join(f"{k}={v}" for k, v in fair_trl_settings(cfg).items()), flush=True)
+    print(f"other work on the machine: {args.busy} process(es) spinning a core each (--busy), "
+          f"on {os.cpu_count()} cores", flush=True)
+    with other_work(args.busy):
+        results, breakdowns = compare(args, workdir)
+    report(results, breakdowns, args)
+
+
+def compare(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, float]]]:
+    """Every seed's run of both sides, in alternating order: (summaries by side, forge_nb's step breakdowns)."""
     results: dict[str, list[dict[str, Any]]] = {"trl": [], "forge_nb": []}
     breakdowns: list[dict[str, float]] = []
     for seed in range(args.seeds):
@@ -310,7 +344,7 @@ def main(args: argparse.Namespace) -> None:
             results[side].append(s)
             extra = ""
             if side == "trl":
-                extra = f"; trained parameters {'/'.join(record['param_dtypes'])}"
+                extra = f"; trained parameters {'/'.join(record['param_dtypes'])}, torch threads {record['threads']}"
             if side == "forge_nb":
                 breakdowns.append(record["breakdown"])
                 extra = (f"; spawn called {record['spawn_called'] - record['launch']:.1f} s, returned "
@@ -320,6 +354,12 @@ def main(args: argparse.Namespace) -> None:
                   f"{s['first_step_s']:5.1f} s, last-10 reward {s['last10']:.2f}, reward {TARGET} at "
                   f"{s['to_target_s']:.1f} s from launch, peak memory {s['peak_mb']:.0f} MB in {s['peak_procs']} "
                   f"process(es){extra}", flush=True)
+    return results, breakdowns
+
+
+def report(results: dict[str, list[dict[str, Any]]], breakdowns: list[dict[str, float]],
+           args: argparse.Namespace) -> None:
+    """The medians over seeds and the RESULT lines."""
     med = {side: {k: statistics.median(r[k] for r in rs)
                   for k in ("rate", "to_target_s", "first_step_s", "spawn_to_first_step_s", "peak_mb")}
            for side, rs in results.items()}
@@ -352,6 +392,9 @@ if __name__ == "__main__":
     ap.add_argument("--forge-steps", type=int, default=120, help="forge_nb: steps")
     ap.add_argument("--forge-budget-s", type=float, default=120.0, help="forge_nb: seconds of training at most")
     ap.add_argument("--skip", type=int, default=10, help="steps left out of the steady rate")
+    ap.add_argument("--trl-threads", type=int, default=0,
+                    help="TRL: torch's intra-op threads (0: torch's default, one a core, as TRL's users run it)")
+    ap.add_argument("--busy", type=int, default=0, help="other processes spinning a core each through the run")
     # A sample reads /proc/<pid>/smaps_rollup of every process of the side: ~60 ms of CPU for forge_nb's 1.4 GB,
     # taken from the two cores the sides run on. Every 0.5 s it cost the quickstart's start 1-2 s and both
     # sides' steps; every 2 s the peaks came out the same (issue 34, bench/RESULTS.md).
