@@ -20,6 +20,7 @@ import argparse
 import json
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,7 @@ def workdir(notebook: Path, outputs: Path) -> Path:
 
 
 def execute(path: Path, outputs: Path, steps: int | None, timeout: int = 1800) -> dict[str, Any]:
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
     outputs.mkdir(parents=True, exist_ok=True)
@@ -78,12 +80,20 @@ def execute(path: Path, outputs: Path, steps: int | None, timeout: int = 1800) -
     if steps is not None:
         inject_parameters(nb, STEPS=steps)
     start = time.time()
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(work)}})
+    # The kernel talks to this process over local sockets (IPC), not TCP: nothing else needs to reach it, and
+    # over TCP ipykernel warns on every run that the channel is unencrypted. The sockets' path is absolute
+    # (the kernel runs in ``work``) and short (a Unix socket's path has at most 107 bytes).
+    sockets = Path(tempfile.mkdtemp(prefix="forge-nb-kernel-"))
+    km = KernelManager(kernel_name="python3", transport="ipc", ip=str(sockets / "k"))
+    client = NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(work)}})
     try:
         client.execute()
     finally:
         executed = outputs / f"{path.stem}.ipynb"
         nbformat.write(nb, executed)
+        if km.has_kernel:  # a manager handed to nbclient is ours to stop
+            km.shutdown_kernel()
+        shutil.rmtree(sockets, ignore_errors=True)
     found = work / "runs"
     runs = sorted(d for d in found.iterdir() if d.is_dir()) if found.is_dir() else []  # <name>-<time>/
     run_dir = runs[0] if runs else None
