@@ -217,6 +217,9 @@ class Generator(ForgeActor):
             # vLLM's own processes on CPU: no CUDA to keep out of this one either
             with contextlib.nullcontext() if cuda else inspect_models_here():
                 self._engine = AsyncLLM.from_engine_args(engine_args)
+        # Each weight update resets the prefix cache, and vLLM logs that at INFO: a line a training step in this
+        # replica's log (where its engine runs in this process, as on CPU). Its warnings still get through.
+        logging.getLogger("vllm.v1.core.block_pool").setLevel(logging.WARNING)
         self._tokenizer = fast_tokenizer(self._engine.renderer.get_tokenizer())
         self._params = self._sampling(config.sampling_params)
         self._config = config

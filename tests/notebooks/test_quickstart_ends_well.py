@@ -52,7 +52,11 @@ def test_the_quickstart_notebook_ends_well_with_quiet_cells(tmp_path, monkeypatc
     monkeypatch.chdir(ROOT)
     result, nb, lines = run_as_written("01_quickstart.py", tmp_path)
     rows = [json.loads(line) for line in (Path(result["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
-    assert len([r for r in rows if "reward/mean" in r]) >= 250
+    steps = len([r for r in rows if "reward/mean" in r])
+    assert steps >= 250
+    # the processes' logs hold what is worth reading, not a line for every step (vLLM logged each cache reset)
+    for log in (Path(result["run_dir"]) / "logs").glob("*.log"):
+        assert len(log.read_text().splitlines()) < steps // 2, log.name
     assert result["final_reward"] >= 0.9, result["final_reward"]  # the mean of the last 50 steps
     report = "\n".join(lines)
     assert "letters not learned yet: none" in report, report
