@@ -301,8 +301,10 @@ def ratio(a: float, b: float) -> float:
 
 @contextlib.contextmanager
 def other_work(processes: int) -> Iterator[None]:
-    """``processes`` processes that each spin one core for as long as the block runs (``--busy``)."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    """``processes`` processes that each spin one core for as long as the block runs (``--busy``), and end by
+    themselves if this process is killed before it can stop them (they check their parent every ~0.1 s)."""
+    spin = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(2_000_000): pass"
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(processes)]
     try:
         yield
     finally:
