@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from forge_nb.system.leftovers import SHM, engine_patterns, orphaned, remove_leftovers
-from forge_nb.system.procs import kill_groups, pid_alive, started, weight_files_root
+from forge_nb.system.procs import group_members, kill_groups, pid_alive, started, weight_files_root
 
 
 def test_a_segment_nobody_maps_is_removed_one_in_use_stays():
@@ -80,6 +80,38 @@ def test_a_named_semaphore_is_in_use_while_its_maker_lives_and_removed_after(kil
         assert not path.exists()
     finally:
         maker.kill()
+        maker.wait()
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+
+def test_kill_groups_lets_a_dead_maker_s_resource_tracker_unlink_its_semaphore():
+    """A killed kernel's procs die by PDEATHSIG before the reaper looks: then only the proc's resource
+    tracker (in the proc's group) knows its semaphores, and a kill of the whole group took the tracker
+    along before it could unlink them (a fresh-clone CI run found one left). The group is stopped here
+    first, as the reaper stops it, so the tracker cannot have cleaned up before kill_groups runs."""
+    maker = subprocess.Popen([sys.executable, "-c", "import multiprocessing as mp, time\n"
+                              "lock = mp.get_context('spawn').Lock()\n"
+                              "print(lock._semlock.name, flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    path = None
+    try:
+        path = SHM / f"sem.{maker.stdout.readline().strip().lstrip('/')}"
+        tracker = [p for p in group_members([maker.pid]) if p != maker.pid]
+        assert path.exists() and len(tracker) == 1
+        os.killpg(maker.pid, signal.SIGSTOP)
+        maker.kill()  # the proc dies alone; its tracker, stopped, is left in the group
+        maker.wait()
+        assert path.exists() and pid_alive(tracker[0])
+        assert kill_groups([maker.pid]) == tracker
+        deadline = time.monotonic() + 5
+        while pid_alive(tracker[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pid_alive(tracker[0])
+        assert not path.exists(), "the tracker was killed before it could unlink the semaphore"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(maker.pid, signal.SIGKILL)
         maker.wait()
         if path is not None:
             path.unlink(missing_ok=True)

@@ -17,6 +17,7 @@ or holds open is read from ``/proc/<pid>/maps`` and ``fd`` directly: psutil's ``
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shlex
@@ -209,7 +210,8 @@ def group_members(pgids: Iterable[int]) -> list[int]:
     return members
 
 
-def kill_groups(pgids: list[int], leaders: dict[int, float | None] | None = None) -> list[int]:
+def kill_groups(pgids: list[int], leaders: dict[int, float | None] | None = None,
+                tracker_wait_s: float = 2.0) -> list[int]:
     """SIGKILL whole process groups: what a dead proc's children (vLLM's engine and workers) still share;
     then remove the shared-memory segments that only they used. Returns the processes it killed.
 
@@ -217,6 +219,12 @@ def kill_groups(pgids: list[int], leaders: dict[int, float | None] | None = None
     dies, so only the group still names them. Never this process's own group. A segment is removed once
     no process outside the groups maps it or holds it open (removing one the dying processes still map
     is harmless: its memory goes when the last of them is gone).
+
+    The groups are stopped first (nothing forks or maps meanwhile), then every member but Python's
+    multiprocessing resource trackers is killed. A tracker unlinks the named semaphores and segments its
+    processes registered once they are all gone, and only it still knows them when its proc died first
+    (a killed kernel's procs die by PDEATHSIG before the reaper looks): so the trackers are let go on and
+    get ``tracker_wait_s`` to finish before the groups are killed whole.
 
     ``leaders`` maps a group to its leader's start (:func:`started`, taken at spawn). Linux hands out a pid
     again only once no process or group uses it, so a process holding a group's pid that started at
@@ -226,19 +234,38 @@ def kill_groups(pgids: list[int], leaders: dict[int, float | None] | None = None
     saw its own browser killed).
     """
     groups = _still_ours(pgids, leaders)
+    _signal_groups(groups, signal.SIGSTOP)
     members = group_members(groups)
     theirs = {path for path in map(Path, files_in_use(members))
               if path.parent == SHM and any(path.match(pattern) for pattern in SEGMENTS)}
-    for pgid in groups:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    trackers = [pid for pid in members if _is_resource_tracker(pid)]
+    for pid in members:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT if pid in trackers else signal.SIGKILL)
+    deadline = time.monotonic() + tracker_wait_s
+    while any(pid_alive(p) for p in trackers) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _signal_groups(groups, signal.SIGKILL)
     if theirs:
         others = [pid for pid in psutil.pids() if pid not in members]
         for path in theirs - set(map(Path, files_in_use(others))):
             path.unlink(missing_ok=True)
     return members
+
+
+def _signal_groups(pgids: Iterable[int], sig: int) -> None:
+    for pgid in pgids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+
+
+def _is_resource_tracker(pid: int) -> bool:
+    """Whether ``pid`` is a Python multiprocessing resource tracker (it runs ``-c "from
+    multiprocessing.resource_tracker import main; ..."``)."""
+    try:
+        return any("multiprocessing.resource_tracker" in arg for arg in psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
 
 
 def _still_ours(pgids: list[int], leaders: dict[int, float | None] | None) -> list[int]:
@@ -256,15 +283,10 @@ def _taken_over(pgid: int, start: float | None) -> bool:
 
 
 def reap(kernel: int, pgids: list[int], wait_s: float = 10.0, leaders: dict[int, float | None] | None = None) -> None:
-    """The reaper's last act once the kernel is gone: stop the groups (nothing more starts or maps a
-    segment meanwhile), kill them (and remove their segments, see :func:`kill_groups`), wait for them to
-    be gone, then remove the socket folders and weight files named by the kernel or the groups' leaders
-    (the procs). Groups whose pid now names another process are left alone (see :func:`kill_groups`)."""
-    for pgid in _still_ours(pgids, leaders):
-        try:
-            os.killpg(pgid, signal.SIGSTOP)
-        except (ProcessLookupError, PermissionError):
-            pass
+    """The reaper's last act once the kernel is gone: kill the groups (and remove their segments, see
+    :func:`kill_groups`), wait for them to be gone, then remove the socket folders and weight files named
+    by the kernel or the groups' leaders (the procs). Groups whose pid now names another process are left
+    alone (see :func:`kill_groups`)."""
     killed = kill_groups(pgids, leaders)
     deadline = time.monotonic() + wait_s
     while any(pid_alive(p) for p in killed) and time.monotonic() < deadline:
