@@ -54,11 +54,11 @@ def test_a_file_held_open_is_in_use(tmp_path):
     os.unlink(path)
 
 
-@pytest.mark.parametrize("killer", ["kill_groups", "SIGKILL"])
-def test_a_named_semaphore_is_in_use_while_its_maker_lives_and_removed_after(killer):
-    """multiprocessing's named semaphores: sem_open maps a temporary file before naming it, so only the inode
-    says the maker still uses it. Killed with its resource tracker (one group), the maker leaves it behind:
-    forge_nb's kill_groups removes it, and after any other kill the leftovers' clean-up does."""
+@contextlib.contextmanager
+def semaphore_maker():
+    """A process in its own group holding a multiprocessing lock (spawn context: a named semaphore that its
+    resource tracker, started in the same group, unlinks at the end) -> (the process, the semaphore's file).
+    Whatever is left of the group and the file goes afterwards."""
     maker = subprocess.Popen([sys.executable, "-c", "import multiprocessing as mp, time\n"
                               "lock = mp.get_context('spawn').Lock()\n"
                               "print(lock._semlock.name, flush=True); time.sleep(60)"],
@@ -66,6 +66,21 @@ def test_a_named_semaphore_is_in_use_while_its_maker_lives_and_removed_after(kil
     path = None
     try:
         path = SHM / f"sem.{maker.stdout.readline().strip().lstrip('/')}"
+        yield maker, path
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(maker.pid, signal.SIGKILL)
+        maker.wait()
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("killer", ["kill_groups", "SIGKILL"])
+def test_a_named_semaphore_is_in_use_while_its_maker_lives_and_removed_after(killer):
+    """multiprocessing's named semaphores: sem_open maps a temporary file before naming it, so only the inode
+    says the maker still uses it. Killed with its resource tracker (one group), the maker leaves it behind:
+    forge_nb's kill_groups removes it, and after any other kill the leftovers' clean-up does."""
+    with semaphore_maker() as (maker, path):
         assert path.exists()
         assert path not in orphaned(engine_patterns(), min_age_s=0)
         if killer == "kill_groups":
@@ -78,11 +93,6 @@ def test_a_named_semaphore_is_in_use_while_its_maker_lives_and_removed_after(kil
             assert path.exists() and path in orphaned(engine_patterns(), min_age_s=0)
             remove_leftovers(min_age_s=0)
         assert not path.exists()
-    finally:
-        maker.kill()
-        maker.wait()
-        if path is not None:
-            path.unlink(missing_ok=True)
 
 
 def test_kill_groups_lets_a_dead_maker_s_resource_tracker_unlink_its_semaphore():
@@ -90,13 +100,7 @@ def test_kill_groups_lets_a_dead_maker_s_resource_tracker_unlink_its_semaphore()
     tracker (in the proc's group) knows its semaphores, and a kill of the whole group took the tracker
     along before it could unlink them (a fresh-clone CI run found one left). The group is stopped here
     first, as the reaper stops it, so the tracker cannot have cleaned up before kill_groups runs."""
-    maker = subprocess.Popen([sys.executable, "-c", "import multiprocessing as mp, time\n"
-                              "lock = mp.get_context('spawn').Lock()\n"
-                              "print(lock._semlock.name, flush=True); time.sleep(60)"],
-                             stdout=subprocess.PIPE, text=True, start_new_session=True)
-    path = None
-    try:
-        path = SHM / f"sem.{maker.stdout.readline().strip().lstrip('/')}"
+    with semaphore_maker() as (maker, path):
         tracker = [p for p in group_members([maker.pid]) if p != maker.pid]
         assert path.exists() and len(tracker) == 1
         os.killpg(maker.pid, signal.SIGSTOP)
@@ -109,12 +113,6 @@ def test_kill_groups_lets_a_dead_maker_s_resource_tracker_unlink_its_semaphore()
             time.sleep(0.05)
         assert not pid_alive(tracker[0])
         assert not path.exists(), "the tracker was killed before it could unlink the semaphore"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(maker.pid, signal.SIGKILL)
-        maker.wait()
-        if path is not None:
-            path.unlink(missing_ok=True)
 
 
 # A stand-in for a kernel: it starts a process in its own group (as monarch starts a proc) that creates a
