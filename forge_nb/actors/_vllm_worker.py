@@ -155,8 +155,25 @@ def make_engine_args(values: dict[str, Any], model_path: str, *, cuda: bool) -> 
     defaults: dict[str, Any] = {"disable_log_stats": True}  # no periodic stats lines in notebook cells
     if not cuda:
         defaults["enforce_eager"] = True
+        if checkpoint_dtype(model_path) == "float32":
+            defaults["dtype"] = "float32"  # see checkpoint_dtype
     merged = defaults | values | {"model": model_path, "worker_extension_cls": WORKER_EXTENSION}
     return AsyncEngineArgs(**merged)
+
+
+def checkpoint_dtype(model_path: str) -> str | None:
+    """The dtype a checkpoint's config.json names (``dtype``, or ``torch_dtype`` before transformers 5), or
+    None. On CPU the Generator keeps a float32 checkpoint in float32: vLLM's ``dtype="auto"`` samples one in
+    bfloat16 there (its CPU platform's first choice), while the trainer computes in float32, so the tiny
+    model's logprobs came out up to 5e-3 from the trainer's and an episode's policy ratio did not start at
+    1 (with float32 both: 5e-7, ``tests/actors/test_generator.py``). A bfloat16 checkpoint (Qwen3's) stays
+    as vLLM picks it, as does a dtype the user gives."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    dtype = config.get("dtype", config.get("torch_dtype")) if isinstance(config, dict) else None
+    return dtype if isinstance(dtype, str) else None
 
 
 #: The KV cache of an engine on CPU, unless ``VLLM_CPU_KVCACHE_SPACE`` or ``kv_cache_memory_bytes`` says:

@@ -24,8 +24,10 @@ again and busy-wait; ``engine_args={"distributed_executor_backend": "mp"}`` brin
 back), plain weights in the linear layers of a small model (a version loads in place, ~15x faster:
 :mod:`forge_nb.actors._vllm_plain`), a KV cache sized to the model's context (64 MiB to 1 GiB,
 ``_vllm_worker.cpu_kv_cache_bytes``) unless ``VLLM_CPU_KVCACHE_SPACE`` or ``engine_args={"kv_cache_memory_bytes":
-...}`` says, and eager mode (measured on two busy cores with the tiny model: torch.compile made start-up
-~55 s longer for ~1.4x the steady tokens/s; pass ``enforce_eager=False`` for long runs).
+...}`` says, eager mode (measured on two busy cores with the tiny model: torch.compile made start-up
+~55 s longer for ~1.4x the steady tokens/s; pass ``enforce_eager=False`` for long runs), and a float32
+checkpoint kept in float32 (vLLM would sample it in bfloat16 while the trainer computes in float32:
+``_vllm_worker.checkpoint_dtype``).
 
 vLLM's ZMQ sockets go to ``<tmp>/forge_nb-vllm/<pid>``, one folder per generator process, unless
 ``VLLM_RPC_BASE_PATH`` is set: vLLM names them ``<tmp>/<uuid>`` and a killed engine leaves them there

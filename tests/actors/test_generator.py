@@ -102,6 +102,25 @@ async def test_generate_returns_n_completions_with_logprobs_and_version(gen: Any
 
 
 @pytest.mark.timeout(60)
+async def test_the_generators_logprobs_are_those_of_the_trainers_model(gen: Any) -> None:
+    """The logprob of each sampled token is what transformers' forward of the same checkpoint gives (the
+    trainer's model; float32 both): the policy ratio of an episode's first update starts at 1. Before the
+    weights change (the tests below load others)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(gen.model, dtype=torch.float32).eval()
+    worst = 0.0
+    for prompt in ("abcab", "h", "gfedcbahg"):
+        for c in await gen.actor.generate.call_one(prompt, max_tokens=12):
+            tokens = torch.cat([c.prompt_ids, c.token_ids]).long()
+            with torch.no_grad():
+                logprobs = torch.log_softmax(hf(tokens[None]).logits[0].float(), -1)
+            theirs = logprobs[len(c.prompt_ids) - 1 : -1].gather(-1, c.token_ids.long()[:, None])[:, 0]
+            worst = max(worst, float((theirs - c.logprobs).abs().max()))
+    assert worst < 1e-5, f"the generator's logprobs differ from the model's by up to {worst:.2e}"
+
+
+@pytest.mark.timeout(60)
 async def test_on_cpu_the_engine_runs_in_the_generator_process(gen: Any) -> None:
     """No EngineCore nor worker process below the actor (vLLM's own processes: test_generator_processes),
     and the socket folder a killed generator process left was removed when this one started."""

@@ -1,10 +1,10 @@
-"""The defaults a Generator gives vLLM on CPU that need no engine to check: the KV cache's size."""
+"""The defaults a Generator gives vLLM on CPU that need no engine to check: the KV cache's size, the dtype."""
 
 from __future__ import annotations
 
 import json
 
-from forge_nb.actors._vllm_worker import CPU_KV_MAX, CPU_KV_MIN, CPU_KV_SEQS, cpu_kv_cache_bytes
+from forge_nb.actors._vllm_worker import CPU_KV_MAX, CPU_KV_MIN, CPU_KV_SEQS, checkpoint_dtype, cpu_kv_cache_bytes
 from forge_nb.models import TinyModelConfig, build_tiny_model
 
 
@@ -29,3 +29,15 @@ def test_what_cannot_be_counted_gets_the_cap(tmp_path) -> None:
     assert cpu_kv_cache_bytes(str(tmp_path), 16) == CPU_KV_MAX
     tiny = build_tiny_model(tmp_path / "tiny", TinyModelConfig())
     assert cpu_kv_cache_bytes(str(tiny), None) == CPU_KV_MAX  # no context length: no count
+
+
+def test_a_float32_checkpoint_is_named_so_others_are_left_to_vllm(tmp_path) -> None:
+    """What make_engine_args reads to keep a float32 checkpoint in float32 on CPU (the engine that then
+    samples with the trainer's logprobs: tests/actors/test_generator.py)."""
+    assert checkpoint_dtype(str(build_tiny_model(tmp_path / "tiny", TinyModelConfig()))) == "float32"
+    for name, config in (("old", {"torch_dtype": "float32"}), ("bf16", {"dtype": "bfloat16"}), ("none", {}),
+                         ("odd", {"dtype": {"text": "float32"}})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    assert [checkpoint_dtype(str(tmp_path / n)) for n in ("old", "bf16", "none", "odd", "missing")] == [
+        "float32", "bfloat16", None, None, None]
