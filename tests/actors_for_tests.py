@@ -377,6 +377,19 @@ class Printer(Actor):
         os.system(f"echo child-process {text}")  # a child process (like vLLM's engine) inherits the file
         return os.getpid()
 
+    @endpoint
+    async def bar(self, text: str) -> tuple[list[str], list[str]]:
+        """A tqdm progress bar, as vLLM's and transformers' weight loading draw one -> (the named semaphores
+        this process maps, the command lines of its children)."""
+        import psutil
+        from tqdm.auto import tqdm
+
+        for _ in tqdm(range(3), desc=text):
+            pass
+        with open("/proc/self/maps") as f:
+            semaphores = sorted({line.split(None, 5)[5].strip() for line in f if "/dev/shm/sem." in line})
+        return semaphores, [" ".join(child.cmdline()) for child in psutil.Process().children()]
+
 
 class SlowEchoEnv:
     """forge_nb.envs.EchoEnv whose steps take ``delay_s``: time to kill its replica mid-trajectory."""

@@ -27,6 +27,21 @@ async def test_a_mesh_writes_its_output_to_its_log_file_not_to_the_kernel(runtim
     assert mesh.log_path == tmp_path / "logs" / "printer.log"
 
 
+async def test_a_progress_bar_in_a_mesh_takes_no_semaphore_nor_tracker_process(runtime, tmp_path):
+    """tqdm's default lock is a multiprocessing one, made at a process's first bar: a named semaphore in
+    /dev/shm and, as the procs start processes with spawn, a resource tracker process to unlink it (one per
+    proc, 13 MB; a killed kernel's reaper once took a tracker along before it could, leaving the semaphore).
+    A proc's bars go to its own log file: a thread lock is enough, and nothing is left to clean."""
+    token = uuid.uuid4().hex
+    mesh = await runtime.spawn_mesh("bars", 1, log_dir=tmp_path / "logs")
+    try:
+        semaphores, children = await mesh.spawn("printer", Printer).bar.call_one(token)
+    finally:
+        await mesh.stop()
+    assert semaphores == [] and not [c for c in children if "resource_tracker" in c], (semaphores, children)
+    assert f"{token}: 100%" in (tmp_path / "logs" / "bars.log").read_text()  # the bar itself is drawn, in the log
+
+
 async def test_a_mesh_outside_a_run_logs_into_the_kernels_private_folder(runtime):
     mesh = await runtime.spawn_mesh("printer", 1)
     try:

@@ -122,9 +122,11 @@ def native_stderr_to(path: Path) -> Iterator[None]:
 
 def bootstrap(env: dict[str, str], log_file: str | None) -> None:
     """Runs first in every spawned process: no full garbage collections until its actor is set up
-    (:mod:`forge_nb.system.startup_gc`), its environment, then its output into ``log_file``."""
+    (:mod:`forge_nb.system.startup_gc`), its environment, a thread lock for its progress bars, then its
+    output into ``log_file``."""
     startup_gc.pause()
     os.environ.update(env)
+    _thread_lock_for_progress_bars()
     if log_file is None:
         return
     try:  # on another host of a job the folder may not exist yet; if it cannot be made, monarch keeps the output
@@ -140,6 +142,21 @@ def bootstrap(env: dict[str, str], log_file: str | None) -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True)
+
+
+def _thread_lock_for_progress_bars() -> None:
+    """tqdm guards its bars with a multiprocessing lock, made at a process's first bar (vLLM's and
+    transformers' weight loading): a named semaphore in /dev/shm and, as monarch's procs start processes
+    with spawn, a resource tracker process to unlink it (~70 ms of CPU and 13 MB, per proc). A proc's bars
+    write into its own log file, so a thread lock does (tqdm's ``set_lock``); processes the proc starts make
+    their own."""
+    try:
+        import threading
+
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
 
 
 def read(paths: list[Path], n: int = 40, level: str | None = None) -> list[str]:
