@@ -108,8 +108,8 @@ async def test_open_version_reads_every_version_through_one_kept_mapping(store, 
 async def test_gpu_to_gpu_through_page_locked_mappings(runtime, monkeypatch):
     from tests.actors_for_tests import WeightsReader
 
-    shm = Path("/dev/shm") / f"forge_nb-test-{uuid.uuid4().hex[:8]}"  # tmpfs, as in a run: pinnable pages
-    monkeypatch.setenv("FORGE_NB_SHM_DIR", str(shm))
+    folder = Path("/dev/shm") / f"forge_nb-test-{uuid.uuid4().hex[:8]}"  # tmpfs, as in a run: pinnable pages
+    monkeypatch.setenv("FORGE_NB_SHM_DIR", str(folder))
     await weights.initialize_store()
     try:
         mesh = await runtime.spawn_mesh("gpu-reader", env={"CUDA_VISIBLE_DEVICES": "0"})
@@ -123,7 +123,7 @@ async def test_gpu_to_gpu_through_page_locked_mappings(runtime, monkeypatch):
             await weights.drop_version(version)
     finally:
         await weights.shutdown_store()
-        shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.gpu
