@@ -6,8 +6,9 @@
 #
 #   BUNDLE=.gpu bash scripts/gpu_check.sh        # logs also under $OUT when set; give the call ~560 s
 #
-# It runs the CUDA tests (tests/actors/test_trainer_gpu.py, the gpu-marked cases of tests/test_weights.py:
-# its CPU cases run in CI, and each store start costs ~8 s on that machine; tests/actors/test_titan_parity.py)
+# It runs the CUDA tests (tests/actors/test_trainer_gpu.py, the gpu-marked cases of tests/test_weights.py and
+# tests/test_spawn_errors.py: their CPU cases run in CI, and each store start costs ~8 s on that machine;
+# tests/actors/test_titan_parity.py)
 # and the two GPU benches (bench/weight_sync.py --device cuda, bench/trainer_gpu.py), each under a time limit
 # of its own so that one hang cannot eat the others' time; bench/RESULTS.md records what they printed.
 set -o pipefail
@@ -30,6 +31,6 @@ step() {  # step SECONDS LOG COMMAND...: run it under a limit, log it whole, sho
 }
 step 150 pytest_gpu.log python3 -m pytest -p no:cacheprovider -q -rs tests/actors/test_trainer_gpu.py \
   tests/actors/test_titan_parity.py
-step 120 pytest_weights_gpu.log python3 -m pytest -p no:cacheprovider -q -rs -m gpu tests/test_weights.py
+step 120 pytest_weights_gpu.log python3 -m pytest -p no:cacheprovider -q -rs -m gpu tests/test_weights.py tests/test_spawn_errors.py
 step 120 weight_sync.log python3 bench/weight_sync.py --device cuda --mb 1024 --repeats 5
 step 120 trainer_gpu.log python3 bench/trainer_gpu.py

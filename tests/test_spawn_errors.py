@@ -27,6 +27,29 @@ async def test_gpus_that_do_not_exist_are_refused_before_anything_spawns(runtime
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+async def test_more_gpus_than_are_free_are_refused_and_a_mesh_holding_them_is_named(runtime, tmp_path):
+    """The CUDA side of the refusal above: more GPUs than the machine has, then GPUs another mesh holds."""
+    from forge_nb import weights
+
+    n = torch.cuda.device_count()
+    cfg = forge_nb.quickstart(generator=GeneratorConfig(num_replicas=n + 1, with_gpus=True),
+                              run_dir=str(tmp_path / "run"))
+    with pytest.raises(forge_nb.ResourceError, match=rf"asks for {n + 1} GPU\(s\) but {n} of the {n} visible are free"):
+        await forge_nb.spawn(cfg, progress=False)
+    assert runtime.meshes() == [] and not weights.store_running()
+    assert not (tmp_path / "run").exists()
+
+    holder = await runtime.spawn_mesh("holder", n, with_gpus=True)
+    try:
+        with pytest.raises(forge_nb.ResourceError, match=r"0 of the .* visible are free \(in use by holder"):
+            await runtime.spawn_mesh("another", 1, with_gpus=True)
+        assert [m.name for m in runtime.meshes()] == ["holder"]
+    finally:
+        await holder.stop()
+
+
 async def test_a_run_that_fails_to_come_up_leaves_no_run_directory(runtime, tmp_path):
     from tests.light_actors import LightGenerator
 

@@ -66,6 +66,32 @@ async def test_train_steps_and_push_on_one_gpu(tmp_path) -> None:
         await weights.shutdown_store()
 
 
+async def test_reference_model_on_a_gpu_scores_as_the_trainers_initial_policy(tmp_path) -> None:
+    """tests/actors/test_reference.py's check where the two run on CUDA: the frozen logprobs are the
+    trainer's initial ones, and stay so after a step."""
+    from forge_nb.actors.reference_model import ReferenceModel
+    from forge_nb.actors.trainer import RLTrainer
+
+    model = str(build_tiny_model(tmp_path / "tiny"))
+    runtime.ensure_started()
+    mesh = await runtime.spawn_mesh("reference-gpu", 1, with_gpus=True)
+    try:
+        ref = mesh.spawn("ref", ReferenceModel, model=model)
+        trainer = mesh.spawn("policy", RLTrainer, model=model, optimizer={"lr": 1e-3})
+        await ref.setup.call()
+        await trainer.setup.call()
+        assert (await ref.info.call_one())["device"].startswith("cuda")
+        batch = make_batch(n=4)
+        ref_lp = await ref.forward.call_one(batch.tokens, batch.request_len, return_logprobs=True)
+        assert ref_lp.shape == batch.response.shape and ref_lp.dtype == torch.float32
+        torch.testing.assert_close(ref_lp, first(await trainer.forward.call(batch)).cpu(), atol=1e-5, rtol=0)
+        await trainer.train_step.call(batch)
+        assert torch.equal(ref_lp, await ref.forward.call_one(batch))
+        assert not torch.allclose(ref_lp, first(await trainer.forward.call(batch)).cpu(), atol=1e-5, rtol=0)
+    finally:
+        await mesh.stop()
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 async def test_fsdp_over_two_gpus(tmp_path) -> None:
     model = str(build_tiny_model(tmp_path / "tiny"))
