@@ -251,8 +251,8 @@ def test_the_trainer_config_reaches_the_actor_as_it_is():
     assert kwargs["trainer"] is cfg.trainer and kwargs["weights_namespace"] == "a"
     run_sections = {k: v for k, v in kwargs.items() if k not in ("trainer", "weights_namespace")}
     sections = cfg.trainer.actor_sections(run_sections)
-    assert sections == {  # what the trainer's sections built, now with weight_decay
-        "optimizer": {"lr": cfg.trainer.lr, "weight_decay": 0.0},
+    assert sections == {  # what the trainer's sections built: RunConfig's optimizer values, not torchtitan's
+        "optimizer": {"lr": cfg.trainer.lr, "weight_decay": 0.0, "beta2": 0.999},
         "training": {"seed": 7, "temperature": 1.0, "max_norm": 0.5, "dtype": "bfloat16"},
         "lr_scheduler": {"warmup_steps": 3}, "checkpoint": {"folder": "/tmp/ckpt"},
     }

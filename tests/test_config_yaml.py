@@ -158,6 +158,7 @@ def test_qwen3_shaped_yaml_loads_every_key(monkeypatch):
     assert cfg.generator.sampling_params == {"n": 4, "max_tokens": 32, "temperature": 0.9, "top_p": 0.95}
     assert (cfg.generator.num_replicas, cfg.generator.procs, cfg.generator.with_gpus) == (2, 1, True)
     assert (cfg.trainer.lr, cfg.trainer.max_norm, cfg.loop.max_steps, cfg.loop.warmup_steps) == (2e-5, 0.5, 40, 3)
+    assert (cfg.trainer.weight_decay, cfg.trainer.beta2) == (0.1, 0.95)  # torchtitan's, as under TorchForge
     extra = cfg.trainer.extra
     assert extra["optimizer"] == {"name": "AdamW", "eps": 1e-7}
     assert extra["training"] == {"local_batch_size": 6, "dtype": "bfloat16", "gc_freq": 2, "temperature": 0.9}
@@ -169,6 +170,21 @@ def test_qwen3_shaped_yaml_loads_every_key(monkeypatch):
     assert (cfg.trainer.procs, cfg.trainer.with_gpus) == (1, True)
     assert cfg.use_reference and (cfg.reference.num_replicas, cfg.reference.with_gpus) == (2, True)
     assert cfg.reference.extra["training"] == {"dtype": "bfloat16", "gc_freq": 2, "temperature": 0.9}
+
+
+def test_a_torchforge_optimizer_section_leaves_the_rest_at_torchtitans_defaults():
+    no_kl = "loss_config: {beta: 0}"
+    torchforge = from_yaml(f"trainer: {{optimizer: {{name: AdamW, lr: 1e-5, eps: 1e-8}}, {no_kl}}}")
+    assert (torchforge.trainer.weight_decay, torchforge.trainer.beta2) == (0.1, 0.95)
+    own = from_yaml(f"trainer: {{lr: 1e-5, {no_kl}}}")  # forge_nb's shape: RunConfig's own values
+    assert (own.trainer.weight_decay, own.trainer.beta2) == (0.0, 0.999)
+    named = from_yaml(f"trainer: {{optimizer: {{lr: 1e-5, weight_decay: 0.01, beta2: 0.98}}, {no_kl}}}")
+    assert (named.trainer.weight_decay, named.trainer.beta2) == (0.01, 0.98)
+    mixed = from_yaml(f"trainer: {{weight_decay: 0.0, optimizer: {{lr: 1e-5}}, {no_kl}}}")  # a value set wins
+    assert (mixed.trainer.weight_decay, mixed.trainer.beta2) == (0.0, 0.95)
+    assert from_yaml(f"trainer: {{extra: {{optimizer: {{eps: 1e-7}}}}, {no_kl}}}").trainer.beta2 == 0.999
+    with pytest.raises(ValueError, match=r"beta2=1.5: must be a number in \[0, 1\)"):
+        from_yaml(f"trainer: {{optimizer: {{beta2: 1.5}}, {no_kl}}}")
 
 
 MISSPELT = [

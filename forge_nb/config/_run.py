@@ -82,6 +82,9 @@ class TrainerConfig:
     """As ``GeneratorConfig.hosts``."""
     lr: float = hot(1e-5, "trainer", section="optimizer")
     weight_decay: float = hot(0.0, "trainer", section="optimizer")
+    beta2: float = field(default=0.999, metadata={"section": "optimizer"})
+    """AdamW's second-moment decay (torch's default). A torchforge YAML's ``trainer.optimizer`` section gets
+    torchtitan's defaults instead, beta2 0.95 and weight_decay 0.1, as it would under TorchForge."""
     max_norm: float = hot(1.0, "trainer", section="training")
     """Gradient clipping norm; 0 disables clipping."""
     loss: str | Callable[..., Any] = "grpo"

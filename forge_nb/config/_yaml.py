@@ -5,7 +5,8 @@ Three layouts load into the same RunConfig (they may be mixed):
 * forge_nb's own: ``RunConfig.to_dict()``'s keys (``generator``, ``trainer.lr``, ``loop``...);
 * torchforge's ``apps/grpo/*.yaml``: ``local_batch_size`` -> batch_size, ``off_by_n`` -> max_policy_age,
   ``rollout_threads`` -> loop.rollout_loops, ``policy`` -> generator, ``trainer`` (torchtitan job
-  sections), ``replay_buffer``, ``ref_model``, ``dataset``, ``metric_logging``, ``services``, ``actors``;
+  sections; a ``trainer.optimizer`` section leaves weight_decay and beta2 at torchtitan's defaults, not
+  RunConfig's), ``replay_buffer``, ``ref_model``, ``dataset``, ``metric_logging``, ``services``, ``actors``;
 * the skill card's: ``training`` (batch_size, learning_rate, seq_len, dtype), ``grpo`` (n_samples ->
   group_size, beta/clip_low/clip_high -> the loss, temperature -> sampling), top-level ``parallelism`` and
   ``services.generator/trainer/ref_model``.
@@ -78,6 +79,7 @@ class _Reader(TrainerSections):
         self._check_budget()
         self._check_shapes()
         self._no_reference_no_kl(raw)
+        self.titan_optimizer_defaults()
         return self.out
 
     def _globals(self, raw: dict[str, Any]) -> None:

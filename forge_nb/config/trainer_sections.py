@@ -73,13 +73,20 @@ def _positive(owner: str, name: str, value: float, *, allow_zero: bool = False, 
 
 @dataclass(kw_only=True, slots=True)
 class OptimizerConfig:
+    """torchtitan's ``optimizer`` job section, which TorchForge's trainer reads, with torchtitan's defaults
+    (betas 0.9 and 0.95, eps 1e-8, weight_decay 0.1): the documents' ``optimizer={"name": "AdamW", "lr": 1e-5}``
+    and a torchforge YAML that names only ``lr`` and ``eps`` train here as under TorchForge. The one exception
+    is ``lr``, torchtitan's 8e-4 being a pre-training rate: every torchforge file sets it. forge_nb's own
+    RunConfig passes its own values (``TrainerConfig``: weight_decay 0 and beta2 0.999, what its recipes were
+    tuned with)."""
+
     name: str = "AdamW"
     """A class of ``torch.optim`` (AdamW, Adam, SGD)."""
     lr: float = 1e-5
     eps: float = 1e-8
-    weight_decay: float = 0.0
+    weight_decay: float = 0.1
     beta1: float = 0.9
-    beta2: float = 0.999
+    beta2: float = 0.95
 
     def __post_init__(self) -> None:
         if self.name not in ("AdamW", "Adam", "SGD"):  # the usual ones need no torch to be known
@@ -90,6 +97,10 @@ class OptimizerConfig:
         _positive("optimizer", "lr", self.lr, hint="e.g. 1e-5")
         _positive("optimizer", "eps", self.eps)
         _positive("optimizer", "weight_decay", self.weight_decay, allow_zero=True, hint="0 turns it off")
+        for name in ("beta1", "beta2"):
+            beta = getattr(self, name)
+            if isinstance(beta, bool) or not isinstance(beta, int | float) or not 0 <= beta < 1:
+                raise ValueError(f"optimizer.{name}={beta!r}: must be a number in [0, 1), e.g. 0.95")
 
     def build(self, params: Any) -> Any:
         """The ``torch.optim`` optimizer over ``params``. Adam(W) on plain CPU tensors uses torch's fused

@@ -162,6 +162,17 @@ async def test_seed_batch_form_and_seed_loss(env: Any) -> None:
 
 
 @on_module_loop
+async def test_the_documents_optimizer_section_gets_torchtitans_other_defaults(env: Any) -> None:
+    # rl_fundamentals_part1.md's RLTrainer: optimizer={"name": "AdamW", "lr": 1e-5}; under TorchForge the rest is
+    # torchtitan's optimizer section as it stands (betas 0.9 and 0.95, eps 1e-8, weight decay 0.1)
+    trainer = await spawn(env.mesh, "documents-optimizer", env.model, optimizer={"name": "AdamW", "lr": 1e-5})
+    group = first(await trainer.state_dict.call())["optimizer"]["param_groups"][0]
+    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (1e-5, (0.9, 0.95), 1e-8, 0.1)
+    with pytest.raises(Exception, match=r"optimizer\.beta2=1\.0: must be a number in \[0, 1\)"):
+        await spawn(env.mesh, "documents-optimizer-bad", env.model, optimizer={"lr": 1e-5, "beta2": 1.0})
+
+
+@on_module_loop
 async def test_sft_steps(env: Any) -> None:
     trainer = await spawn(env.mesh, "sft", env.model)
     batch = make_batch()
@@ -209,6 +220,8 @@ async def test_a_trainer_built_from_the_run_config_trains_as_configured_and_push
     assert {k: hp[k] for k in ("lr", "max_norm", "weight_decay", "temperature", "clip_high")} == {
         "lr": 1e-3, "max_norm": 0.5, "weight_decay": 0.01, "temperature": 0.8, "clip_high": 0.28}
     assert first(await trainer.train_step.call(make_batch()))["lr"] == pytest.approx(1e-3)  # the optimizer's
+    group = first(await trainer.state_dict.call())["optimizer"]["param_groups"][0]
+    assert (group["betas"], group["weight_decay"]) == ((0.9, 0.999), 0.01)  # RunConfig's, not torchtitan's
     changed = first(await trainer.set_hparams.call(lr=2e-3, temperature=1.0))
     assert changed == {"lr": (1e-3, 2e-3), "temperature": (0.8, 1.0)}
     assert first(await trainer.train_step.call(make_batch()))["lr"] == pytest.approx(2e-3)
