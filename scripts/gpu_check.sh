@@ -31,6 +31,7 @@ step() {  # step SECONDS LOG COMMAND...: run it under a limit, log it whole, sho
 }
 step 150 pytest_gpu.log python3 -m pytest -p no:cacheprovider -q -rs tests/actors/test_trainer_gpu.py \
   tests/actors/test_titan_parity.py
-step 120 pytest_weights_gpu.log python3 -m pytest -p no:cacheprovider -q -rs -m gpu tests/test_weights.py tests/test_spawn_errors.py
+step 120 pytest_weights_gpu.log python3 -m pytest -p no:cacheprovider -q -rs -m gpu tests/test_weights.py \
+  tests/test_spawn_errors.py
 step 120 weight_sync.log python3 bench/weight_sync.py --device cuda --mb 1024 --repeats 5
 step 120 trainer_gpu.log python3 bench/trainer_gpu.py
