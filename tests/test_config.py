@@ -254,7 +254,8 @@ def test_the_trainer_config_reaches_the_actor_as_it_is():
     assert sections == {  # what the trainer's sections built: RunConfig's optimizer values, not torchtitan's
         "optimizer": {"lr": cfg.trainer.lr, "weight_decay": 0.0, "beta2": 0.999},
         "training": {"seed": 7, "temperature": 1.0, "max_norm": 0.5, "dtype": "bfloat16"},
-        "lr_scheduler": {"warmup_steps": 3}, "checkpoint": {"folder": "/tmp/ckpt"},
+        "lr_scheduler": {"warmup_steps": 3, "decay_ratio": 0.0},  # constant after the warmup, not torchtitan's decay
+        "checkpoint": {"folder": "/tmp/ckpt"},
     }
     # a YAML's trainer.checkpoint.folder (in extra) wins over the run's folder, as before
     yaml_cfg = from_yaml("trainer: {checkpoint: {folder: ./ckpt}, optimizer: {lr: 2e-5, weight_decay: 0.1},\n"

@@ -6,10 +6,12 @@ import re
 import socket
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from forge_nb.config import REFERENCE_SECTIONS, from_yaml
+from forge_nb.config.trainer_sections import LRSchedulerConfig, TrainingConfig, read_section
 
 SEEDS = Path(__file__).resolve().parents[1].parent / "shared" / "seeds"
 SKILL_CARD = SEEDS / "torchforge_skill_card.md"
@@ -167,6 +169,7 @@ def test_qwen3_shaped_yaml_loads_every_key(monkeypatch):
                                    "async_mode": "disabled"}
     assert extra["compile"] == {"enable": False}
     assert extra["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    assert extra["lr_scheduler"] == {"decay_ratio": None}  # torchtitan's: decay after the warmup
     assert (cfg.trainer.procs, cfg.trainer.with_gpus) == (1, True)
     assert cfg.use_reference and (cfg.reference.num_replicas, cfg.reference.with_gpus) == (2, True)
     assert cfg.reference.extra["training"] == {"dtype": "bfloat16", "gc_freq": 2, "temperature": 0.9}
@@ -185,6 +188,24 @@ def test_a_torchforge_optimizer_section_leaves_the_rest_at_torchtitans_defaults(
     assert from_yaml(f"trainer: {{extra: {{optimizer: {{eps: 1e-7}}}}, {no_kl}}}").trainer.beta2 == 0.999
     with pytest.raises(ValueError, match=r"beta2=1.5: must be a number in \[0, 1\)"):
         from_yaml(f"trainer: {{optimizer: {{beta2: 1.5}}, {no_kl}}}")
+
+
+def test_a_torchforge_lr_scheduler_section_decays_as_torchtitan_and_forge_nbs_own_warmup_does_not():
+    from forge_nb.config import trainer_actor_kwargs
+
+    def schedule(text: str) -> tuple[Any, int]:
+        cfg = from_yaml(text + "\n  loss_config: {beta: 0}\n")
+        sections = cfg.trainer.actor_sections(trainer_actor_kwargs(cfg, checkpoint_folder=None))
+        return (read_section(LRSchedulerConfig, "lr_scheduler", sections["lr_scheduler"]),
+                read_section(TrainingConfig, "training", sections["training"]).steps)
+
+    titan, steps = schedule("trainer:\n  lr_scheduler: {warmup_steps: 2}\n  training: {steps: 100}")
+    assert (titan.warmup_steps, titan.decay_ratio, steps) == (2, None, 100)
+    assert titan.factor(51, steps) == pytest.approx(0.5)  # halfway down the decay, as under TorchForge
+    ratio, _ = schedule("trainer:\n  lr_scheduler: {warmup_steps: 2, decay_ratio: 0.25, decay_type: cosine}")
+    assert (ratio.decay_ratio, ratio.decay_type) == (0.25, "cosine")  # the file's own values
+    own, steps = schedule("loop: {warmup_steps: 2, max_steps: 100}\ntrainer:")  # forge_nb's shape: constant
+    assert (own.decay_ratio, steps) == (0.0, 100) and own.factor(99, steps) == 1.0
 
 
 MISSPELT = [
@@ -320,6 +341,10 @@ def test_a_yaml_trainer_reaches_the_actor_sections_as_configured():
     assert (opt.lr, opt.eps, training.max_norm, training.temperature, training.dtype) == (
         2e-5, 1e-7, 0.5, 0.9, "bfloat16")
     assert (ckpt.folder, ckpt.interval, sched.warmup_steps) == ("./ckpt", 7, 3)  # the YAML's folder wins
+    # torchtitan's schedule of the file: 3 warmup steps, then a linear decay to the end of its 40 steps
+    assert (sched.decay_ratio, training.steps) == (None, 40)
+    assert [round(sched.factor(step, training.steps), 3) for step in (0, 2, 3, 20, 39)] == [
+        0.333, 1.0, 1.0, 0.541, 0.027]  # torchtitan 0.3 gives these (tests/test_lr_schedule.py)
     assert set(sections) - set(ts.SECTION_NAMES) == {"compile", "activation_checkpoint"}  # torchtitan's, ignored
     assert (loss, loss_config) == (cfg.trainer.loss, cfg.trainer.loss_config)
     with pytest.raises(ValueError, match=r"trainer= and optimizer\.lr=0\.1: set TrainerConfig\.lr instead"):

@@ -383,9 +383,8 @@ class RLTrainer(ForgeActor):
         return nullcontext() if dtype == torch.float32 else torch.autocast(self._policy().device.type, dtype=dtype)
 
     def _lr(self) -> float:
-        """The lr of the next optimizer step: ``optimizer.lr`` after a linear warmup."""
-        warmup = self.sched_cfg.warmup_steps
-        return self.opt_cfg.lr * (min(1.0, (self.step + 1) / (warmup + 1)) if warmup else 1.0)
+        """The lr of the next optimizer step: ``optimizer.lr`` on torchtitan's schedule (``LRSchedulerConfig``)."""
+        return self.opt_cfg.lr * self.sched_cfg.factor(self.step, self.train_cfg.steps)
 
 
 def _mean(metrics: list[dict[str, float]]) -> dict[str, float]:

@@ -20,8 +20,10 @@ def trainer_actor_kwargs(cfg: RunConfig, *, checkpoint_folder: str | None, weigh
 
     ``trainer`` is ``cfg.trainer`` itself (lr, weight_decay, max_norm, loss, loss_config and its ``extra``
     sections). The other sections carry what the run decides and TrainerConfig does not hold: the seed, the
-    learning-rate warmup, the checkpoint folder, and the sampling temperature (the trainer's logprobs are of
-    the distribution the generator samples from). ``cfg.trainer.extra`` wins over these, as a YAML's
+    learning-rate warmup and no decay after it (the trainer's own default is torchtitan's decay, see
+    ``LRSchedulerConfig``), the run's length (``loop.max_steps``, where a decay a YAML asks for ends), the
+    checkpoint folder, and the sampling temperature (the trainer's logprobs are of the distribution the
+    generator samples from). ``cfg.trainer.extra`` wins over these, as a YAML's
     ``trainer.checkpoint.folder`` does. ``weights_namespace``: the run's torchstore key namespace.
     ``verified_checkpoint``: the checkpoint folder a resume has just checked (``CheckpointConfig.verified``)::
 
@@ -33,8 +35,9 @@ def trainer_actor_kwargs(cfg: RunConfig, *, checkpoint_folder: str | None, weigh
         checkpoint["verified"] = str(verified_checkpoint)
     return {
         "trainer": cfg.trainer,
-        "training": {"seed": cfg.seed, "temperature": cfg.sampling().temperature},
-        "lr_scheduler": {"warmup_steps": cfg.loop.warmup_steps},
+        "training": {"seed": cfg.seed, "temperature": cfg.sampling().temperature,
+                     **({"steps": cfg.loop.max_steps} if cfg.loop.max_steps else {})},
+        "lr_scheduler": {"warmup_steps": cfg.loop.warmup_steps, "decay_ratio": 0.0},  # constant after the warmup
         "checkpoint": checkpoint,
         "weights_namespace": weights_namespace,
     }

@@ -79,7 +79,7 @@ class _Reader(TrainerSections):
         self._check_budget()
         self._check_shapes()
         self._no_reference_no_kl(raw)
-        self.titan_optimizer_defaults()
+        self.titan_defaults()
         return self.out
 
     def _globals(self, raw: dict[str, Any]) -> None:

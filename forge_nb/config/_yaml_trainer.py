@@ -13,6 +13,7 @@ from forge_nb.config.trainer_sections import (
     MUST_BE_ONE,
     TRAINER_SECTION_KEYS,
     TRAINER_SEED_SECTIONS,
+    LRSchedulerConfig,
     OptimizerConfig,
 )
 
@@ -26,8 +27,8 @@ class TrainerSections(Tree):
         """Every prompt + response budget (seq_len) given, by key; checked once max_*_tokens are known."""
         self.dp_size: Any = None
         """replay_buffer.dp_size, checked against the trainer's procs."""
-        self.titan_optimizer = False
-        """Whether a torchforge ``trainer.optimizer`` section was read (see :meth:`titan_optimizer_defaults`)."""
+        self.titan_sections: set[str] = set()
+        """The torchforge sections ``trainer.optimizer`` / ``trainer.lr_scheduler`` read (:meth:`titan_defaults`)."""
 
     def _trainer(self, value: Any) -> None:
         own = {f.name for f in fields(TrainerConfig)}
@@ -59,7 +60,8 @@ class TrainerSections(Tree):
     def _trainer_section(self, name: str, items: dict[str, Any], extra: str, where: str) -> None:
         """One of RLTrainer's (or ReferenceModel's) sections: RunConfig's own fields first, the rest passed on."""
         trainer = extra == "trainer.extra"
-        self.titan_optimizer |= where == "trainer.optimizer"
+        if where in ("trainer.optimizer", "trainer.lr_scheduler"):
+            self.titan_sections.add(name)
         for key, value in items.items():
             dotted = f"{where}.{key}"
             if trainer and TrainerConfig.section_fields().get(key) == name:  # optimizer.lr -> trainer.lr ...
@@ -82,17 +84,22 @@ class TrainerSections(Tree):
                 self.put(f"{extra}.{name}.{'dp_shard' if key == 'data_parallel_shard_degree' else key}",
                          value, dotted)
 
-    def titan_optimizer_defaults(self) -> None:
+    def titan_defaults(self) -> None:
         """Under TorchForge a ``trainer.optimizer`` section that names only ``lr`` and ``eps`` (its apps' files)
         trains with torchtitan's other defaults, weight_decay 0.1 and beta2 0.95; RunConfig's own are 0 and
-        0.999. So a torchforge file's unset ones are put at torchtitan's (``OptimizerConfig``'s) values.
-        Called once every section is read: a value set anywhere else in the file wins."""
-        if not self.titan_optimizer:
-            return
-        torchtitan = OptimizerConfig()
-        for name in ("weight_decay", "beta2"):
-            if self.get(f"trainer.{name}") is None:
-                self.put(f"trainer.{name}", getattr(torchtitan, name), "trainer.optimizer (torchtitan's default)")
+        0.999. So a torchforge file's unset ones are put at torchtitan's (``OptimizerConfig``'s) values. Likewise
+        a ``trainer.lr_scheduler`` section without ``decay_ratio`` decays the rate after its warmup to the end of
+        ``training.steps`` (the run's ``loop.max_steps``; torchtitan's 10000 when the file has none), where
+        RunConfig keeps it constant. Called once every section is read: a value set anywhere else in the file wins."""
+        if "optimizer" in self.titan_sections:
+            torchtitan = OptimizerConfig()
+            for name in ("weight_decay", "beta2"):
+                if self.get(f"trainer.{name}") is None:
+                    self.put(f"trainer.{name}", getattr(torchtitan, name), "trainer.optimizer (torchtitan's default)")
+        unset = object()
+        if "lr_scheduler" in self.titan_sections and self.get("trainer.extra.lr_scheduler.decay_ratio", unset) is unset:
+            self.put("trainer.extra.lr_scheduler.decay_ratio", LRSchedulerConfig().decay_ratio,
+                     "trainer.lr_scheduler (torchtitan's default)")
 
     def _dtype(self, value: Any, key: str) -> None:
         if value not in DTYPES:

@@ -15,11 +15,13 @@ needs it (the optimizer's class, the compute dtype), not by importing this modul
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = [
+    "DECAY_TYPES",
     "DTYPES",
     "ENGINES",
     "MUST_BE_ONE",
@@ -46,17 +48,16 @@ ENGINES = ("auto", "torchtitan", "transformers")
 SEED_IGNORED: dict[str, frozenset[str]] = {
     "optimizer": frozenset({"implementation", "early_step_in_backward"}),
     "training": frozenset({
-        "seq_len", "steps", "gc_freq", "gc_debug", "global_batch_size", "mixed_precision_param",
+        "seq_len", "gc_freq", "gc_debug", "global_batch_size", "mixed_precision_param",
         "mixed_precision_reduce", "enable_cpu_offload", "dataset", "dataset_path", "deterministic",
     }),
-    "lr_scheduler": frozenset({"decay_ratio", "decay_type", "min_lr_factor", "lr_min"}),
     "checkpoint": frozenset({
         "enable", "initial_load_path", "initial_load_in_hf", "last_save_in_hf", "async_mode",
         "initial_load_model_only", "export_dtype", "exclude_from_loading", "last_save_model_only",
     }),
     "parallelism": frozenset({"disable_loss_parallel", "enable_async_tensor_parallel", "fsdp_reshard_after_forward"}),
 }
-_ALIASES = {"parallelism": {"data_parallel_shard_degree": "dp_shard"}}
+_ALIASES = {"parallelism": {"data_parallel_shard_degree": "dp_shard"}, "lr_scheduler": {"lr_min": "min_lr_factor"}}
 #: Degrees of parallelism forge_nb's trainer does not implement (it is FSDP only): accepted at 1.
 MUST_BE_ONE = frozenset({
     "data_parallel_replicate_degree", "tensor_parallel_degree", "pipeline_parallel_degree",
@@ -133,6 +134,9 @@ class TrainingConfig:
     ``logits_temperature`` for 0, greedy sampling)."""
     gradient_accumulation_steps: int = 1
     """Micro-batches per optimizer step: each rank's rows are split into this many, whose gradients add up."""
+    steps: int = 10000
+    """The run's length in optimizer steps, as torchtitan counts it: the learning rate's decay ends there
+    (``lr_scheduler``); training goes on past it at the schedule's last rate."""
     seed: int = 0
     dist_timeout_s: float = 300.0
     """How long a collective waits for a missing rank before it raises."""
@@ -144,9 +148,10 @@ class TrainingConfig:
             raise ValueError(f"training.dtype={self.dtype!r}: choose one of {sorted(DTYPES)}")
         if self.engine not in ENGINES:
             raise ValueError(f"training.engine={self.engine!r}: choose one of {list(ENGINES)}")
-        steps = self.gradient_accumulation_steps
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-            raise ValueError(f"training.gradient_accumulation_steps={steps!r}: an int >= 1")
+        for name in ("gradient_accumulation_steps", "steps"):
+            steps = getattr(self, name)
+            if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+                raise ValueError(f"training.{name}={steps!r}: an int >= 1")
         if self.local_batch_size is not None and (
             not isinstance(self.local_batch_size, int) or self.local_batch_size < 1
         ):
@@ -167,14 +172,64 @@ class TrainingConfig:
         return getattr(torch, self.dtype)
 
 
+DECAY_TYPES = ("linear", "sqrt", "cosine")
+
+
 @dataclass(kw_only=True, slots=True)
 class LRSchedulerConfig:
-    warmup_steps: int = 0
-    """Linear warmup from lr / (warmup_steps + 1) to lr over the first optimizer steps."""
+    """torchtitan's learning-rate schedule (its ``lr_scheduler`` section, as torchtitan 0.3 computes it), with
+    its defaults: TorchForge's trainer steps it after every optimizer step, so the documents'
+    ``RLTrainer(optimizer={"lr": 1e-5})`` warms up over 200 steps, then decays linearly towards 0 at
+    ``training.steps`` (10000). A warmup, a stable rate, then the decay over the last ``decay_ratio`` of the
+    steps (all of those after the warmup when None; none when 0). An RL run may train past ``training.steps``
+    (torchtitan's loop stops there): it goes on at the last step's rate (torchtitan's would turn negative).
+    RunConfig's runs pass ``decay_ratio=0`` and their own warmup (``LoopConfig.warmup_steps``): a constant rate
+    after the warmup, what their recipes were tuned with."""
+
+    warmup_steps: int = 200
+    """Linear warmup from lr / warmup_steps to lr over the first optimizer steps."""
+    decay_ratio: float | None = None
+    """The share of ``training.steps`` the decay takes, at their end; None: every step after the warmup."""
+    decay_type: str = "linear"
+    """How the rate falls from lr towards ``min_lr_factor`` x lr: "linear", "sqrt" (1 - sqrt(progress)) or "cosine"."""
+    min_lr_factor: float = 0.0
+    """The rate's floor as a share of lr (``lr_min`` in torchtitan before 0.3, also accepted)."""
+    total_steps: int | None = None
+    """The schedule's length in optimizer steps; None: ``training.steps``."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) or self.warmup_steps < 0:
             raise ValueError(f"lr_scheduler.warmup_steps={self.warmup_steps!r}: an int >= 0")
+        ratio = self.decay_ratio
+        if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 <= ratio <= 1):
+            raise ValueError(f"lr_scheduler.decay_ratio={ratio!r}: a number in [0, 1], or None (decay after the "
+                             "warmup)")
+        if self.decay_type not in DECAY_TYPES:
+            raise ValueError(f"lr_scheduler.decay_type={self.decay_type!r}: choose one of {list(DECAY_TYPES)}")
+        minimum = self.min_lr_factor
+        if isinstance(minimum, bool) or not isinstance(minimum, int | float) or not 0 <= minimum <= 1:
+            raise ValueError(f"lr_scheduler.min_lr_factor={minimum!r}: a share of the lr in [0, 1]")
+        total = self.total_steps
+        if total is not None and (not isinstance(total, int) or isinstance(total, bool) or total < 1):
+            raise ValueError(f"lr_scheduler.total_steps={total!r}: an int >= 1, or None (training.steps)")
+
+    def factor(self, step: int, steps: int) -> float:
+        """What lr is multiplied by for optimizer step ``step`` (0: the first) of a run of ``steps``
+        (``training.steps``, unless ``total_steps`` says); ``tests/test_lr_schedule.py`` checks it against
+        torchtitan's own scheduler."""
+        steps = self.total_steps or steps
+        warmup = min(self.warmup_steps, steps)
+        decay = steps - warmup if self.decay_ratio is None else min(round(steps * self.decay_ratio), steps - warmup)
+        decay_from = steps + 1 - decay  # torchtitan's warmup and stable steps, with its virtual last step
+        step = min(step, steps - 1)
+        if step < warmup:
+            return (step + 1) / warmup
+        if step < decay_from:
+            return 1.0
+        progress = (step + 1 - decay_from) / decay
+        falls = {"linear": progress, "sqrt": math.sqrt(progress),
+                 "cosine": 0.5 * (1.0 - math.cos(math.pi * progress))}[self.decay_type]
+        return self.min_lr_factor + (1.0 - self.min_lr_factor) * (1.0 - falls)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -190,7 +190,7 @@ async def test_sft_steps(env: Any) -> None:
 
 @on_module_loop
 async def test_set_hparams_changes_between_steps_and_rejects_unknown(env: Any) -> None:
-    trainer = await spawn(env.mesh, "hparams", env.model, lr_scheduler={"warmup_steps": 1})
+    trainer = await spawn(env.mesh, "hparams", env.model, lr_scheduler={"warmup_steps": 2})
     assert first(await trainer.train_step.call(make_batch()))["lr"] == pytest.approx(5e-4)  # warmup
     changed = first(await trainer.set_hparams.call(lr=2e-3, beta=0.0, max_norm=0.5))
     assert changed == {"lr": (1e-3, 2e-3), "beta": (0.1, 0.0), "max_norm": (1.0, 0.5)}
