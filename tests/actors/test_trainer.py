@@ -164,10 +164,13 @@ async def test_seed_batch_form_and_seed_loss(env: Any) -> None:
 @on_module_loop
 async def test_the_documents_optimizer_section_gets_torchtitans_other_defaults(env: Any) -> None:
     # rl_fundamentals_part1.md's RLTrainer: optimizer={"name": "AdamW", "lr": 1e-5}; under TorchForge the rest is
-    # torchtitan's optimizer section as it stands (betas 0.9 and 0.95, eps 1e-8, weight decay 0.1)
+    # torchtitan's optimizer section as it stands (betas 0.9 and 0.95, eps 1e-8, weight decay 0.1), and its
+    # lr_scheduler section: 200 warmup steps, then a decay to the end of training.steps (tests/test_lr_schedule.py)
     trainer = await spawn(env.mesh, "documents-optimizer", env.model, optimizer={"name": "AdamW", "lr": 1e-5})
     group = first(await trainer.state_dict.call())["optimizer"]["param_groups"][0]
     assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (1e-5, (0.9, 0.95), 1e-8, 0.1)
+    rates = [first(await trainer.train_step.call(make_batch()))["lr"] for _ in range(2)]
+    assert rates == pytest.approx([1e-5 / 200, 2e-5 / 200])
     with pytest.raises(Exception, match=r"optimizer\.beta2=1\.0: must be a number in \[0, 1\)"):
         await spawn(env.mesh, "documents-optimizer-bad", env.model, optimizer={"lr": 1e-5, "beta2": 1.0})
 
