@@ -52,52 +52,52 @@ def _checksums(state: dict[str, torch.Tensor]) -> dict[str, float]:
     return {k: float(v.float().sum()) for k, v in state.items()}
 
 
-def _version_file(shm, version: int):
-    (path,) = shm.glob(f"*-policy.v{version}.bin")
+def _version_file(folder, version: int):
+    (path,) = folder.glob(f"*-policy.v{version}.bin")
     return path
 
 
 async def test_a_dropped_file_is_reused_unless_a_reader_still_holds_it(store, runtime, tmp_path):
     from tests.actors_for_tests import WeightsReader
 
-    shm = tmp_path / "shm"
+    folder = tmp_path / "shm"
     await weights.push_state_dict(_state(1.0), 1, transport="shm")
-    first = _version_file(shm, 1).stat().st_ino
+    first = _version_file(folder, 1).stat().st_ino
     mesh = await runtime.spawn_mesh("reader")
     reader = mesh.spawn("reader", WeightsReader)
     await reader.hold.call_one(1)  # another process keeps views of version 1
     await weights.drop_version(1)
-    assert len(list(shm.glob("*.spare"))) == 1
+    assert len(list(folder.glob("*.spare"))) == 1
     await weights.push_state_dict(_state(2.0), 2, transport="shm")
-    assert _version_file(shm, 2).stat().st_ino != first  # held: not rewritten under the reader
+    assert _version_file(folder, 2).stat().st_ino != first  # held: not rewritten under the reader
     assert await reader.held_checksums.call_one() == _checksums(_state(1.0))
     await reader.release.call_one()
     await weights.drop_version(2)
     await weights.push_state_dict(_state(3.0), 3, transport="shm")
-    assert _version_file(shm, 3).stat().st_ino == first  # released: version 1's pages carry version 3
+    assert _version_file(folder, 3).stat().st_ino == first  # released: version 1's pages carry version 3
     assert await reader.checksums.call_one(3) == _checksums(_state(3.0))
-    assert await weights.stored_versions() == [3] and len(list(shm.glob("*.spare"))) == 1
+    assert await weights.stored_versions() == [3] and len(list(folder.glob("*.spare"))) == 1
 
 
 async def test_open_version_reads_every_version_through_one_kept_mapping(store, runtime, tmp_path):
     from tests.actors_for_tests import WeightsReader
 
-    shm = tmp_path / "shm"
+    folder = tmp_path / "shm"
     mesh = await runtime.spawn_mesh("reader")
     reader = mesh.spawn("reader", WeightsReader)
     await weights.push_state_dict(_state(1.0), 1, transport="shm")
-    inode = _version_file(shm, 1).stat().st_ino
+    inode = _version_file(folder, 1).stat().st_ino
     assert await reader.checksums_open.call_one(1) == (_checksums(_state(1.0)), 1)
     await weights.drop_version(1)
     await weights.push_state_dict(_state(2.0), 2, transport="shm")
-    assert _version_file(shm, 2).stat().st_ino == inode
+    assert _version_file(folder, 2).stat().st_ino == inode
     # the reader's mapping of that file is reused, and it sees the new version's bytes
     assert await reader.checksums_open.call_one(2) == (_checksums(_state(2.0)), 1)
 
     with await weights.open_version(2) as state_dict:  # locked while in the block
         await weights.drop_version(2)
         await weights.push_state_dict(_state(3.0), 3, transport="shm")
-        assert _version_file(shm, 3).stat().st_ino != inode
+        assert _version_file(folder, 3).stat().st_ino != inode
         assert _checksums(state_dict) == _checksums(_state(2.0))
     with pytest.raises(KeyError, match="version 2 is not in torchstore"):
         await weights.open_version(2)
@@ -151,18 +151,18 @@ async def test_push_converts_floating_tensors_to_the_dtype_asked_for(store, tran
 
 
 async def test_spares_are_bounded_and_shutdown_removes_every_file(runtime, tmp_path, monkeypatch):
-    shm = tmp_path / "shm"
-    monkeypatch.setenv("FORGE_NB_SHM_DIR", str(shm))
+    folder = tmp_path / "shm"
+    monkeypatch.setenv("FORGE_NB_SHM_DIR", str(folder))
     await weights.initialize_store()
     try:
         for version in range(1, 6):
             await weights.push_state_dict(_state(float(version)), version, transport="shm")
         for version in range(1, 5):
             await weights.drop_version(version)
-        assert len(list(shm.glob("*.spare"))) == weights.SPARES
+        assert len(list(folder.glob("*.spare"))) == weights.SPARES
     finally:
         await weights.shutdown_store()
-    assert list(shm.iterdir()) == []
+    assert list(folder.iterdir()) == []
 
 
 async def test_shm_views_are_private_copies_on_write(store):
@@ -240,14 +240,14 @@ def test_orphaned_shm_files_of_dead_writers_are_removed(tmp_path, monkeypatch):
 async def test_two_namespaces_keep_their_own_versions_and_bytes(store, runtime, tmp_path, transport):
     from tests.store_actors import NamespaceReader
 
-    shm, other = tmp_path / "shm", "policy-runA"  # "policy-runA" starts like "policy": still apart
+    folder, other = tmp_path / "shm", "policy-runA"  # "policy-runA" starts like "policy": still apart
     for version in (1, 2, 3):
         await weights.push_state_dict(_state(float(version)), version, transport=transport)
         await weights.push_state_dict(_state(10.0 * version), version, transport=transport, namespace=other)
     assert await weights.stored_versions() == [1, 2, 3]
     assert await weights.stored_versions(namespace=other) == [1, 2, 3]
     if transport == "shm":
-        names = sorted(p.name for p in shm.glob("*.bin"))
+        names = sorted(p.name for p in folder.glob("*.bin"))
         assert len(names) == 6 and sum("-policy-runA.v" in n for n in names) == 3, names
 
     for version in (1, 2, 3):  # the first run drops everything it has
@@ -261,21 +261,21 @@ async def test_two_namespaces_keep_their_own_versions_and_bytes(store, runtime, 
     with pytest.raises(KeyError, match=r"policy version 2 is not in torchstore \(stored: none\)"):
         await weights.load_state_dict(2)
     if transport == "shm":
-        assert sum("-policy-runA.v" in p.name for p in shm.glob("*.bin")) == 3
-        assert not [p for p in shm.glob("*.bin") if "-policy.v" in p.name]
+        assert sum("-policy-runA.v" in p.name for p in folder.glob("*.bin")) == 3
+        assert not [p for p in folder.glob("*.bin") if "-policy.v" in p.name]
 
 
 async def test_shutdown_drops_every_namespace_and_removes_its_files(runtime, tmp_path, monkeypatch):
-    shm = tmp_path / "shm"
-    monkeypatch.setenv("FORGE_NB_SHM_DIR", str(shm))
+    folder = tmp_path / "shm"
+    monkeypatch.setenv("FORGE_NB_SHM_DIR", str(folder))
     await weights.initialize_store()
     try:
         await weights.push_state_dict(_state(1.0), 1, transport="shm", namespace="policy-a")
         await weights.push_state_dict(_state(2.0), 1, transport="shm", namespace="policy-b")
-        assert len(list(shm.glob("*.bin"))) == 2
+        assert len(list(folder.glob("*.bin"))) == 2
     finally:
         await weights.shutdown_store()
-    assert list(shm.iterdir()) == []
+    assert list(folder.iterdir()) == []
 
 
 @pytest.mark.parametrize("bad", ["a.b", "run A", "", "x/y", 3])
