@@ -91,7 +91,6 @@ def make_sampling_params(values: dict[str, Any], where: str = "sampling_params",
     values = dict(values)
     if values.get("logprobs") is None:
         values["logprobs"] = 0  # the sampled token's logprob only
-    values.setdefault("flat_logprobs", True)  # see sampled_logprobs
     if decode_here and decodes_here(values):
         values["detokenize"] = False
     try:
@@ -227,37 +226,17 @@ def completions(prompt: str | None, request: RequestOutput, version: int, tokeni
         logprobs = None
         metadata = {"request_id": request.request_id, "stop": sample.stop_reason,
                     "num_cached_tokens": request.num_cached_tokens}
-        if sample.logprobs is not None:
-            logprobs, top = sampled_logprobs(token_ids, sample.logprobs)
-            if top is not None:
-                metadata["top_logprobs"] = top
+        if sample.logprobs is not None:  # one {token: Logprob} per step; the sampled token is there
+            logprobs = [step[token].logprob for token, step in zip(token_ids, sample.logprobs, strict=True)]
+            if any(len(step) > 1 for step in sample.logprobs):  # alternatives were asked for (logprobs=k)
+                metadata["top_logprobs"] = [sorted(((t, p.logprob) for t, p in step.items()), key=lambda x: -x[1])
+                                            for step in sample.logprobs]
         out.append(_WireCompletion(
             prompt=prompt, text=text, prompt_ids=prompt_ids,
             token_ids=token_ids, logprobs=logprobs, stop_reason=sample.finish_reason,
             generator_version=version, metadata=metadata,
         ))
     return out
-
-
-def sampled_logprobs(token_ids: list[int], steps: Any) -> tuple[list[float], list[list[tuple[int, float]]] | None]:
-    """The logprob of each sampled token, and each step's (token, logprob) pairs, best first, when alternatives
-    were asked for (``logprobs=k``; else None).
-
-    ``steps`` is what vLLM gives a sample: one ``{token: Logprob}`` per step, or the same as a few flat lists
-    (``FlatLogprobs``: what :func:`make_sampling_params` asks for unless told otherwise). With the sampled
-    token alone at each step, the flat lists are read as they are: vLLM then builds no dict and no
-    ``Logprob`` per token, ~5% of its engine thread's CPU on the quickstart's batches (issue 34, session 48,
-    16 sequences of 4 tokens: 14.0 against 14.75 ms a batch, medians of 12 alternated rounds)."""
-    starts, ends = getattr(steps, "start_indices", None), getattr(steps, "end_indices", None)
-    if (starts is not None and ends is not None and len(starts) == len(token_ids)
-            and all(end - start == 1 for start, end in zip(starts, ends, strict=True))
-            and [steps.token_ids[start] for start in starts] == token_ids):
-        return [steps.logprobs[start] for start in starts], None
-    per_step = [steps[i] for i in range(len(steps))]  # one {token: Logprob} per step; the sampled token is there
-    logprobs = [step[token].logprob for token, step in zip(token_ids, per_step, strict=True)]
-    if not any(len(step) > 1 for step in per_step):
-        return logprobs, None
-    return logprobs, [sorted(((t, p.logprob) for t, p in step.items()), key=lambda x: -x[1]) for step in per_step]
 
 
 class _WireCompletion(Completion):

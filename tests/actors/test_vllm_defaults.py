@@ -1,21 +1,10 @@
-"""The defaults a Generator gives vLLM that need no engine to check: on CPU the KV cache's size and the dtype;
-logprobs asked for flat, and read alike in either of vLLM's shapes."""
+"""The defaults a Generator gives vLLM on CPU that need no engine to check: the KV cache's size, the dtype."""
 
 from __future__ import annotations
 
 import json
 
-import pytest
-
-from forge_nb.actors._vllm_worker import (
-    CPU_KV_MAX,
-    CPU_KV_MIN,
-    CPU_KV_SEQS,
-    checkpoint_dtype,
-    cpu_kv_cache_bytes,
-    make_sampling_params,
-    sampled_logprobs,
-)
+from forge_nb.actors._vllm_worker import CPU_KV_MAX, CPU_KV_MIN, CPU_KV_SEQS, checkpoint_dtype, cpu_kv_cache_bytes
 from forge_nb.models import TinyModelConfig, build_tiny_model
 
 
@@ -52,35 +41,3 @@ def test_a_float32_checkpoint_is_named_so_others_are_left_to_vllm(tmp_path) -> N
         (tmp_path / name / "config.json").write_text(json.dumps(config))
     assert [checkpoint_dtype(str(tmp_path / n)) for n in ("old", "bf16", "none", "odd", "missing")] == [
         "float32", "bfloat16", None, None, None]
-
-
-def test_logprobs_are_asked_for_flat_unless_the_user_says() -> None:
-    params = make_sampling_params({"max_tokens": 4})
-    assert (params.logprobs, params.flat_logprobs) == (0, True)
-    assert make_sampling_params({"flat_logprobs": False}).flat_logprobs is False
-
-
-@pytest.mark.parametrize("alternatives", [0, 2])
-def test_sampled_logprobs_read_both_of_vllms_shapes_alike(alternatives: int) -> None:
-    """vLLM's own containers, filled as its LogprobsProcessor fills them: the sampled token, then its
-    alternatives (``logprobs=k``), which may include the sampled token again."""
-    from vllm.logprobs import FlatLogprobs, Logprob
-
-    sampled = [5, 7, 5]
-    steps = []
-    for position, token in enumerate(sampled):
-        step = {token: Logprob(logprob=-0.5 - position, rank=2)}
-        for rank, other in enumerate([token, 9][:alternatives], start=1):
-            step.setdefault(other, Logprob(logprob=-0.1 * rank, rank=rank))
-        steps.append(step)
-    flat = FlatLogprobs()
-    flat.extend(steps)
-
-    from_dicts, from_flat = sampled_logprobs(sampled, steps), sampled_logprobs(sampled, flat)
-    assert from_dicts == from_flat
-    logprobs, top = from_flat
-    assert logprobs == [-0.5, -1.5, -2.5]
-    if alternatives:
-        assert top[0] == [(9, -0.2), (5, -0.5)]  # best first; the sampled token once
-    else:
-        assert top is None
