@@ -47,16 +47,15 @@ async def measure(args: argparse.Namespace, folder: Path) -> tuple[dict[str, lis
 
     from forge_nb.actors import _vllm_plain
     from forge_nb.actors._vllm_inproc import InprocEngine
-    from forge_nb.actors._vllm_worker import cpu_kv_cache_bytes, make_engine_args, make_sampling_params
+    from forge_nb.actors._vllm_worker import generator_engine_args, make_sampling_params
     from forge_nb.models import TinyModelConfig, build_tiny_model
 
     model = str(build_tiny_model(folder / "tiny", TinyModelConfig(alphabet="abcdefgh")))
-    weights = _vllm_plain.choose(model, "auto")
-    _vllm_plain.configure(weights)  # as Generator.setup does on CPU
-    engine_args = make_engine_args({"dtype": "float32", "max_model_len": 16}, model, cuda=False)
-    engine_args.kv_cache_memory_bytes = cpu_kv_cache_bytes(model, engine_args.max_model_len)
-    print(f"engine: the tiny model, {weights} weights, float32, max_model_len 16, KV cache "
-          f"{engine_args.kv_cache_memory_bytes >> 20} MiB, eager, in this process; variants: {dict(args.variant)}")
+    engine_args = generator_engine_args({"dtype": "float32", "max_model_len": 16}, model, cuda=False)
+    kv = engine_args.kv_cache_memory_bytes
+    print(f"engine: the tiny model, {_vllm_plain.choose(model, 'auto')} weights, float32, max_model_len 16, KV cache "
+          f"{f'{kv >> 20} MiB' if kv else 'of VLLM_CPU_KVCACHE_SPACE'}, eager, in this process; "
+          f"variants: {dict(args.variant)}")
     engine = await InprocEngine.start(engine_args)
     clock = time.pthread_getcpuclockid(engine._thread.ident)
     sampling = {name: make_sampling_params({**QUICKSTART_SAMPLING, **params}, decode_here=True)

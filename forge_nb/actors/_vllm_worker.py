@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import difflib
 import json
+import os
 import pickle
 import threading
 import time
@@ -159,6 +160,20 @@ def make_engine_args(values: dict[str, Any], model_path: str, *, cuda: bool) -> 
             defaults["dtype"] = "float32"  # see checkpoint_dtype
     merged = defaults | values | {"model": model_path, "worker_extension_cls": WORKER_EXTENSION}
     return AsyncEngineArgs(**merged)
+
+
+def generator_engine_args(values: dict[str, Any], model_path: str, *, cuda: bool,
+                          cpu_linear: str = "auto") -> AsyncEngineArgs:
+    """The engine arguments a Generator builds its engine with: :func:`make_engine_args`, and on CPU its linear
+    layers' weights (``_vllm_plain``, configured for this process and vLLM's worker processes, so call it where
+    the engine is built) and a KV cache sized to the model's context (:func:`cpu_kv_cache_bytes`) unless
+    ``values`` or ``VLLM_CPU_KVCACHE_SPACE`` say. ``bench/engine_cpu.py`` builds its engine the same way."""
+    if not cuda:
+        _vllm_plain.configure(_vllm_plain.choose(model_path, cpu_linear))
+    engine_args = make_engine_args(values, model_path, cuda=cuda)
+    if not cuda and engine_args.kv_cache_memory_bytes is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        engine_args.kv_cache_memory_bytes = cpu_kv_cache_bytes(model_path, engine_args.max_model_len)
+    return engine_args
 
 
 def checkpoint_dtype(model_path: str) -> str | None:

@@ -51,14 +51,14 @@ from typing import TYPE_CHECKING, Any
 
 from monarch.actor import ActorError, concurrent_endpoint, endpoint
 
-from forge_nb.actors import _vllm_import, _vllm_plain
+from forge_nb.actors import _vllm_import
 from forge_nb.actors._vllm_inproc import EngineStopped, InprocEngine, inspect_models_here
 from forge_nb.actors._vllm_worker import (
     WORKER_EXTENSION,
     completions,
-    cpu_kv_cache_bytes,
     decodes_here,
     fast_tokenizer,
+    generator_engine_args,
     make_engine_args,
     make_sampling_params,
 )
@@ -205,11 +205,7 @@ class Generator(ForgeActor):
         config = GeneratorArgs.from_args(**self._raw)
         model_path = resolve_model(config.model)
         cuda = torch.cuda.is_available()
-        if not cuda:
-            _vllm_plain.configure(_vllm_plain.choose(model_path, self._cpu_linear))
-        engine_args = make_engine_args(config.engine_args, model_path, cuda=cuda)
-        if not cuda and engine_args.kv_cache_memory_bytes is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-            engine_args.kv_cache_memory_bytes = cpu_kv_cache_bytes(model_path, engine_args.max_model_len)
+        engine_args = generator_engine_args(config.engine_args, model_path, cuda=cuda, cpu_linear=self._cpu_linear)
         self._sockets = _own_socket_dir()
         if not cuda and "distributed_executor_backend" not in config.engine_args:
             self._engine = await InprocEngine.start(engine_args)  # no EngineCore nor worker process (_vllm_inproc)
