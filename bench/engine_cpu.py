@@ -51,12 +51,15 @@ async def measure(args: argparse.Namespace, folder: Path) -> tuple[dict[str, lis
     from forge_nb.models import TinyModelConfig, build_tiny_model
 
     model = str(build_tiny_model(folder / "tiny", TinyModelConfig(alphabet="abcdefgh")))
-    engine_args = generator_engine_args({"dtype": "float32", "max_model_len": 16}, model, cuda=False)
+    values = {"dtype": "float32", "max_model_len": 16, **args.engine_args}
+    engine_args = generator_engine_args(values, model, cuda=False)
     kv = engine_args.kv_cache_memory_bytes
     print(f"engine: the tiny model, {_vllm_plain.choose(model, 'auto')} weights, float32, max_model_len 16, KV cache "
           f"{f'{kv >> 20} MiB' if kv else 'of VLLM_CPU_KVCACHE_SPACE'}, eager, in this process; "
-          f"variants: {dict(args.variant)}")
+          f"variants: {dict(args.variant)}, engine arguments over the Generator's: {args.engine_args}")
+    built = time.monotonic()
     engine = await InprocEngine.start(engine_args)
+    print(f"RESULT engine_cpu_build_s {time.monotonic() - built:.1f}")
     clock = time.pthread_getcpuclockid(engine._thread.ident)
     sampling = {name: make_sampling_params({**QUICKSTART_SAMPLING, **params}, decode_here=True)
                 for name, params in args.variant}
@@ -87,6 +90,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20, help="batches per variant before measuring")
     parser.add_argument("--variant", type=variant, action="append", required=True,
                         help="NAME='{sampling params}' over the quickstart's; the first is the baseline")
+    parser.add_argument("--engine-args", type=json.loads, default={},
+                        help="JSON engine arguments over the Generator's, e.g. '{\"enforce_eager\": false}'")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # not a line per prefix-cache reset; read at vLLM's import
     with tempfile.TemporaryDirectory(prefix="bench-engine-cpu-") as folder:

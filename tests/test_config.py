@@ -38,7 +38,7 @@ actors:
 
 def test_quickstart_recipe_is_valid_and_cpu_only():
     cfg = quickstart()
-    assert cfg.model == "tiny" and cfg.generator.num_replicas == 1 and cfg.loop.rollout_loops == 4
+    assert cfg.model == "tiny" and cfg.generator.num_replicas == 1 and cfg.loop.rollout_loops == 8
     assert not cfg.generator.with_gpus and not cfg.trainer.with_gpus
     assert from_dict(cfg.to_dict()) == cfg
 
@@ -67,6 +67,8 @@ def test_the_multi_turn_gpu_recipe_fits_its_episodes():
         (lambda: TrainerConfig(loss="ppo2"), r"loss='ppo2': unknown loss; choose one of \['cispo'"),
         (lambda: TrainerConfig(lr=-1), r"TrainerConfig\.lr=-1: must be a positive number \(e\.g\. 1e-5\)"),
         (lambda: LoopConfig(mode="fast"), r"mode='fast': must be 'async' or 'sync'"),
+        (lambda: RunConfig(max_policy_age=1, loop=LoopConfig(sync_interval=2)),
+         r"sync_interval=2 with max_policy_age=1: .*evicted as too old; set max_policy_age >= sync_interval"),
         (lambda: RunConfig(trainer=TrainerConfig(loss_config={"beta": 0.1})), r"beta=0.1, which needs reference"),
         (lambda: RunConfig(trainer=TrainerConfig(loss_config={"nonsense": 1}, )), r"loss_config=.*nonsense"),
     ],

@@ -278,7 +278,8 @@ REFUSED_VALUES = [
     ("max_res_tokens: 8\npolicy: {sampling_params: {max_tokens: 64}}", r"max_tokens=64 > max_res_tokens=8"),
     ("task: toy\ndataset: {path: x.jsonl}", r"dataset: task='toy' builds its own prompts"),
     ("use_reference: false\nref_model: {}", r"both set use_reference"),
-    ("training: {sync_interval: 10}", r"training\.sync_interval: .*not supported"),
+    ("training: {sync_interval: 10}", r"loop\.sync_interval=10 with max_policy_age=1: .*>= sync_interval"),
+    ("training: {sync_interval: 0}", r"sync_interval=0: must be an integer >= 1"),
 ]
 
 
@@ -295,6 +296,8 @@ def test_mapped_values_that_forge_nb_honours():
     assert cfg.trainer.loss_config == {"clip_low": 0.25, "clip_high": 0.25, "beta": 0.0}
     assert cfg.task == "gsm8k" and cfg.task_args == {"data_files": "/data/gsm8k.jsonl", "split": "test"}
     assert from_yaml("training: {gradient_accumulation_steps: 1}\n").batch_size == 16  # 1 is what forge_nb does
+    # the skill card's "reduce sync frequency": the generators load every 10th step's weights
+    assert from_yaml("training: {sync_interval: 10}\nmax_policy_age: 10\n").loop.sync_interval == 10
 
 
 def test_the_yaml_loader_the_trainer_and_the_reference_read_one_schema():

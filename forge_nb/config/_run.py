@@ -149,6 +149,11 @@ class LoopConfig:
     """"async": rollouts run ahead, bounded by max_policy_age; "sync": collect, train, update in lockstep."""
     rollout_loops: int = 2
     """Concurrent rollout loops (seeds' rollout_threads); one per generator replica is a good start."""
+    sync_interval: int = 1
+    """Load the trainer's weights into the generators every N steps (the skill card's
+    ``training.sync_interval``); in between they keep generating with the version they hold, and that version
+    is pushed when the run parks or evaluates. Async mode with ``max_policy_age >= N``; sync mode and an on-policy
+    run (``max_policy_age=0``) load every step's."""
     max_steps: int | None = None
     """Stop after this many training steps (None: until stopped)."""
     warmup_steps: int = 0
@@ -164,7 +169,7 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if self.mode not in ("async", "sync"):
             raise ValueError(f"LoopConfig.mode={self.mode!r}: must be 'async' or 'sync'")
-        _positive_int(self, "rollout_loops", "eval_prompts")
+        _positive_int(self, "rollout_loops", "eval_prompts", "sync_interval")
         _positive_int(self, "warmup_steps", "eval_every", "checkpoint_every", minimum=0)
         if self.max_steps is not None:
             _positive_int(self, "max_steps")
@@ -240,6 +245,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         _positive_int(self, "group_size", "max_req_tokens", "max_res_tokens", "batch_size")
         _positive_int(self, "max_policy_age", minimum=0)
+        if self.loop.mode == "async" and 1 <= self.max_policy_age < self.loop.sync_interval:
+            raise ValueError(f"loop.sync_interval={self.loop.sync_interval} with max_policy_age={self.max_policy_age}: "
+                             f"the generators keep each version for {self.loop.sync_interval} steps, so their "
+                             "episodes would be evicted as too old; set max_policy_age >= sync_interval")
         if isinstance(self.reward_timeout_s, bool) or not isinstance(self.reward_timeout_s, int | float) \
                 or not self.reward_timeout_s > 0:
             raise ValueError(f"RunConfig.reward_timeout_s={self.reward_timeout_s!r}: must be a number of seconds > 0")

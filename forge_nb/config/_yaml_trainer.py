@@ -106,11 +106,8 @@ class TrainerSections(Tree):
             raise ValueError(f"{key}={value!r}: choose one of {list(DTYPES)}")
 
     def _training(self, value: Any) -> None:
-        refused = {
-            "sync_interval": "forge_nb syncs weights after every step (bounded by max_policy_age); not supported",
-        }
         t = section(value, "training", ("batch_size", "learning_rate", "seq_len", "dtype",
-                                        "gradient_accumulation_steps", "entropy_coef"), refused)
+                                        "gradient_accumulation_steps", "entropy_coef", "sync_interval"))
         steps = t.get("gradient_accumulation_steps", 1)
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ValueError(f"training.gradient_accumulation_steps={steps!r}: an int >= 1")
@@ -123,6 +120,8 @@ class TrainerSections(Tree):
         if "entropy_coef" in t:  # the skill card's "add entropy bonus": a field of forge_nb's losses
             self.put("trainer.loss_config.entropy_coef", number(t["entropy_coef"], "training.entropy_coef"),
                      "training.entropy_coef")
+        if "sync_interval" in t:  # the skill card's "reduce sync frequency": the loop's (RunConfig checks it)
+            self.put("loop.sync_interval", t["sync_interval"], "training.sync_interval")
         if "learning_rate" in t:
             self.put("trainer.lr", number(t["learning_rate"], "training.learning_rate"), "training.learning_rate")
         if "seq_len" in t:

@@ -14,6 +14,7 @@ The controller is the only writer of ``step``, the state and the ledger; ``Weigh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
@@ -24,7 +25,7 @@ from typing import Any
 from forge_nb.controller.episodes import episode_row, evaluate
 from forge_nb.controller.hot import HotChanges
 from forge_nb.controller.ledger import Ledger
-from forge_nb.controller.loop import Batch, RLBatches, SFTBatches
+from forge_nb.controller.loop import Batch, RLBatches, SFTBatches, would_be_too_old
 from forge_nb.controller.quarantine import QuarantineWatch
 from forge_nb.controller.state import RunState, transition
 from forge_nb.controller.weight_sync import WeightSync
@@ -62,6 +63,7 @@ class Controller:
         self._steps_left: int | None = None  # run_steps' budget, and its waiter
         self._steps_waiter: asyncio.Future[None] | None = None
         self._rewound_to: list[int] = []  # the version each rewind went back to, in order
+        self._generating = 0  # episodes the rollout loops are generating now
         self._gen_tokens, self._gen_since = 0, time.monotonic()
         self._trainer_failures_seen = self._trainer_failures()
 
@@ -171,9 +173,17 @@ class Controller:
         while True:
             await self._running.wait()
             await self.collect_allowed.wait()
+            if would_be_too_old(self, self._generating):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.sync.next_load(), 1.0)  # re-checked at least once a second
+                continue
             sample = self.task.sample()
             rewinds = len(self._rewound_to)
-            group = await self.episode_fn(self.handle, sample)
+            self._generating += self.config.group_size
+            try:
+                group = await self.episode_fn(self.handle, sample)
+            finally:
+                self._generating -= self.config.group_size
             self.accept(group, rewinds_before=rewinds)
 
     def accept(self, group: list[Episode], rewinds_before: int | None = None) -> None:
@@ -268,7 +278,7 @@ class Controller:
         are applied and the step may begin (True), unless the run was paused meanwhile (False: park again;
         ``resume(); pause()`` in one cell wakes the loop after ``_running`` was cleared: no step begins)."""
         if not self._running.is_set():
-            await self.sync.settle()  # parked, the generators have the run's version (run.version)
+            await self._settle()  # parked, the generators have the run's version (run.version)
         self.training_idle.set()
         while not self._running.is_set():
             await self._running.wait()
@@ -314,7 +324,9 @@ class Controller:
         False when the trainer died before its push (the run has then rewound to its last checkpoint)."""
         try:
             overlap = self.config.loop.mode == "async" and self.buffer.max_policy_age >= 1
-            out.update(await self.sync.publish(self.sync.version + 1, overlap=overlap))
+            version = self.sync.version + 1
+            out.update(await self.sync.publish(version, overlap=overlap,
+                                               hold=version % self.config.loop.sync_interval != 0))
         except ReplicaDied as error:  # trained but not pushed: the checkpoint is the truth
             await self.recover_trainer(str(error))
             return False
@@ -333,7 +345,7 @@ class Controller:
             self._report_quarantine()
         every = self.config.loop
         if every.eval_every and self.step % every.eval_every == 0:
-            await self.sync.settle()  # evaluated with this step's weights, not the last step's
+            await self._settle()  # evaluated with this step's weights, not the last step's
             values = await evaluate(self.handle, every.eval_prompts)
             self.metrics.event("eval", **values)
             self.metrics.rows[-1].update(values)
@@ -352,10 +364,18 @@ class Controller:
             return False
         self._steps_left = None
         self.pause()
-        await self.sync.settle()
+        await self._settle()
         if self._steps_waiter is not None and not self._steps_waiter.done():
             self._steps_waiter.set_result(None)
         return True
+
+    async def _settle(self) -> None:
+        """The generators get the run's version (``WeightSync.settle``); a trainer that died before it pushed a
+        held version is left to the next step boundary, which rewinds the run to its last checkpoint."""
+        try:
+            await self.sync.settle()
+        except ReplicaDied as e:
+            logger.warning("run %s: the trainer died before pushing version %s: %s", self.name, self.sync.version, e)
 
     def generated_tokens_per_s(self) -> float:
         """Tokens generated per second since the last call (each step's row)."""

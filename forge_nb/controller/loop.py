@@ -31,7 +31,7 @@ from typing import Any
 from forge_nb.controller.episodes import episode_metrics
 from forge_nb.rl import collate
 
-__all__ = ["Batch", "RLBatches", "SFTBatches"]
+__all__ = ["Batch", "RLBatches", "SFTBatches", "would_be_too_old"]
 
 
 @dataclass
@@ -117,3 +117,16 @@ class SFTBatches:
 
     def after(self) -> None:
         pass
+
+
+def would_be_too_old(ctl: Any, generating: int) -> bool:
+    """With ``loop.sync_interval`` > 1 (generators keep a version for several steps, and rollouts running
+    ahead on it made episodes evicted unused: 30% of the quickstart's, issue 34): whether a group a rollout
+    loop starts now would reach ``max_policy_age`` by its training step, estimated as the trainer's version
+    plus the batches buffered or ``generating`` ahead of it, minus the oldest version a generator holds, with
+    one step of slack for the buffer's random sampling. Such a group waits for the next load."""
+    if ctl.config.loop.sync_interval == 1 or ctl.config.loop.mode == "sync" or ctl.buffer.max_policy_age < 1:
+        return False  # every step's version loads (``Controller._publish``)
+    held = min((r.version or 0 for r in ctl.policy.replicas if r.healthy), default=ctl.sync.pushed)
+    ahead = (len(ctl.buffer) + generating) // ctl.config.batch_size
+    return ctl.sync.version + ahead - held > ctl.buffer.max_policy_age - 1

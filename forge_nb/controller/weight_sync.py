@@ -23,6 +23,12 @@ largest part of a step; the trainer needs none of it to train on episodes that m
 versions after a load (a store call each, with the manifest the push returned) runs in the background in either mode:
 the next push does not wait for it, ``settle()`` does, so a parked run holds one version.
 
+Held versions (``publish(v, overlap=True, hold=True)``, the loop's way between two of ``loop.sync_interval``'s
+loads): ``v`` becomes the run's version without a push or a load; the generators keep the one they have, and
+``settle()`` (the run parks or evaluates) pushes and loads the newest first. On two CPU cores a load
+every other step let one engine batch serve two steps (32 sequences instead of 16): ~20% more steps a second
+for the quickstart (issue 34, ``bench/vs_trl.py``).
+
 Handed manifests: when the generators' ``update_weights`` takes ``manifest=`` (forge_nb's Generator), each is
 handed where the push left the version in shared memory and need not ask torchstore. When the trainer's
 ``push_weights`` also takes ``announce=`` (forge_nb's RLTrainer), it leaves the manifest's torchstore put to
@@ -55,14 +61,17 @@ ANNOUNCE_EVERY_S = 0.5
 
 
 class WeightSync:
-    """Weight versions of one run: ``version`` is the latest pushed, and every healthy generator has it
-    once ``settle()`` returned (publishing without ``overlap`` settles before returning)."""
+    """Weight versions of one run: ``version`` is the trainer's latest, ``pushed`` the latest in the store (the
+    same unless ``version`` is held), and every healthy generator has ``version`` once ``settle()`` returned
+    (publishing without ``overlap`` settles before returning)."""
 
     def __init__(self, namespace: str):
         self.namespace = namespace
         self.trainer: Any = None  # set by attach(), once the run's services are up
         self.policy: Any = None
         self.version = 0
+        self.pushed = 0  #: the newest version pushed: ``version`` unless a publish held it
+        self._loaded: asyncio.Event | None = None  # set when the generators' next load is recorded
         self._pinned: Counter[int] = Counter()
         self._claimed = False  # holds the namespace (claim)
         self._open = False  # holds the store's lease too (open)
@@ -111,7 +120,7 @@ class WeightSync:
             return
         self._open = False
         with contextlib.suppress(Exception):  # a failed load does not keep the versions in the store
-            await self.settle()
+            await self.settle(current=False)
         try:
             for version in await weights.stored_versions(namespace=self.namespace):
                 await weights.drop_version(version, namespace=self.namespace)
@@ -123,13 +132,17 @@ class WeightSync:
         finally:
             await weights.release_store(self.namespace)
 
-    async def publish(self, version: int, *, overlap: bool = False) -> dict[str, float]:
+    async def publish(self, version: int, *, overlap: bool = False, hold: bool = False) -> dict[str, float]:
         """Push the trainer's weights as ``version``, load them on every generator, drop the older ones.
 
-        With ``overlap`` the load runs in the background (see the module docstring). Returns the
-        timings: the push, and the generators' load of this version, or with ``overlap`` of the previous
-        one if it was still in flight. A ``ReplicaDied`` from the push propagates (nothing was
+        With ``overlap`` the load runs in the background (see the module docstring); with ``hold`` too,
+        ``version`` is only recorded as the run's: no push, no load, until a later publish or ``settle()``.
+        Returns the timings: the push, and the generators' load of this version, or with ``overlap`` of the
+        previous one if it was still in flight. A ``ReplicaDied`` from the push propagates (nothing was
         recorded), as does an error of the previous overlapped load."""
+        if overlap and hold:
+            self.version = version
+            return {}
         timings = await self._settle_load()
         t0 = time.perf_counter()
         self._pushing = version
@@ -142,7 +155,7 @@ class WeightSync:
         finally:
             self._pushing = None
         timings["time/push_s"] = time.perf_counter() - t0
-        self.version = version
+        self.version = self.pushed = version
         manifest = self._pushed[version] = _manifest(pushed)
         if manifest is not None and not _announced(pushed):
             self._announce(version, manifest)
@@ -153,11 +166,15 @@ class WeightSync:
         timings["weight_sync_s"] = timings["time/push_s"] + timings.get("time/update_s", 0.0)
         return timings
 
-    async def settle(self) -> dict[str, float]:
+    async def settle(self, *, current: bool = True) -> dict[str, float]:
         """Wait for an overlapped load to finish (its timing; empty when none was in flight; its error
-        is raised here), then for the older versions' deletion. Cancelling the caller cancels neither."""
+        is raised here), then, with ``current``, push and load a held version, then wait for the older
+        versions' deletion. Cancelling the caller cancels none of it."""
         try:
-            return await self._settle_load()
+            timings = await self._settle_load()
+            if current and self.pushed != self.version:
+                timings = await asyncio.shield(self.publish(self.version))
+            return timings
         finally:  # after a failed load too: close() then drops what is left
             if self._dropping is not None:
                 await asyncio.shield(self._dropping)
@@ -172,6 +189,12 @@ class WeightSync:
             if self._loading.done():
                 self._loading = None
         return {"time/update_s": took}
+
+    async def next_load(self) -> None:
+        """Return when the generators' next load has been recorded (``_record``)."""
+        if self._loaded is None:
+            self._loaded = asyncio.Event()
+        await self._loaded.wait()
 
     async def _load(self, version: int, manifest: dict[str, Any] | None) -> float:
         t0 = time.perf_counter()
@@ -230,6 +253,9 @@ class WeightSync:
         for replica in self.policy.replicas:
             if replica.healthy:
                 replica.version = version
+        if self._loaded is not None:  # wake whoever waits for a newer version on the generators
+            self._loaded.set()
+            self._loaded = None
 
     async def drop_old(self) -> None:
         """Keep only the current version (and any a catching-up generator is loading). Only versions this
@@ -237,7 +263,7 @@ class WeightSync:
         if self._announcing is not None:  # a version is deleted after its manifest was put, never before
             await asyncio.shield(self._announcing)
         for version in sorted(self._pushed):
-            if version not in (self.version, self._pushing) and self._pinned[version] <= 0:
+            if version not in (self.pushed, self._pushing) and self._pinned[version] <= 0:
                 await weights.drop_version(version, namespace=self.namespace, manifest=self._pushed.pop(version),
                                            stored=version not in self._unstored)
                 self._unstored.discard(version)
@@ -247,7 +273,7 @@ class WeightSync:
 
         It may come back a few versions behind: the next step's publish brings it current, and the
         buffer's ``max_policy_age`` governs what it generates until then."""
-        version = self.version
+        version = self.pushed
         if version > 0:
             self._pinned[version] += 1
             try:

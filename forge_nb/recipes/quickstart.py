@@ -35,6 +35,13 @@ def quickstart(**overrides: Any) -> RunConfig:
     two cores the trainer shares, and every trained episode was exactly one version old anyway. With 2, 7-14%
     are evicted, 21-24 steps/s became 25-27, and the learning curve held (seeds 0-2: last-50 reward 0.983,
     0.990, 0.988, no letter unsolved, 0.8 at step 76-80; with 1 it was step ~86).
+
+    Why sync_interval=2, eight rollout loops and max_policy_age=3 (session 49, issue 34): vLLM's engine costs
+    about as much per engine step for 32 sequences as for 16 (22 against 14-19 ms of CPU a batch,
+    ``bench/engine_cpu.py``), but a weight load drains it, so with a load every step its batches held one step's
+    16. Loading every other version lets one batch of eight groups serve two steps, with half the loads and
+    messages: 55-64 steps/s against 48-53, 26-31 ms of CPU a step against 34-37, in 3 alternated pairs; episodes
+    2.5 versions old on average instead of 2, none evicted, 0.8 reached at step 74-82 as before.
     """
     fields: dict[str, Any] = dict(
         name="quickstart",
@@ -45,13 +52,14 @@ def quickstart(**overrides: Any) -> RunConfig:
         max_req_tokens=4,
         max_res_tokens=4,
         batch_size=16,
-        max_policy_age=2,  # the generator loads version v while v+1 trains: 1 wasted ~30% of episodes (see above)
+        max_policy_age=3,  # version v loads while v+1 trains and serves two steps (see above)
         # float32 like the trainer, so generator logprobs (the ratio's denominator) match its own.
         # one replica: its engine batches every group (see above)
         generator=GeneratorConfig(num_replicas=1, engine_args={"dtype": "float32"},
                                   sampling_params={"temperature": 1.0, "top_p": 1.0}),
         trainer=TrainerConfig(lr=7e-4, loss="grpo", loss_config={"beta": 0.0}),  # 3e-3 collapsed (see above)
-        loop=LoopConfig(mode="async", rollout_loops=4),  # four groups in flight at once
+        # eight groups in flight at once, one engine batch for two steps, a load every other step (see above)
+        loop=LoopConfig(mode="async", rollout_loops=8, sync_interval=2),
     )
     fields.update(overrides)
     return RunConfig(**fields)

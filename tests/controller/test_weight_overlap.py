@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import forge_nb
-from forge_nb.config import GeneratorConfig
+from forge_nb.config import GeneratorConfig, LoopConfig
 from forge_nb.controller import weight_sync
 from forge_nb.weights.shm import shm_root
 from tests.controller.conftest import light_config
@@ -69,5 +69,26 @@ async def test_generators_that_take_the_manifest_are_handed_it(tmp_path, monkeyp
         assert files == [f"{namespace}.v4.bin"]
         with await forge_nb.weights.open_version(4, namespace=namespace) as state_dict:  # found through the store
             assert state_dict
+    finally:
+        await run.shutdown()
+
+
+async def test_a_sync_interval_loads_every_nth_version_and_the_parked_runs_own(tmp_path) -> None:
+    # the skill card's training.sync_interval: versions 2 and 4 load as the run trains, 1 and 3 are held
+    # (never pushed), and the run parked after step 5 pushes and loads its version 5
+    cfg = light_config(str(tmp_path), "interval", max_policy_age=2,
+                       loop=LoopConfig(rollout_loops=2, sync_interval=2))
+    run = await forge_nb.spawn(cfg, progress=False, actors={"policy": HandedLightGenerator, "trainer": LightTrainer})
+    try:
+        rows = await run.step(5)
+        assert await run.policy.get_handed.fanout() == [[2, 4, 5]] * 2
+        assert await run.trainer.unannounced_pushes.call_one() == 3  # pushes of 2, 4 and 5 only
+        assert await run.policy.get_version.fanout() == [5, 5] and run.version == 5
+        assert await forge_nb.weights.stored_versions(namespace=run.weights_namespace) == [5]
+        assert all(r["policy_age/max"] <= 2 for r in rows), [r["policy_age/max"] for r in rows]
+        assert [r["version"] for r in rows] == [1, 2, 3, 4, 5]  # a held version is the run's all the same
+
+        rows = await run.step(1)  # from the parked version 5: 6 is held, and pushed when the run parks again
+        assert await run.policy.get_handed.fanout() == [[2, 4, 5, 6]] * 2
     finally:
         await run.shutdown()
