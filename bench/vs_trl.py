@@ -118,7 +118,7 @@ def clip_range(loss: Any) -> tuple[float, float]:
     return low, loss.clip_eps if loss.clip_high is None else loss.clip_high
 
 
-def fair_trl_settings(cfg: Any) -> dict[str, Any]:
+def fair_trl_settings(cfg: Any, steps_per_generation: int = 1) -> dict[str, Any]:
     """TRL's ``GRPOConfig`` fields set as forge_nb's quickstart ``cfg`` trains (issue 34: TRL's own defaults on
     this CPU are bf16, gradient checkpointing, the DAPO loss and a linear decay, which the quickstart does not do).
 
@@ -143,6 +143,7 @@ def fair_trl_settings(cfg: Any) -> dict[str, Any]:
         "per_device_train_batch_size": cfg.batch_size, "num_generations": cfg.group_size,
         "max_completion_length": cfg.max_res_tokens,
         "temperature": sampling.get("temperature", 1.0), "top_p": sampling.get("top_p", 1.0),
+        "steps_per_generation": steps_per_generation,
     }
 
 
@@ -160,7 +161,8 @@ def forge_settings(cfg: Any) -> dict[str, Any]:
         "max_norm": cfg.trainer.max_norm, "batch_size": cfg.batch_size, "group_size": cfg.group_size,
         "max_res_tokens": cfg.max_res_tokens,
         "sampling": dict(cfg.generator.sampling_params), "generator_replicas": cfg.generator.num_replicas,
-        "loop": f"{cfg.loop.mode}, {cfg.loop.rollout_loops} rollout loops, max_policy_age {cfg.max_policy_age}",
+        "loop": f"{cfg.loop.mode}, {cfg.loop.rollout_loops} rollout loops, max_policy_age {cfg.max_policy_age}, "
+                f"generators loading every {cfg.loop.sync_interval} versions (sync_interval)",
     }
 
 
@@ -204,7 +206,7 @@ def trl_side(args: argparse.Namespace) -> dict[str, Any]:
             if times and times[-1] - started[0] > args.trl_budget_s:
                 control.should_training_stop = True
 
-    settings = fair_trl_settings(forge_nb.quickstart())
+    settings = fair_trl_settings(forge_nb.quickstart(), args.trl_steps_per_generation)
     config = GRPOConfig(
         output_dir=str(folder / f"trl-out-{args.seed}"), use_cpu=True, report_to="none", save_strategy="no",
         logging_steps=1, disable_tqdm=True, seed=args.seed, max_steps=args.trl_steps, **settings)
@@ -274,7 +276,8 @@ def launch(side: str, seed: int, args: argparse.Namespace, workdir: Path) -> dic
     command = [sys.executable, os.path.abspath(__file__), "--child", side, "--seed", str(seed), "--out", str(out),
                "--workdir", str(workdir), "--trl-steps", str(args.trl_steps), "--trl-budget-s", str(args.trl_budget_s),
                "--forge-steps", str(args.forge_steps), "--forge-budget-s", str(args.forge_budget_s),
-               "--skip", str(args.skip), "--trl-threads", str(args.trl_threads)]
+               "--skip", str(args.skip), "--trl-threads", str(args.trl_threads),
+               "--trl-steps-per-generation", str(args.trl_steps_per_generation)]
     launched = time.time()
     peak_mb, peak_procs = 0.0, 0
     with open(log, "w") as f:
@@ -327,7 +330,8 @@ def main(args: argparse.Namespace) -> None:
     cfg = forge_nb.quickstart()
     print("forge_nb (forge_nb.quickstart()): " + ", ".join(f"{k}={v}" for k, v in forge_settings(cfg).items()))
     print("TRL (GRPOConfig, besides use_cpu and logging): "
-          + ", ".join(f"{k}={v}" for k, v in fair_trl_settings(cfg).items()), flush=True)
+          + ", ".join(f"{k}={v}" for k, v in fair_trl_settings(cfg, args.trl_steps_per_generation).items()),
+          flush=True)
     print(f"other work on the machine: {args.busy} process(es) spinning a core each (--busy), "
           f"on {os.cpu_count()} cores", flush=True)
     with other_work(args.busy):
@@ -397,6 +401,9 @@ if __name__ == "__main__":
     ap.add_argument("--skip", type=int, default=10, help="steps left out of the steady rate")
     ap.add_argument("--trl-threads", type=int, default=0,
                     help="TRL: torch's intra-op threads (0: torch's default, one a core, as TRL's users run it)")
+    ap.add_argument("--trl-steps-per-generation", type=int, default=1,
+                    help="TRL: optimizer steps per generation (its users' default 1: on-policy; 2 reuses one "
+                         "generation for two steps, as the quickstart's generators keep a version for two steps)")
     ap.add_argument("--busy", type=int, default=0, help="other processes spinning a core each through the run")
     # A sample reads /proc/<pid>/smaps_rollup of every process of the side: ~60 ms of CPU for forge_nb's 1.4 GB,
     # taken from the two cores the sides run on. Every 0.5 s it cost the quickstart's start 1-2 s and both
