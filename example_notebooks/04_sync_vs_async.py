@@ -32,7 +32,7 @@ run.set(max_policy_age=0)
 sync_rows = await run.step(STEPS)
 
 run.config.loop.mode = "async"
-run.set(max_policy_age=2)  # the quickstart's own: episodes up to two versions old
+run.set(max_policy_age=3)  # the quickstart's own: episodes up to three versions old
 async_rows = await run.step(STEPS)
 
 

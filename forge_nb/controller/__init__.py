@@ -15,6 +15,7 @@ magics or the widgets. A run's loops (``forge_nb.controller.core``), one step's 
                                      Ledger                       trainer.train_step(batch)   ("train")
                                                                             │
       generators <── update_weights.fanout(v) <── push_weights(v) <── WeightSync.publish(v+1)
+                                           (every ``loop.sync_interval``-th v; held in between)
                                                                             │
                                               hot changes, eval, checkpoint at the step boundary
 
@@ -25,7 +26,10 @@ loop             consumes             waits for                                 
 ===============  ===================  =============================================  ==========================
 rollout<i>       a task sample        ``running`` (pause), ``collect_allowed``        resume; a batch leaving
                                       (buffer full: one batch in sync mode,           the buffer (async) or the
-                                      ``max_policy_age + 1`` batches in async mode)   step's weight sync (sync)
+                                      ``max_policy_age + 1`` batches in async mode);  step's weight sync (sync);
+                                      with ``loop.sync_interval`` > 1, a group that   the generators' next load
+                                      would be too old when trained (``loop``'s       (at most 1 s)
+                                      ``would_be_too_old``)
 train            a batch              ``running``; ``batch_ready`` (buffer short;     resume; accept(); at most
                                       stale episodes just evicted frees room)         ``starved_after_s``
 sft              ``sft_data`` batches ``running``                                     resume

@@ -29,9 +29,9 @@ def quickstart(**overrides: Any) -> RunConfig:
     with vLLM's EngineCore and worker processes it was 8.0 against 12.8). Four rollout loops keep four
     groups in the one engine's batch. Replicas are one setting away: ``%forge_spawn quickstart --replicas 2``.
 
-    Why max_policy_age=2 (session 20, ``bench/vs_trl.py`` and ``bench/learning_curve.py``): the generator
-    loads version v while the trainer trains step v+1, so what it generates meanwhile is two versions behind
-    the step that trains it. With 1, those episodes were evicted as stale: 30-34% of all generated, on the
+    Why max_policy_age of at least 2 (session 20, ``bench/vs_trl.py`` and ``bench/learning_curve.py``; 3 since
+    session 49, below): the generator loads version v while the trainer trains step v+1, so what it generates
+    meanwhile is two versions behind the step that trains it. With 1, those episodes were evicted as stale: 30-34% of all generated, on the
     two cores the trainer shares, and every trained episode was exactly one version old anyway. With 2, 7-14%
     are evicted, 21-24 steps/s became 25-27, and the learning curve held (seeds 0-2: last-50 reward 0.983,
     0.990, 0.988, no letter unsolved, 0.8 at step 76-80; with 1 it was step ~86).
