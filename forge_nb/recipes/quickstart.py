@@ -26,15 +26,17 @@ def quickstart(**overrides: Any) -> RunConfig:
     Why one generator replica and four rollout loops (``bench/vs_trl.py``, issue 24): on two cores each
     replica takes a share of the CPU the trainer needs and loads every version; with the engine in the
     generator's process (session 19) two replicas trained 13.7 steps/s, one 20.4 (same session, seed 0;
-    with vLLM's EngineCore and worker processes it was 8.0 against 12.8). Four rollout loops keep four
-    groups in the one engine's batch. Replicas are one setting away: ``%forge_spawn quickstart --replicas 2``.
+    with vLLM's EngineCore and worker processes it was 8.0 against 12.8). Its rollout loops keep their
+    groups in the one engine's batch (four loops until session 49, eight since: below). Replicas are one
+    setting away: ``%forge_spawn quickstart --replicas 2``.
 
     Why max_policy_age of at least 2 (session 20, ``bench/vs_trl.py`` and ``bench/learning_curve.py``; 3 since
     session 49, below): the generator loads version v while the trainer trains step v+1, so what it generates
-    meanwhile is two versions behind the step that trains it. With 1, those episodes were evicted as stale: 30-34% of all generated, on the
-    two cores the trainer shares, and every trained episode was exactly one version old anyway. With 2, 7-14%
-    are evicted, 21-24 steps/s became 25-27, and the learning curve held (seeds 0-2: last-50 reward 0.983,
-    0.990, 0.988, no letter unsolved, 0.8 at step 76-80; with 1 it was step ~86).
+    meanwhile is two versions behind the step that trains it. With 1, those episodes were evicted as stale:
+    30-34% of all generated, on the two cores the trainer shares, and every trained episode was exactly one
+    version old anyway. With 2, 7-14% are evicted, 21-24 steps/s became 25-27, and the learning curve held
+    (seeds 0-2: last-50 reward 0.983, 0.990, 0.988, no letter unsolved, 0.8 at step 76-80; with 1 it was
+    step ~86).
 
     Why sync_interval=2, eight rollout loops and max_policy_age=3 (session 49, issue 34): vLLM's engine costs
     about as much per engine step for 32 sequences as for 16 (22 against 14-19 ms of CPU a batch,
