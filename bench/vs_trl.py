@@ -201,8 +201,10 @@ def trl_side(args: argparse.Namespace) -> dict[str, Any]:
 
         def on_log(self, _args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **_: Any) -> None:
             if logs and "reward" in logs:
-                times.append(time.time())
-                rewards.append(float(logs["reward"]))
+                # one entry per optimizer step: with steps_per_generation > 1 TRL logs a reward once a generation
+                steps = max(1, state.global_step - len(times))
+                times.extend([time.time()] * steps)
+                rewards.extend([float(logs["reward"])] * steps)
             if times and times[-1] - started[0] > args.trl_budget_s:
                 control.should_training_stop = True
 
