@@ -7,9 +7,9 @@ Three layouts load into the same RunConfig (they may be mixed):
   ``rollout_threads`` -> loop.rollout_loops, ``policy`` -> generator, ``trainer`` (torchtitan job
   sections; a ``trainer.optimizer`` section leaves weight_decay and beta2 at torchtitan's defaults, not
   RunConfig's), ``replay_buffer``, ``ref_model``, ``dataset``, ``metric_logging``, ``services``, ``actors``;
-* the skill card's: ``training`` (batch_size, learning_rate, seq_len, dtype), ``grpo`` (n_samples ->
-  group_size, beta/clip_low/clip_high -> the loss, temperature -> sampling), top-level ``parallelism`` and
-  ``services.generator/trainer/ref_model``.
+* the skill card's: ``training`` (batch_size, learning_rate, seq_len, dtype, sync_interval -> loop), ``grpo``
+  (n_samples -> group_size, beta/clip_low/clip_high -> the loss, temperature -> sampling), top-level
+  ``parallelism`` and ``services.generator/trainer/ref_model``.
 
 A key is honoured when it sets a RunConfig field, or when it is handed unchanged to the component that
 reads it: the trainer's sections (``trainer.extra``, checked here against what RLTrainer takes), the
