@@ -142,7 +142,7 @@ class WeightSync:
         recorded), as does an error of the previous overlapped load."""
         if overlap and hold:
             self.version = version
-            return {}
+            return {"weight_sync_s": 0.0}  # the step spent nothing on the weights (no push time to report)
         timings = await self._settle_load()
         t0 = time.perf_counter()
         self._pushing = version

@@ -56,6 +56,9 @@ def multi_turn_echo(**overrides: Any) -> RunConfig:
     """
     return quickstart(**({"name": "multi-turn", "max_res_tokens": 12, "group_size": 8, "batch_size": 32,
                           "max_policy_age": 1,  # 2 learned less per step (see above)
+                          # four rollout loops and a load after every step, as measured (the quickstart's before
+                          # session 49; its load every other step needs max_policy_age >= 2)
+                          "loop": LoopConfig(mode="async", rollout_loops=4),
                           "trainer": replace(quickstart().trainer, lr=5e-4)} | overrides))
 
 

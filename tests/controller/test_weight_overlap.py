@@ -87,6 +87,8 @@ async def test_a_sync_interval_loads_every_nth_version_and_the_parked_runs_own(t
         assert await forge_nb.weights.stored_versions(namespace=run.weights_namespace) == [5]
         assert all(r["policy_age/max"] <= 2 for r in rows), [r["policy_age/max"] for r in rows]
         assert [r["version"] for r in rows] == [1, 2, 3, 4, 5]  # a held version is the run's all the same
+        assert ["time/push_s" in r for r in rows] == [False, True, False, True, False]
+        assert rows[0]["weight_sync_s"] == 0.0 < rows[1]["weight_sync_s"]
 
         rows = await run.step(1)  # from the parked version 5: 6 is held, and pushed when the run parks again
         assert await run.policy.get_handed.fanout() == [[2, 4, 5, 6]] * 2
