@@ -25,7 +25,7 @@ from typing import Any
 from forge_nb.controller.episodes import episode_row, evaluate
 from forge_nb.controller.hot import HotChanges
 from forge_nb.controller.ledger import Ledger
-from forge_nb.controller.loop import Batch, RLBatches, SFTBatches, would_be_too_old
+from forge_nb.controller.loop import Batch, RLBatches, SFTBatches, loads_overlap, would_be_too_old
 from forge_nb.controller.quarantine import QuarantineWatch
 from forge_nb.controller.state import RunState, transition
 from forge_nb.controller.weight_sync import WeightSync
@@ -323,9 +323,8 @@ class Controller:
         """The next version to every generator (in async mode loaded while the next step trains: WeightSync);
         False when the trainer died before its push (the run has then rewound to its last checkpoint)."""
         try:
-            overlap = self.config.loop.mode == "async" and self.buffer.max_policy_age >= 1
             version = self.sync.version + 1
-            out.update(await self.sync.publish(version, overlap=overlap,
+            out.update(await self.sync.publish(version, overlap=loads_overlap(self),
                                                hold=version % self.config.loop.sync_interval != 0))
         except ReplicaDied as error:  # trained but not pushed: the checkpoint is the truth
             await self.recover_trainer(str(error))

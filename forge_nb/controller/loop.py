@@ -31,7 +31,7 @@ from typing import Any
 from forge_nb.controller.episodes import episode_metrics
 from forge_nb.rl import collate
 
-__all__ = ["Batch", "RLBatches", "SFTBatches", "would_be_too_old"]
+__all__ = ["Batch", "RLBatches", "SFTBatches", "loads_overlap", "would_be_too_old"]
 
 
 @dataclass
@@ -119,14 +119,20 @@ class SFTBatches:
         pass
 
 
+def loads_overlap(ctl: Any) -> bool:
+    """Whether the generators load a version while the next step trains (``WeightSync.publish(overlap=True)``):
+    in async mode with ``max_policy_age >= 1``; only then are versions held between ``loop.sync_interval``'s loads."""
+    return ctl.config.loop.mode == "async" and ctl.buffer.max_policy_age >= 1
+
+
 def would_be_too_old(ctl: Any, generating: int) -> bool:
     """With ``loop.sync_interval`` > 1 (generators keep a version for several steps, and rollouts running
     ahead on it made episodes evicted unused: 30% of the quickstart's, issue 34): whether a group a rollout
     loop starts now would reach ``max_policy_age`` by its training step, estimated as the trainer's version
     plus the batches buffered or ``generating`` ahead of it, minus the oldest version a generator holds, with
     one step of slack for the buffer's random sampling. Such a group waits for the next load."""
-    if ctl.config.loop.sync_interval == 1 or ctl.config.loop.mode == "sync" or ctl.buffer.max_policy_age < 1:
-        return False  # every step's version loads (``Controller._publish``)
+    if ctl.config.loop.sync_interval == 1 or not loads_overlap(ctl):
+        return False  # every step's version loads
     held = min((r.version or 0 for r in ctl.policy.replicas if r.healthy), default=ctl.sync.pushed)
     ahead = (len(ctl.buffer) + generating) // ctl.config.batch_size
     return ctl.sync.version + ahead - held > ctl.buffer.max_policy_age - 1
