@@ -65,11 +65,37 @@ MUST_BE_ONE = frozenset({
 })
 
 
+# Each section checks its values in __post_init__ with these three, so every bad value is reported the same
+# way: "<section>.<key>=<value>: what it must be (a hint)". Booleans are neither numbers nor counts here.
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _positive(owner: str, name: str, value: float, *, allow_zero: bool = False, hint: str = "") -> None:
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not number or not (value >= 0 if allow_zero else value > 0):
+    if not _is_number(value) or not (value >= 0 if allow_zero else value > 0):
         raise ValueError(f"{owner}.{name}={value!r}: must be {'a number >= 0' if allow_zero else 'a positive number'}"
                          + (f" ({hint})" if hint else ""))
+
+
+def _count(owner: str, name: str, value: Any, least: int, *, optional: bool = False, hint: str = "") -> None:
+    """An int >= ``least`` (or None where ``optional``)."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{owner}.{name}={value!r}: an int >= {least}" + (", or None" if optional else "")
+                         + (f" ({hint})" if hint else ""))
+
+
+def _fraction(owner: str, name: str, value: Any, *, below_one: bool = False, optional: bool = False,
+              what: str = "a number", hint: str = "") -> None:
+    """A number in [0, 1] (or [0, 1) where ``below_one``; or None where ``optional``)."""
+    if value is None and optional:
+        return
+    if not _is_number(value) or not (0 <= value < 1 if below_one else 0 <= value <= 1):
+        raise ValueError(f"{owner}.{name}={value!r}: {what} in [0, 1{')' if below_one else ']'}"
+                         + (", or None" if optional else "") + (f" ({hint})" if hint else ""))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -99,9 +125,7 @@ class OptimizerConfig:
         _positive("optimizer", "eps", self.eps)
         _positive("optimizer", "weight_decay", self.weight_decay, allow_zero=True, hint="0 turns it off")
         for name in ("beta1", "beta2"):
-            beta = getattr(self, name)
-            if isinstance(beta, bool) or not isinstance(beta, int | float) or not 0 <= beta < 1:
-                raise ValueError(f"optimizer.{name}={beta!r}: must be a number in [0, 1), e.g. 0.95")
+            _fraction("optimizer", name, getattr(self, name), below_one=True, what="must be a number", hint="e.g. 0.95")
 
     def build(self, params: Any) -> Any:
         """The ``torch.optim`` optimizer over ``params``. Adam(W) on plain CPU tensors uses torch's fused
@@ -149,13 +173,8 @@ class TrainingConfig:
         if self.engine not in ENGINES:
             raise ValueError(f"training.engine={self.engine!r}: choose one of {list(ENGINES)}")
         for name in ("gradient_accumulation_steps", "steps"):
-            steps = getattr(self, name)
-            if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-                raise ValueError(f"training.{name}={steps!r}: an int >= 1")
-        if self.local_batch_size is not None and (
-            not isinstance(self.local_batch_size, int) or self.local_batch_size < 1
-        ):
-            raise ValueError(f"training.local_batch_size={self.local_batch_size!r}: an int >= 1, or None")
+            _count("training", name, getattr(self, name), 1)
+        _count("training", "local_batch_size", self.local_batch_size, 1, optional=True)
 
     @property
     def logits_temperature(self) -> float:
@@ -198,20 +217,12 @@ class LRSchedulerConfig:
     """The schedule's length in optimizer steps; None: ``training.steps``."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) or self.warmup_steps < 0:
-            raise ValueError(f"lr_scheduler.warmup_steps={self.warmup_steps!r}: an int >= 0")
-        ratio = self.decay_ratio
-        if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 <= ratio <= 1):
-            raise ValueError(f"lr_scheduler.decay_ratio={ratio!r}: a number in [0, 1], or None (decay after the "
-                             "warmup)")
+        _count("lr_scheduler", "warmup_steps", self.warmup_steps, 0)
+        _fraction("lr_scheduler", "decay_ratio", self.decay_ratio, optional=True, hint="None: decay after the warmup")
         if self.decay_type not in DECAY_TYPES:
             raise ValueError(f"lr_scheduler.decay_type={self.decay_type!r}: choose one of {list(DECAY_TYPES)}")
-        minimum = self.min_lr_factor
-        if isinstance(minimum, bool) or not isinstance(minimum, int | float) or not 0 <= minimum <= 1:
-            raise ValueError(f"lr_scheduler.min_lr_factor={minimum!r}: a share of the lr in [0, 1]")
-        total = self.total_steps
-        if total is not None and (not isinstance(total, int) or isinstance(total, bool) or total < 1):
-            raise ValueError(f"lr_scheduler.total_steps={total!r}: an int >= 1, or None (training.steps)")
+        _fraction("lr_scheduler", "min_lr_factor", self.min_lr_factor, what="a share of the lr")
+        _count("lr_scheduler", "total_steps", self.total_steps, 1, optional=True, hint="None: training.steps")
 
     def factor(self, step: int, steps: int) -> float:
         """What lr is multiplied by for optimizer step ``step`` (0: the first) of a run of ``steps``
@@ -248,12 +259,10 @@ class CheckpointConfig:
     every byte again. Any other folder is checked as usual."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.interval, int) or self.interval < 0:
-            raise ValueError(f"checkpoint.interval={self.interval!r}: an int >= 0 (0: only on request)")
+        _count("checkpoint", "interval", self.interval, 0, hint="0: only on request")
         if self.interval and self.folder is None:
             raise ValueError(f"checkpoint.interval={self.interval} needs checkpoint.folder; set a run folder")
-        if self.keep_last is not None and (not isinstance(self.keep_last, int) or self.keep_last < 1):
-            raise ValueError(f"checkpoint.keep_last={self.keep_last!r}: an int >= 1, or None")
+        _count("checkpoint", "keep_last", self.keep_last, 1, optional=True)
 
 
 @dataclass(kw_only=True, slots=True)

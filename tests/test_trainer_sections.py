@@ -1,0 +1,50 @@
+"""RLTrainer's sections refuse a bad value when they are built, naming ``<section>.<key>=<value>`` and what it must
+be; a boolean is not a count (``checkpoint.interval=True`` used to pass as 1)."""
+
+from __future__ import annotations
+
+import pytest
+
+from forge_nb.config.trainer_sections import (
+    CheckpointConfig,
+    LRSchedulerConfig,
+    OptimizerConfig,
+    TrainingConfig,
+    read_section,
+)
+
+BAD = [
+    (TrainingConfig, "training", {"steps": 0}, r"training\.steps=0: an int >= 1$"),
+    (TrainingConfig, "training", {"steps": True}, r"training\.steps=True: an int >= 1$"),
+    (TrainingConfig, "training", {"gradient_accumulation_steps": 1.0}, r"gradient_accumulation_steps=1\.0: an int"),
+    (TrainingConfig, "training", {"local_batch_size": 0}, r"training\.local_batch_size=0: an int >= 1, or None$"),
+    (TrainingConfig, "training", {"local_batch_size": True}, r"local_batch_size=True: an int >= 1, or None$"),
+    (CheckpointConfig, "checkpoint", {"interval": -1}, r"checkpoint\.interval=-1: an int >= 0 \(0: only on request\)"),
+    (CheckpointConfig, "checkpoint", {"interval": True, "folder": "ckpt"}, r"checkpoint\.interval=True: an int >= 0"),
+    (CheckpointConfig, "checkpoint", {"keep_last": False}, r"checkpoint\.keep_last=False: an int >= 1, or None$"),
+    (LRSchedulerConfig, "lr_scheduler", {"warmup_steps": -1}, r"lr_scheduler\.warmup_steps=-1: an int >= 0$"),
+    (LRSchedulerConfig, "lr_scheduler", {"decay_ratio": True},
+     r"decay_ratio=True: a number in \[0, 1\], or None \(None: decay after the warmup\)$"),
+    (LRSchedulerConfig, "lr_scheduler", {"min_lr_factor": float("nan")},
+     r"min_lr_factor=nan: a share of the lr in \[0, 1\]$"),
+    (LRSchedulerConfig, "lr_scheduler", {"total_steps": 0},
+     r"total_steps=0: an int >= 1, or None \(None: training\.steps\)$"),
+    (OptimizerConfig, "optimizer", {"beta1": 1}, r"optimizer\.beta1=1: must be a number in \[0, 1\) \(e\.g\. 0\.95\)$"),
+    (OptimizerConfig, "optimizer", {"beta2": "0.9"}, r"optimizer\.beta2='0\.9': must be a number in \[0, 1\)"),
+]
+
+
+@pytest.mark.parametrize(("cls", "name", "section", "message"), BAD,
+                         ids=lambda v: str(v) if isinstance(v, dict) else "")
+def test_a_bad_value_is_refused_by_its_name(cls: type, name: str, section: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        read_section(cls, name, section)
+
+
+def test_the_edges_and_none_are_accepted() -> None:
+    assert read_section(TrainingConfig, "training", {"local_batch_size": None, "steps": 1}).steps == 1
+    assert read_section(CheckpointConfig, "checkpoint", {"interval": 0, "keep_last": None}).interval == 0
+    schedule = read_section(LRSchedulerConfig, "lr_scheduler",
+                            {"warmup_steps": 0, "decay_ratio": 1, "min_lr_factor": 0.0, "total_steps": None})
+    assert (schedule.decay_ratio, schedule.min_lr_factor, schedule.total_steps) == (1, 0.0, None)
+    assert read_section(OptimizerConfig, "optimizer", {"beta1": 0, "beta2": 0.999}).beta2 == 0.999
