@@ -15,6 +15,7 @@ from forge_nb.config.trainer_sections import (
     TRAINER_SEED_SECTIONS,
     LRSchedulerConfig,
     OptimizerConfig,
+    _count,
 )
 
 
@@ -109,8 +110,7 @@ class TrainerSections(Tree):
         t = section(value, "training", ("batch_size", "learning_rate", "seq_len", "dtype",
                                         "gradient_accumulation_steps", "entropy_coef", "sync_interval"))
         steps = t.get("gradient_accumulation_steps", 1)
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-            raise ValueError(f"training.gradient_accumulation_steps={steps!r}: an int >= 1")
+        _count("training", "gradient_accumulation_steps", steps, 1)  # before it multiplies the batch size
         if "batch_size" in t:  # the micro-batch: a step trains batch_size x gradient_accumulation_steps episodes
             batch = t["batch_size"]
             self.put("batch_size", batch * steps if isinstance(batch, int) else batch, "training.batch_size")
