@@ -197,7 +197,7 @@ class Controller:
             self._gen_tokens += len(completion.token_ids) if completion is not None else 0
             self.recent.append(episode_row(episode))
             self.ledger.accept()
-            self.quarantine.note(episode.quarantine)
+            self.quarantine.note(episode.quarantine, episode.quarantine_error)
             if episode.quarantine:
                 self.ledger.end("quarantined")
             elif taken_back is not None and (episode.policy_version or 0) > taken_back:
@@ -209,9 +209,9 @@ class Controller:
         self.batch_ready.set()
         if self.quarantine.due():
             self._report_quarantine()
-        if (message := self.quarantine.overwhelmed()) is not None and self._running.is_set():
+        if (why := self.quarantine.overwhelmed()) is not None and self._running.is_set():
             self._report_quarantine()
-            self._stop_with(message, event="quarantine_pause")
+            self._stop_with(why.message, event="quarantine_pause", error=why.error())
 
     def _report_quarantine(self) -> None:
         """One "quarantine" event per interval: episodes per reason and the last message of each."""

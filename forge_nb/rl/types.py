@@ -163,6 +163,9 @@ class Episode:
     """Reward per reward function, keyed by a readable name."""
     quarantine: str | None = None
     """Why this episode must not be learned from (a reward function failed), or None."""
+    quarantine_error: BaseException | None = field(default=None, repr=False, compare=False)
+    """The exception behind ``quarantine``, where the episode function kept it (an agent's): a run paused
+    for such episodes shows its traceback. In this process only: never pickled."""
     policy_mask: torch.Tensor | None = None
     """1-D bool over the completion's token ids: True where the policy generated the token. A multi-turn
     trajectory's response holds what the environment and tools said between the policy's turns too; those
@@ -190,6 +193,9 @@ class Episode:
             raise ValueError("Episode(prompt_ids=...) also needs response_ids= (the generated token ids)")
         self.completion = Completion(text="", prompt_ids=prompt_ids, token_ids=response_ids)
         self._check_policy_mask()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "quarantine_error": None}  # a traceback does not pickle, nor travel
 
     def _check_policy_mask(self) -> None:
         if self.policy_mask is None or self.completion is None:
