@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 
 import pytest
@@ -67,3 +69,53 @@ def test_read_keeps_the_last_lines_or_those_of_a_level_with_tracebacks(tmp_path)
         paths, n=100, level="warning")
     with pytest.raises(ValueError, match="level='debug'"):
         proclogs.read(paths, level="debug")
+
+
+def _alike(logger: logging.Logger, i: int) -> None:
+    logger.warning("trajectory %d: the agent raised KeyError: 'question'", i)  # one line of code, many records
+
+
+def test_a_kernel_log_writes_a_few_of_many_alike_records_and_counts_the_rest(tmp_path):
+    """A loop failing the same way thousands of times writes a bounded log; what was left out is counted."""
+    logger = logging.getLogger("forge_nb.tests.flood")
+    log = proclogs.KernelLog(tmp_path)
+    try:
+        for i in range(20_000):
+            _alike(logger, i)
+        logger.error("the run paused")  # another line: written
+    finally:
+        log.close()
+    lines = log.path.read_text().splitlines()
+    assert len(lines) == proclogs.REPEATS + 1, lines[:10]
+    assert lines[-1].endswith("ERROR forge_nb.tests.flood: the run paused")
+    assert not [line for line in lines if "[actor=" in line]  # monarch's actor prefix says nothing in a kernel
+
+
+def test_the_next_record_of_a_line_says_how_many_alike_were_left_out(tmp_path):
+    logger = logging.getLogger("forge_nb.tests.repeats")
+    handler = logging.FileHandler(tmp_path / "repeats.log")
+    handler.addFilter(proclogs.repeats_summarised(period_s=0.2))
+    logger.addHandler(handler)
+    try:
+        for i in range(100):
+            _alike(logger, i)
+        time.sleep(0.3)  # the period is over: the line may write again
+        _alike(logger, 100)
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    text = (tmp_path / "repeats.log").read_text()
+    assert text.count("the agent raised KeyError") == proclogs.REPEATS + 1
+    assert f"(and {100 - proclogs.REPEATS} more like this from the same line, left out of this log)" in text
+
+
+def test_monarch_s_actor_prefix_stays_off_the_kernel_log_s_handler(runtime, tmp_path):
+    plain = logging.Handler()
+    logging.getLogger("forge_nb.tests.prefix").addHandler(plain)  # monarch gives every new handler its filter
+    log = proclogs.KernelLog(tmp_path)
+    try:
+        assert [f for f in plain.filters if type(f).__name__ == "_ActorFilter"]
+        assert not [f for f in log.handler.filters if type(f).__name__ == "_ActorFilter"]
+    finally:
+        log.close()
+        logging.getLogger("forge_nb.tests.prefix").removeHandler(plain)

@@ -82,6 +82,7 @@ from typing import Any
 
 from forge_nb.envs.tools import ToolCall, Tools
 from forge_nb.system.importpath import require
+from forge_nb.system.proclogs import drop_actor_prefix
 
 __all__ = ["HARNESS_ID", "local_env", "verifiers_episode"]
 
@@ -321,7 +322,9 @@ def _plugin() -> types.SimpleNamespace:
     _register(_HARNESS_MODULE, ForgeChatHarness, ForgeChatHarnessConfig)
     library = logging.getLogger("verifiers.v1")
     if not any(isinstance(h, _Forward) for h in library.handlers):
-        library.addHandler(_Forward())
+        forward = _Forward()
+        library.addHandler(forward)
+        drop_actor_prefix(forward)  # the kernel log's handler prefixes nothing either
         library.propagate = False
     return types.SimpleNamespace(vf=vf)
 

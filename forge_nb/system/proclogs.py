@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import sys
@@ -78,18 +79,54 @@ class _FullDiskQuiet(logging.FileHandler):
                 raise
 
 
+#: A line of the kernel's code writes at most REPEATS records to a run's kernel.log per REPEAT_PERIOD_S seconds;
+#: the next one that is written says how many were left out.
+REPEATS, REPEAT_PERIOD_S = 5, 10.0
+
+
+def repeats_summarised(period_s: float = REPEAT_PERIOD_S) -> logging.Filter:
+    """A filter that lets at most ``REPEATS`` records of one line of code through per ``period_s`` seconds and
+    says how many it left out: log-rate-limit's ``StreamRateLimitFilter`` (a stdlib ``logging.Filter``), one
+    stream per file and line. The next record of that line after the period carries "(and N more like this
+    ...)"; a line that went quiet has its count added to the next record of any line once two periods passed.
+    A rollout loop that fails the same way thousands of times a second (an agent broken before its first
+    call) then writes a few lines, not hundreds of megabytes. Considered: one stream per message text (messages
+    that differ only by an id or a value would each pass), and logging's own ``handlers.MemoryHandler`` (it
+    buffers, it does not count)."""
+    from log_rate_limit import StreamRateLimitFilter
+
+    return StreamRateLimitFilter(
+        period_sec=period_s, allow_next_n=REPEATS - 1, default_stream_id="file_line_no",
+        summary_msg="(and {numskip} more like this from the same line, left out of this log)",
+        expire_offset_sec=int(math.ceil(period_s)), expire_check_sec=1,
+        expire_msg="\n(and {numskip} more like this from {stream_id}, left out of this log)")
+
+
+def drop_actor_prefix(handler: logging.Handler) -> None:
+    """Take monarch's actor filter off ``handler``: once a monarch context exists, monarch adds to every handler a
+    filter that prefixes each record's message with ``[actor=<name>]`` (and rewrites the record, so a record that
+    passes two such handlers reads ``[actor=<root>] [actor=<root>]``). In the kernel the name is always
+    ``<root>``: it says nothing."""
+    for f in list(handler.filters):
+        if type(f).__name__ == "_ActorFilter" and type(f).__module__.startswith("monarch"):
+            handler.removeFilter(f)
+
+
 class KernelLog:
     """While a run lives, what the kernel's forge_nb and torchstore loggers record, in ``<folder>/kernel.log``.
 
     A handler on those loggers (records still propagate to handlers the user put on the root logger);
-    the levels stay as the user set them (warnings and errors by default). ``close()`` takes it off."""
+    the levels stay as the user set them (warnings and errors by default), repeats are summarised
+    (:func:`repeats_summarised`). ``close()`` takes it off."""
 
     def __init__(self, folder: Path):
         self.path = Path(folder) / KERNEL_LOG
         self.handler = _FullDiskQuiet(self.path, delay=True, encoding="utf-8")
         self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self.handler.addFilter(repeats_summarised())
         for name in KERNEL_LOGGERS:
             logging.getLogger(name).addHandler(self.handler)
+        drop_actor_prefix(self.handler)
 
     def close(self) -> None:
         for name in KERNEL_LOGGERS:
