@@ -12,7 +12,7 @@ messages do not, which is why the recorder matches messages and never re-tokenis
 
 Considered: vLLM's tool parsers (``vllm.tool_parsers``, one per model family). Importing one brings vLLM into
 the kernel (8 s, 670 MB here); the two syntaxes above cover the models forge_nb recipes use, and a model with
-a format of its own passes ``tool_parser=fn`` (text -> list of calls).
+a format of its own passes ``tool_parser=fn`` (text -> ``(content, calls)``, as vLLM's parsers answer).
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from forge_nb.envs.tools import ToolCall, find_tool_calls
 
 __all__ = ["ParsedAnswer", "ToolParser", "hf_message", "message_key", "message_text", "parse_answer"]
 
-ToolParser = str | Callable[[str], list[ToolCall]]
-"""``"hermes"``, ``"simple"``, or a function from the answer's text to its tool calls."""
+ToolParser = str | Callable[[str], "tuple[str | None, list[ToolCall]] | list[ToolCall]"]
+"""``"hermes"``, ``"simple"``, or a function of the answer's text returning ``(content, calls)``: the text without
+the calls, and the calls (what vLLM's tool parsers return). A function that returns the calls alone answers
+with no content where it found calls: it does not say which text was the call."""
 
 
 def message_text(content: Any) -> str:
@@ -98,7 +100,12 @@ def parse_answer(text: str, parser: ToolParser | None) -> ParsedAnswer:
     if parser is None:
         return ParsedAnswer(text, [], True)
     if callable(parser):
-        calls, content, ok = list(parser(text)), text, True
+        parsed, ok = parser(text), True
+        if isinstance(parsed, tuple):  # (content, calls): the parser took its calls' text out itself
+            content, calls = parsed[0] or "", list(parsed[1])
+        else:
+            calls = list(parsed)
+            content = "" if calls else text
     else:
         found = find_tool_calls(text, parser)  # type: ignore[arg-type]
         calls = [call for _, call in found if isinstance(call, ToolCall)]
