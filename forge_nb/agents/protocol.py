@@ -11,8 +11,8 @@ Honoured: ``model``, ``messages``/``prompt``, ``n``, ``temperature``, ``top_p``,
 ``max_completion_tokens``, ``stop``, ``seed``, ``presence_penalty``, ``frequency_penalty``, ``logprobs`` and
 ``top_logprobs``, ``tools``/``tool_choice`` (``none``, ``auto``, ``required`` or a named function: the model is
 asked through its chat template's tools; what it writes is parsed back into ``tool_calls``), ``stream`` and
-``stream_options.include_usage``; vLLM's extensions ``top_k``, ``min_p``, ``repetition_penalty``,
-``chat_template_kwargs`` and ``return_token_ids`` (the answer then carries ``prompt_token_ids`` and each
+``stream_options.include_usage``; vLLM's extensions ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
+``ignore_eos``, ``chat_template_kwargs`` and ``return_token_ids`` (the answer then carries ``prompt_token_ids`` and each
 choice's ``token_ids``). The weight version that produced an answer is its ``system_fingerprint``
 (``forge_nb-v<version>``), OpenAI's field for "the backend configuration the model runs with".
 
@@ -71,6 +71,8 @@ class _Request(BaseModel):
     top_k: int | None = None
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0)
+    min_tokens: int | None = Field(None, ge=0)
+    ignore_eos: bool | None = None
     return_token_ids: bool = False
 
     @property
@@ -81,7 +83,7 @@ class _Request(BaseModel):
         """The Generator's sampling overrides for this request (what it left out, the run decides)."""
         values = {"n": self.n, "max_tokens": max_tokens, "logprobs": self.top_logprob_count}
         for name in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
-                     "repetition_penalty"):
+                     "repetition_penalty", "min_tokens", "ignore_eos"):
             if getattr(self, name) is not None:
                 values[name] = getattr(self, name)
         if self.stop is not None:

@@ -52,10 +52,13 @@ class _Answered:
 
 @dataclass(eq=False)
 class TrajectoryLog:
-    """One trajectory's segments; ``budget``: response tokens per segment, ``request_len``: longest prompt."""
+    """One trajectory's segments; ``budget``: response tokens per segment, ``request_len``: the trained prompt
+    width (the longest first prompt), ``later_request_len``: the longest prompt of a later segment, whose part
+    past ``request_len`` is laid at the start of its response as context (default ``request_len``)."""
 
     budget: int
     request_len: int | None = None
+    later_request_len: int | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     segments: list[Trajectory] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -151,9 +154,21 @@ class TrajectoryLog:
     def _new_segment(self, prompt_ids: list[int], text: str) -> tuple[list[int], int]:
         if self._answered is not None:
             self._keep(0)
-        if self.request_len is not None and len(prompt_ids) > self.request_len:
-            raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens and a trained prompt at most "
-                           f"{self.request_len} (the run's max_req_tokens): raise max_req_tokens, or shorten the "
-                           "prompt", code="context_length_exceeded")
-        self.segments.append(Trajectory(prompt=text, prompt_ids=list(prompt_ids), max_tokens=self.budget))
-        return list(prompt_ids), self.budget
+        width = self.request_len
+        limit = max(width, self.later_request_len or 0) if width is not None and self.segments else width
+        if limit is not None and len(prompt_ids) > limit:
+            later = (" and a later segment's prompt (after the agent rewrote its history) at most "
+                     f"{limit}" if self.segments else "")
+            raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens and a trained prompt at most {width} (the "
+                           f"run's max_req_tokens){later}: raise max_req_tokens (for a summarising agent's later "
+                           "prompts: agent_episode(later_prompt_tokens=...)), or shorten the prompt",
+                           code="context_length_exceeded")
+        head, lead = (prompt_ids[:width], prompt_ids[width:]) if width is not None else (prompt_ids, [])
+        if len(lead) >= self.budget:
+            raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens: {len(lead)} past the trained prompt's "
+                           f"{width} go to the segment's response, which holds {self.budget} in all, with no room "
+                           "left for an answer; give the episode a larger budget (agent_episode(max_tokens=...))",
+                           code="context_length_exceeded")
+        segment = Trajectory(prompt=text, prompt_ids=list(head), max_tokens=self.budget, lead_ids=list(lead))
+        self.segments.append(segment)
+        return segment.context_ids, segment.room

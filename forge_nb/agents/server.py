@@ -71,7 +71,7 @@ class OpenAIEndpoint:
         if not callable(tool_parser) and tool_parser not in ("hermes", "simple"):
             raise ValueError(f"tool_parser={tool_parser!r}: use 'hermes' (<tool_call>{{json}}</tool_call>, Qwen3 and "
                              "most open models), 'simple' (a line '@name argument', tiny models) or a function from "
-                             "text to a list of forge_nb.envs.tools.ToolCall")
+                             "text to (content without the calls, [forge_nb.envs.tools.ToolCall, ...])")
         self.run, self.tokenizer, self.token = run, tokenizer, token
         self.model: str = run.name
         self.tool_parser, self.request_timeout_s = tool_parser, request_timeout_s
@@ -82,6 +82,7 @@ class OpenAIEndpoint:
         self._latency: deque[float] = deque(maxlen=200)
         self._runner: web.AppRunner | None = None
         self._http: Any = None  # the httpx client every openai client of this endpoint shares
+        self._sync_http: Any = None  # and the one under its synchronous clients
         self.host, self.port = "127.0.0.1", 0
 
     @classmethod
@@ -109,9 +110,11 @@ class OpenAIEndpoint:
     def serving(self) -> bool:
         return self._runner is not None
 
-    def open_trajectory(self, budget: int | None = None, request_len: int | None = None) -> TrajectoryLog:
+    def open_trajectory(self, budget: int | None = None, request_len: int | None = None,
+                        later_request_len: int | None = None) -> TrajectoryLog:
         """A trajectory whose calls are recorded; its base URL is ``trajectory_url(log)``."""
-        log = TrajectoryLog(budget=budget or self.run.config.max_res_tokens, request_len=request_len)
+        log = TrajectoryLog(budget=budget or self.run.config.max_res_tokens, request_len=request_len,
+                            later_request_len=later_request_len)
         self.trajectories[log.id] = log
         return log
 
@@ -135,6 +138,22 @@ class OpenAIEndpoint:
         client.model = self.model  # type: ignore[attr-defined]
         return client
 
+    def sync_client(self, log: TrajectoryLog | None = None, **options: Any) -> Any:
+        """A synchronous ``openai.OpenAI`` for this endpoint (bound to ``log``'s trajectory when given), for code
+        that runs off the kernel's event loop (a plain ``def`` agent runs in a thread): called on the loop's own
+        thread it would wait for an answer the blocked loop cannot give. The clients share one connection pool,
+        which the endpoint closes when it stops."""
+        import httpx
+        import openai
+
+        if self._sync_http is None:
+            self._sync_http = httpx.Client(timeout=httpx.Timeout(self.request_timeout_s + 30, connect=10),
+                                           limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        client = openai.OpenAI(base_url=self.trajectory_url(log) if log is not None else self.url,
+                               api_key=self.token, http_client=self._sync_http, **({"max_retries": 0} | options))
+        client.model = self.model  # type: ignore[attr-defined]
+        return client
+
     def status(self) -> dict[str, Any]:
         latency = sorted(self._latency)
         return {"url": self.url, "model": self.model, "serving": self.serving, "requests": self.requests,
@@ -146,6 +165,9 @@ class OpenAIEndpoint:
         http, self._http = self._http, None
         if http is not None:
             await http.aclose()
+        sync_http, self._sync_http = self._sync_http, None
+        if sync_http is not None:
+            sync_http.close()
         if runner is not None:
             await runner.cleanup()
         self.trajectories.clear()

@@ -96,12 +96,16 @@ def turn_metrics(episodes: list[Episode]) -> dict[str, float]:
 
 def episode_row(episode: Episode) -> dict[str, Any]:
     """What ``run.episodes()`` and the explorer show of an accepted episode; a multi-turn one also has
-    ``turns``: each turn's action, observation (the environment's or a tool's), reward and info."""
+    ``turns``: each turn's action, observation (the environment's or a tool's), reward and info; an agent's
+    (``agent_episode``) has ``trajectory`` (one id for the segments of one run of the agent) and ``segment``
+    (0, 1, ... in the order the agent's conversation made them)."""
     completion = episode.completion
     row = {"episode_id": episode.episode_id, "prompt": completion.prompt if completion else None,
            "response": completion.text if completion else None, "target": episode.target,
-           "reward": episode.reward, "advantage": episode.advantage, "version": episode.policy_version,
-           "quarantine": episode.quarantine}
-    if completion is not None and "turns" in (completion.metadata or {}):
-        row["turns"] = completion.metadata["turns"]
+           "reward": episode.reward, "advantage": episode.advantage,
+           "version": completion.generator_version if completion else None, "quarantine": episode.quarantine}
+    metadata = (completion.metadata if completion is not None else None) or {}
+    for key in ("turns", "trajectory", "segment"):  # an agent's trajectory, and which segment of it this is
+        if key in metadata:
+            row[key] = metadata[key]
     return row

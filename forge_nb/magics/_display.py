@@ -130,12 +130,16 @@ EPISODE_COLUMNS = ("episode_id", "version", "reward", "advantage", "prompt", "re
 
 
 def episodes_table(rows: Sequence[dict[str, Any]]) -> Table:
-    """One line per episode; multi-turn ones show their number of turns (``--turns`` shows each turn)."""
+    """One line per episode; multi-turn ones show their number of turns (``--turns`` shows each turn), an
+    agent's their trajectory and segment (the episodes of one run of the agent share a trajectory)."""
+    columns = list(EPISODE_COLUMNS)
+    if any("trajectory" in r for r in rows):
+        columns[1:1] = ["trajectory", "segment"]
     if not any("turns" in r for r in rows):
-        return Table(rows, EPISODE_COLUMNS, title=f"{len(rows)} episode(s), newest last")
+        return Table(rows, columns, title=f"{len(rows)} episode(s), newest last")
     counted = [{**r, "turns": len(r["turns"]) if "turns" in r else None} for r in rows]
-    return Table(counted, (*EPISODE_COLUMNS[:4], "turns", *EPISODE_COLUMNS[4:]),
-                 title=f"{len(rows)} episode(s), newest last (%forge_episodes --turns: turn by turn)")
+    columns.insert(columns.index("prompt"), "turns")
+    return Table(counted, columns, title=f"{len(rows)} episode(s), newest last (%forge_episodes --turns: turn by turn)")
 
 
 TURN_COLUMNS = ("turn", "action", "observation", "tool", "reward")
@@ -146,7 +150,9 @@ def turns_report(rows: Sequence[dict[str, Any]]) -> Report:
     whether the call succeeded) and the turn's reward."""
     parts: list[str | Table] = []
     for r in rows:
-        head = (f"episode {r['episode_id']}: version {r['version']}, reward {_fmt(r['reward'])}, "
+        head = (f"episode {r['episode_id']}"
+                + (f" (trajectory {r['trajectory']}, segment {r['segment']})" if "trajectory" in r else "")
+                + f": version {r['version']}, reward {_fmt(r['reward'])}, "
                 f"prompt {_fmt(r['prompt'])}" + (f", quarantined: {r['quarantine']}" if r.get("quarantine") else ""))
         if "turns" not in r:
             parts.append(head + " (single turn: " + _fmt(r["response"]) + ")")

@@ -7,11 +7,12 @@ turn's reward). As an :class:`~forge_nb.rl.types.Episode` it is one response aft
     prompt | action 1 | observation 1 | action 2 | observation 2 | ... | action k
              trained    context         trained    context               trained
 
-``Episode.policy_mask`` is True on the action tokens only, so the loss, the KL term and the entropy see the
-policy's own tokens; logprobs of context tokens are 0 (masked out). The reward is the sum of the turns'
-rewards. The policy version is the oldest turn's: the age the replay buffer checks is that of the stalest
-tokens. ``completion.metadata["turns"]`` keeps each turn's text, reward and environment info for the
-rollout explorer.
+A prompt longer than the run's trained prompt width keeps its tail at the response's start (``lead_ids``,
+context like an observation). ``Episode.policy_mask`` is True on the action tokens only, so the loss, the KL
+term and the entropy see the policy's own tokens; logprobs of context tokens are 0 (masked out). The reward
+is the sum of the turns' rewards. The policy version is the oldest turn's: the age the replay buffer checks is
+that of the stalest tokens. ``completion.metadata["turns"]`` keeps each turn's text, reward and environment
+info for the rollout explorer.
 
 Pure PyTorch: the episode function that drives generation and the environment service lives in
 ``forge_nb.envs``.
@@ -51,6 +52,9 @@ class Trajectory:
     prompt: str
     prompt_ids: list[int]
     max_tokens: int
+    lead_ids: list[int] = field(default_factory=list)
+    """Context at the start of the response, before the first action (read, never trained): the part of a
+    prompt longer than the run's trained prompt width (an agent's summarised history)."""
     turns: list[Turn] = field(default_factory=list)
     done: bool = False
     dropped: str | None = None
@@ -58,7 +62,7 @@ class Trajectory:
 
     @property
     def response_ids(self) -> list[int]:
-        return [t for turn in self.turns for t in (*turn.action_ids, *turn.observation_ids)]
+        return self.lead_ids + [t for turn in self.turns for t in (*turn.action_ids, *turn.observation_ids)]
 
     @property
     def context_ids(self) -> list[int]:
@@ -105,9 +109,9 @@ class Trajectory:
 
     def to_episode(self, *, pad_id: int, request_len: int | None = None, target: Any = None) -> Episode:
         """The trajectory as one Episode (see the module docstring); advantages come later, per group."""
-        ids: list[int] = []
-        mask: list[bool] = []
-        logprobs: list[float] = []
+        ids: list[int] = list(self.lead_ids)
+        mask: list[bool] = [False] * len(ids)
+        logprobs: list[float] = [0.0] * len(ids)
         for turn in self.turns:
             ids += turn.action_ids + turn.observation_ids
             mask += [True] * len(turn.action_ids) + [False] * len(turn.observation_ids)

@@ -1,7 +1,8 @@
 """Explorer: recent episodes filtered by policy version and reward range, and one prompt across versions.
 
 Reads ``run.episodes(n=, version=, min_reward=, max_reward=)`` (dicts with prompt, response, target, reward,
-advantage, version, episode_id; a multi-turn episode's ``turns`` are shown turn by turn). The table shows
+advantage, version, episode_id; a multi-turn episode's ``turns`` are shown turn by turn, an agent's
+``trajectory`` and ``segment`` under its id). The table shows
 the filtered episodes; below it, one prompt's completions sit side by side, a column per policy version, so
 a change in behaviour between versions is visible at a glance. With *follow* on, both refresh when the run's
 version changes (checked on the dashboard's poll tick, only while the explorer is open: a collapsed one
@@ -43,7 +44,11 @@ def render_episodes(episodes: list[Episode]) -> str:
     rows = []
     for e in episodes:
         response = _turns(e["turns"]) if "turns" in e else _text(e.get("response"))
-        cells = [html.escape(str(e.get("episode_id", ""))), _num(e.get("version")), _num(e.get("reward")),
+        ident = html.escape(str(e.get("episode_id", "")))
+        if "trajectory" in e:  # an agent's: the episodes of one run of the agent share a trajectory
+            ident += (f"<br><span style='color:#666' title='{html.escape(str(e['trajectory']))}'>trajectory "
+                      f"{html.escape(str(e['trajectory'])[:8])}, segment {_num(e.get('segment'))}</span>")
+        cells = [ident, _num(e.get("version")), _num(e.get("reward")),
                  _num(e.get("advantage")), _text(e.get("prompt"), 200), response, _text(e.get("target"), 100)]
         rows.append("<tr>" + "".join(f"<td style='vertical-align:top;padding:2px 6px'>{c}</td>"
                                      for c in cells) + "</tr>")

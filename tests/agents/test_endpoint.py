@@ -214,14 +214,53 @@ async def test_a_trajectory_s_calls_are_recorded_as_the_exact_tokens(served: Any
     assert closed.value.code == "trajectory_not_found"
 
 
+@pytest.mark.timeout(120)
+async def test_a_later_segment_s_prompt_may_be_longer_than_the_trained_prompt(served: Any) -> None:
+    """A summarising agent's later prompt beyond the trained prompt width: refused with the fix by default; with
+    ``later_request_len`` its tail is laid at the start of the response as context, so the trainer reads exactly
+    the tokens the engine saw and sampled."""
+    endpoint, width = served.endpoint, len(QUESTION)
+    summary = "Summary: add gave 3. " + QUESTION
+    summary_ids = endpoint.tokenizer(summary, add_special_tokens=False)["input_ids"]
+    asked = {"model": "tiny", "max_tokens": 3, "temperature": 0.0, "extra_body": {"return_token_ids": True}}
+    strict = endpoint.open_trajectory(budget=160, request_len=width)
+    await endpoint.client(strict).chat.completions.create(messages=[{"role": "user", "content": QUESTION}], **asked)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await endpoint.client(strict).chat.completions.create(messages=[{"role": "user", "content": summary}], **asked)
+    assert "agent_episode(later_prompt_tokens=...)" in refused.value.message
+    endpoint.close_trajectory(strict)
+
+    log = endpoint.open_trajectory(budget=160, request_len=width, later_request_len=64)
+    client = endpoint.client(log)
+    await client.chat.completions.create(messages=[{"role": "user", "content": QUESTION}], **asked)
+    later = await client.chat.completions.create(messages=[{"role": "user", "content": summary}], **asked)
+    endpoint.close_trajectory(log)
+    assert later.prompt_token_ids == summary_ids  # type: ignore[attr-defined]  # the engine saw it whole
+    sampled = later.choices[0].token_ids  # type: ignore[attr-defined]
+    _, second = log.episodes(pad_id=0, request_len=width)
+    lead = len(summary_ids) - width
+    assert second.request_ids().tolist() == summary_ids[:width]
+    assert second.completion.token_ids.tolist() == summary_ids[width:] + sampled
+    assert second.mask().tolist()[:lead + len(sampled)] == [False] * lead + [True] * len(sampled)
+
+
+@pytest.mark.timeout(120)
+async def test_the_synchronous_client_answers_from_a_thread(served: Any) -> None:
+    client = served.endpoint.sync_client()
+    assert isinstance(client, openai.OpenAI) and client.model == "tiny"
+    reply = await asyncio.to_thread(client.chat.completions.create, model="tiny",
+                                    messages=[{"role": "user", "content": QUESTION}], **GREEDY)
+    assert reply.choices[0].message.content == CALL
+
+
 @pytest.mark.timeout(240)
 async def test_a_replica_killed_mid_request_leaves_no_request_hanging(served: Any) -> None:
     """Each request in flight when a generator replica dies completes (retried on the other replica) or gets an
     error: none hangs."""
     client = served.client
-    calls = [asyncio.ensure_future(client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": f"abc{i}"}], max_tokens=600, temperature=1.0))
-        for i in range(8)]
+    calls = [asyncio.ensure_future(client.chat.completions.create(  # 600 tokens each: in flight when it dies
+        model="tiny", messages=[{"role": "user", "content": f"abc{i}"}], max_tokens=600, temperature=1.0,
+        extra_body={"ignore_eos": True})) for i in range(8)]
     await asyncio.sleep(0.5)
     victim = next(r for r in served.service.replicas if r.in_flight)
     os.kill(victim.mesh.pids[0], signal.SIGKILL)
