@@ -63,6 +63,7 @@ class TrajectoryLog:
     segments: list[Trajectory] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     affinity: Affinity = field(default_factory=Affinity)  # its calls go to one policy replica (prefix cache)
+    sessions: list[str] = field(default_factory=list)  # X-Session-IDs bound to it (OpenAIEndpoint.bind_session)
     _answered: _Answered | None = None
 
     # -- before generating -----------------------------------------------------------------------

@@ -61,6 +61,18 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["OpenAIEndpoint"]
 
+#: Connections kept open after an answer to a client of another kind than the endpoint's own: past this many
+#: open connections, the answer closes its connection. httpx's own pool (httpcore: what ``openai.AsyncOpenAI``
+#: uses unless given another, what verifiers' relay uses) asks every idle connection whether its socket was
+#: closed each time it places or finishes a request, so with 32 requests in flight each request cost ~4.7 ms of
+#: the kernel's CPU in that scan alone; reconnecting costs ~2.4 ms. Measured (bench/openai_endpoint.py's short
+#: request through such a client): 32 in flight 165 ms kept open, 90 ms closed; one at a time 11.9 kept, 14.3
+#: closed; 4 at a time 28.5 kept, 22.2 with this bound.
+KEEP_OPEN = 4
+#: Sent by the endpoint's own clients (``OpenAIEndpoint.http``: aiohttp's pool, which keeps idle connections at
+#: no cost per request): their connections stay open.
+KEEP_ALIVE_HEADER = "X-Forge-NB-Keep-Alive"
+
 
 class OpenAIEndpoint:
     """See the module docstring. ``url`` (the ``/v1`` base), ``token``, ``model`` (the served name)."""
@@ -78,6 +90,7 @@ class OpenAIEndpoint:
         self.template_kwargs = dict(template_kwargs or {})
         self.max_model_len = max_model_len
         self.trajectories: dict[str, TrajectoryLog] = {}
+        self._sessions: dict[str, TrajectoryLog] = {}  # X-Session-ID -> trajectory (bind_session)
         self.requests = self.errors = 0
         self._latency: deque[float] = deque(maxlen=200)
         self._runner: web.AppRunner | None = None
@@ -119,22 +132,48 @@ class OpenAIEndpoint:
         return log
 
     def close_trajectory(self, log: TrajectoryLog) -> None:
-        """Stop recording: later requests to its URL are answered 404."""
+        """Stop recording: later requests to its URL are answered 404, its sessions are forgotten."""
         self.trajectories.pop(log.id, None)
+        for session in log.sessions:
+            self._sessions.pop(session, None)
+
+    def bind_session(self, session: str, log: TrajectoryLog) -> None:
+        """Record requests to the endpoint's own ``/v1`` that carry ``X-Session-ID: <session>`` (the header
+        verifiers' interception server sends with each of a rollout's calls, its trace id) as ``log``'s, as if
+        they came to its base URL: a relay that keeps one client for many rollouts (one base URL) can still
+        say whose each call is."""
+        if log.id not in self.trajectories:
+            raise ValueError(f"no open trajectory {log.id!r} to bind session {session!r} to")
+        log.sessions.append(session)
+        self._sessions[session] = log
 
     def trajectory_url(self, log: TrajectoryLog) -> str:
         return f"http://{self.host}:{self.port}/t/{log.id}/v1"
 
+    def trajectory_at(self, url: str) -> TrajectoryLog | None:
+        """The open trajectory whose base URL ``url`` is (what a client of ``client(log)`` was given), or None."""
+        prefix = f"http://{self.host}:{self.port}/t/"
+        tid = url.rstrip("/").removeprefix(prefix).removesuffix("/v1") if url.startswith(prefix) else None
+        return self.trajectories.get(tid) if tid else None
+
+    @property
+    def http(self) -> Any:
+        """The ``httpx.AsyncClient`` under every client of this endpoint, on aiohttp's connection pool: one for
+        the run (a client of its own costs ~35 ms to make, most of it the TLS context httpx builds even for
+        http URLs). Code of the run's that talks HTTP on the kernel's loop may share it; the endpoint closes it
+        when it stops."""
+        if self._http is None:
+            self._http = _shared_http(self.request_timeout_s + 30)
+        return self._http
+
     def client(self, log: TrajectoryLog | None = None, **options: Any) -> Any:
         """An ``openai.AsyncOpenAI`` for this endpoint (bound to ``log``'s trajectory when given); its
-        ``model`` attribute names the served model. The clients share one connection pool, which the endpoint
-        closes when it stops: do not close them yourself."""
+        ``model`` attribute names the served model. The clients share one connection pool (``http``), which the
+        endpoint closes when it stops: do not close them yourself."""
         import openai
 
-        if self._http is None:  # one connection pool for every client (a client of its own costs ~35 ms to make)
-            self._http = _shared_http(self.request_timeout_s + 30)
         client = openai.AsyncOpenAI(base_url=self.trajectory_url(log) if log is not None else self.url,
-                                    api_key=self.token, http_client=self._http, **({"max_retries": 0} | options))
+                                    api_key=self.token, http_client=self.http, **({"max_retries": 0} | options))
         client.model = self.model  # type: ignore[attr-defined]
         return client
 
@@ -171,6 +210,7 @@ class OpenAIEndpoint:
         if runner is not None:
             await runner.cleanup()
         self.trajectories.clear()
+        self._sessions.clear()
 
     def __repr__(self) -> str:
         return f"<OpenAIEndpoint {self.url} model={self.model!r} {'serving' if self.serving else 'stopped'}>"
@@ -216,6 +256,8 @@ class OpenAIEndpoint:
             logger.exception("OpenAI endpoint: %s %s failed", request.method, request.path)
             return web.json_response(error_body(f"{type(e).__name__}: {e}", kind="server_error"), status=500)
         self._latency.append(time.perf_counter() - started)
+        if KEEP_ALIVE_HEADER not in request.headers and len(self._runner.server.connections) > KEEP_OPEN:
+            response.force_close()  # see KEEP_OPEN
         return response
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -303,7 +345,8 @@ class OpenAIEndpoint:
     def _trajectory(self, request: web.Request) -> TrajectoryLog | None:
         tid = request.match_info.get("trajectory")
         if tid is None:
-            return None
+            session = request.headers.get("X-Session-ID")
+            return self._sessions.get(session) if session else None
         log = self.trajectories.get(tid)
         if log is None:
             raise ApiError(404, f"no open trajectory {tid!r}: it ended (its episode was built) or never began; "
@@ -366,7 +409,8 @@ def _shared_http(timeout_s: float) -> Any:
     from httpx_aiohttp import AiohttpTransport
 
     transport = AiohttpTransport(client=lambda: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
-    return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(timeout_s, connect=10))
+    return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(timeout_s, connect=10),
+                             headers={KEEP_ALIVE_HEADER: "1"})
 
 
 def _max_model_len(run: Any) -> int | None:

@@ -42,7 +42,11 @@ What is used of verifiers, and why:
   endpoint's token is set as ``FORGE_NB_<hash>_API_KEY`` (verifiers' subprocess runtime keeps variables named
   ``*API_KEY*`` out of the processes it starts).
 - Serving. ``Env.serving()`` is held while any rollout of the env is in flight and closed after the last:
-  nothing runs between steps, for one loopback aiohttp server start per group.
+  nothing runs between steps, and rollout loops that overlap their groups share its interception server and
+  that server's relay client, which verifiers keeps one of per endpoint configuration. Every rollout names the endpoint's one URL for that
+  (not its trajectory's), and forge_nb's harness binds the rollout's trace id to the trajectory
+  (``OpenAIEndpoint.bind_session``): verifiers sends that id with each call it relays (``X-Session-ID``). An env
+  with a seat of another harness keeps a URL per trajectory, and a relay client per rollout.
 - A conversation that spends the trajectory's token budget (the endpoint answers "context_length_exceeded")
   ends there and is scored, as verifiers' own chat loop treats a full context.
 
@@ -65,6 +69,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import hashlib
 import importlib.machinery
@@ -93,7 +98,21 @@ HARNESS_ID = "forge-nb-chat"
 """The id of forge_nb's in-process harness, for a seat's ``harness={"id": HARNESS_ID}``."""
 _HARNESS_MODULE = "verifiers.v1.harnesses.forge_nb_chat"
 _TASKSET_PREFIX = "verifiers.v1.tasksets."
-_TOOLS: contextvars.ContextVar[Tools | None] = contextvars.ContextVar("forge_nb_vf_tools", default=None)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Seat:
+    """What the harness of one rollout needs from forge_nb: the tools it runs, the run's endpoint (its shared
+    HTTP client), and the trajectory to bind the rollout's trace to (None: the rollout calls the trajectory's
+    own URL)."""
+
+    tools: Tools | None
+    endpoint: Any
+    trajectory: Any
+
+
+_SEAT: contextvars.ContextVar[_Seat | None] = contextvars.ContextVar("forge_nb_vf_seat", default=None)
+_SERVED: contextvars.ContextVar[Any] = contextvars.ContextVar("forge_nb_vf_endpoint", default=None)
 
 
 # -- the episode function ---------------------------------------------------------------------------------------
@@ -120,6 +139,9 @@ def verifiers_episode(env: Any, *, tools: Tools | Mapping[str, Any] | None = Non
     if tools is not None and not isinstance(tools, Tools):
         raise TypeError(f"verifiers_episode(tools={tools!r}): pass forge_nb.envs.tools.Tools({{name: fn}})")
     _check_seats(env)
+    # Every seat plays forge_nb's harness: it binds its rollout's trace to the trajectory, so every rollout can
+    # name the endpoint's one URL and verifiers' interception server keeps one client for all of them.
+    bind = all(h.id == HARNESS_ID for h in env.config.agent_harnesses().values())
     tasks = _tasks(env, num_tasks)
     order = itertools.cycle(random.Random(seed).sample(range(len(tasks)), len(tasks)))
     sampling_config = vf.SamplingConfig.model_validate(sampling or {})
@@ -128,15 +150,17 @@ def verifiers_episode(env: Any, *, tools: Tools | Mapping[str, Any] | None = Non
     from forge_nb.agents.episode import agent_episode
 
     async def agent(client: Any, sample: dict[str, Any]) -> float:
-        task = tasks[sample["vf_task"]]
+        task, served = tasks[sample["vf_task"]], _SERVED.get()
+        own_url = str(client.base_url).rstrip("/")
+        trajectory = served.trajectory_at(own_url) if bind else None
         ctx = vf.ModelContext(model=client.model, sampling=sampling_config, client=vf.EvalClientConfig(
-            base_url=str(client.base_url).rstrip("/"), api_key_var=_key_variable(client.api_key)))
-        token = _TOOLS.set(tools)
+            base_url=served.url if trajectory is not None else own_url, api_key_var=_key_variable(client.api_key)))
+        token = _SEAT.set(_Seat(tools, served, trajectory))
         try:
             async with serving.hold():
                 episode = await env.run_episode(task, ctx)
         finally:
-            _TOOLS.reset(token)
+            _SEAT.reset(token)
         return _reward(episode)
 
     play = agent_episode(agent, **options)
@@ -147,7 +171,11 @@ def verifiers_episode(env: Any, *, tools: Tools | Mapping[str, Any] | None = Non
             index = next(order)
         elif isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(tasks):
             raise ValueError(f"sample['vf_task']={index!r}: an index into the env's {len(tasks)} tasks")
-        return await play(run, {**sample, "vf_task": index, "request": tasks[index].data.prompt_text})
+        token = _SERVED.set(options.get("endpoint") or getattr(run, "openai", None) or await run.serve_openai())
+        try:
+            return await play(run, {**sample, "vf_task": index, "request": tasks[index].data.prompt_text})
+        finally:
+            _SERVED.reset(token)
 
     return episode
 
@@ -316,7 +344,10 @@ def _plugin() -> types.SimpleNamespace:
         async def launch(self, ctx: Any, trace: Any, runtime: Any, endpoint: str, secret: str,
                          mcp_urls: dict[str, str], data: Any, **_: Any) -> Any:
             system, prompt = self.resolve_prompt(data)
-            code, detail = await _chat(ctx.model, endpoint, secret, system, prompt, mcp_urls, _TOOLS.get())
+            seat = _SEAT.get()
+            if seat is not None and seat.trajectory is not None:  # the calls reach the endpoint's own URL
+                seat.endpoint.bind_session(trace.id, seat.trajectory)
+            code, detail = await _chat(ctx.model, endpoint, secret, system, prompt, mcp_urls, seat)
             return ProgramResult(exit_code=code, stdout="", stderr=detail)
 
     _register(_HARNESS_MODULE, ForgeChatHarness, ForgeChatHarnessConfig)
@@ -339,8 +370,9 @@ class _Forward(logging.Handler):
 
 
 async def _chat(model: str, endpoint: str, secret: str, system: str | None, prompt: Any,
-                mcp_urls: dict[str, str], tools: Tools | None) -> tuple[int, str]:
-    """The loop; (exit code, what went wrong) as a program would report them to verifiers."""
+                mcp_urls: dict[str, str], seat: _Seat | None) -> tuple[int, str]:
+    """The loop; (exit code, what went wrong) as a program would report them to verifiers. Its client sends
+    through the run's endpoint's connection pool (``seat.endpoint.http``), not one of its own per rollout."""
     import openai
     from verifiers.v1.dialects.chat import message_to_wire
     from verifiers.v1.errors import MODEL_TRANSPORT_ERROR_EXIT_CODE
@@ -352,9 +384,12 @@ async def _chat(model: str, endpoint: str, secret: str, system: str | None, prom
         messages.append({"role": "user", "content": prompt})
     else:
         messages += [message_to_wire(m) for m in prompt or []]
-    client = openai.AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
+    tools = seat.tools if seat is not None else None
+    http = seat.endpoint.http if seat is not None else None
+    client = openai.AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0, http_client=http)
     async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(client.close)
+        if http is None:  # a client of its own (the harness called outside verifiers_episode)
+            stack.push_async_callback(client.close)
         own = dict(tools.tools) if tools is not None else {}
         schemas, dispatch, servers = ((await connect_mcp({"mcpServers": {n: {"url": u} for n, u in mcp_urls.items()}},
                                                          stack, set(own))) if mcp_urls else ([], {}, {}))

@@ -245,6 +245,26 @@ async def test_a_later_segment_s_prompt_may_be_longer_than_the_trained_prompt(se
 
 
 @pytest.mark.timeout(120)
+async def test_a_session_bound_to_a_trajectory_records_calls_to_the_endpoint_s_own_url(served: Any) -> None:
+    """A relay that keeps one client for many rollouts (verifiers') calls the endpoint's one URL with the rollout's
+    ``X-Session-ID``: bound to a trajectory, those calls are its; other sessions' are not."""
+    endpoint, client = served.endpoint, served.client
+    asked = {"model": "tiny", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 3, "temperature": 0.0}
+    log = endpoint.open_trajectory(budget=160)
+    endpoint.bind_session("trace-1", log)
+    await client.chat.completions.create(**asked, extra_headers={"X-Session-ID": "trace-1"})
+    await client.chat.completions.create(**asked, extra_headers={"X-Session-ID": "trace-2"})  # nobody's
+    endpoint.close_trajectory(log)
+    (segment,) = log.close()
+    assert len(segment.turns) == 1
+    assert segment.prompt_ids == endpoint.tokenizer(QUESTION, add_special_tokens=False)["input_ids"]
+    with pytest.raises(ValueError, match="no open trajectory"):
+        endpoint.bind_session("trace-3", log)
+    after = await client.chat.completions.create(**asked, extra_headers={"X-Session-ID": "trace-1"})
+    assert after.choices[0].message.content  # the closed trajectory's session is forgotten: a plain call
+
+
+@pytest.mark.timeout(120)
 async def test_the_synchronous_client_answers_from_a_thread(served: Any) -> None:
     client = served.endpoint.sync_client()
     assert isinstance(client, openai.OpenAI) and client.model == "tiny"
