@@ -89,7 +89,7 @@ async def main(args: argparse.Namespace) -> None:
                   f"most {MAX_TOKENS} tokens a trajectory; {args.rounds} rounds of {args.steps} steps a side",
                   flush=True)
             seconds: dict[str, list[float]] = {name: [] for name in sides}
-            for name, fn in sides.items():  # warm-up: each side's first steps (a first group's imports, clients)
+            for fn in sides.values():  # warm-up: each side's first steps (a first group's imports, clients)
                 run.episode_fn = fn
                 await run.step(args.warmup)
             for i in range(args.rounds):

@@ -48,7 +48,9 @@ run = await forge_nb.spawn(agent_keys())  # the tiny model, groups of 8, batches
 # The agent: plain Python against `openai.AsyncOpenAI`. It offers the tool, runs it when the policy calls it,
 # hands back its answer and asks again. Its reward: 0.7 for the right key read from the tool `k` (a guess
 # without it earns nothing), and three format rewards (as GRPO recipes give for `<think>` tags) of 0.1 each:
-# for calling a tool, for calling `k`, and for then answering with a letter that could be a key.
+# for calling a tool, for calling `k`, and for then answering with a letter that could be a key. Written as a
+# plain `def agent(client, sample)` with `client.chat.completions.create(...)` (no `await`), the same code gets
+# a synchronous `openai.OpenAI` and runs in a thread, off the kernel's loop that answers it.
 
 # %%
 KEY_TOOLS
