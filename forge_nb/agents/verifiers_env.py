@@ -43,10 +43,11 @@ What is used of verifiers, and why:
   ``*API_KEY*`` out of the processes it starts).
 - Serving. ``Env.serving()`` is held while any rollout of the env is in flight and closed after the last:
   nothing runs between steps, and rollout loops that overlap their groups share its interception server and
-  that server's relay client, which verifiers keeps one of per endpoint configuration. Every rollout names the endpoint's one URL for that
-  (not its trajectory's), and forge_nb's harness binds the rollout's trace id to the trajectory
-  (``OpenAIEndpoint.bind_session``): verifiers sends that id with each call it relays (``X-Session-ID``). An env
-  with a seat of another harness keeps a URL per trajectory, and a relay client per rollout.
+  that server's relay client, which verifiers keeps one of per endpoint configuration. Every rollout names the
+  endpoint's one URL for that (not its trajectory's), and forge_nb's harness binds the rollout's trace id to the
+  trajectory (``OpenAIEndpoint.bind_session``): verifiers sends that id with each call it relays
+  (``X-Session-ID``). An env with a seat of another harness keeps a URL per trajectory, and a relay client per
+  rollout. The harness's own calls go through the endpoint's connection pool (``OpenAIEndpoint.http``).
 - A conversation that spends the trajectory's token budget (the endpoint answers "context_length_exceeded")
   ends there and is scored, as verifiers' own chat loop treats a full context.
 
