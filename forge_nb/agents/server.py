@@ -56,6 +56,7 @@ from forge_nb.agents.recorder import TrajectoryLog
 from forge_nb.envs.chat import after_action_ids, render_ids
 from forge_nb.models import load_tokenizer
 from forge_nb.service import ActorFailure
+from forge_nb.system.proclogs import run_context
 
 logger = logging.getLogger(__name__)
 
@@ -226,7 +227,8 @@ class OpenAIEndpoint:
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, self.host, port, reuse_address=True)
-        await site.start()
+        # started in the run's context: the tasks that answer requests log as the run's (its kernel.log)
+        await asyncio.get_running_loop().create_task(site.start(), context=run_context(self.run.name))
         self._runner = runner
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         logger.info("OpenAI endpoint of run %s at %s", self.run.name, self.url)

@@ -222,7 +222,7 @@ def _wire(cfg: RunConfig, directory: RunDir, services: dict[str, Any], *, task: 
           sync: WeightSync, hot: tuple[dict[str, str], dict[str, Any]], episode_fn: EpisodeFn | None) -> RunParts:
     """The run's parts around its started services: log, metrics, buffer, books, hot changes, the controller."""
     policy, trainer = services["policy"], services["trainer"]
-    kernel_log = proclogs.KernelLog(directory.logs)  # forge_nb's own records: to a file, not the cells
+    kernel_log = proclogs.KernelLog(directory.logs, cfg.name)  # forge_nb's own records: to a file, not the cells
     metrics = MetricsStore(directory.path)
     buffer = ReplayBuffer(batch_size=cfg.batch_size, max_policy_age=cfg.max_policy_age, seed=cfg.seed)
     ledger = Ledger(buffer)

@@ -34,6 +34,7 @@ from forge_nb.rl import Episode, ReplayBuffer
 from forge_nb.service import ReplicaDied
 from forge_nb.service.errors import last_line
 from forge_nb.system.diskspace import DiskFull, full_disk_as
+from forge_nb.system.proclogs import run_context
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class Controller:
                 f"rollout{i}": (lambda i=i: self._rollout_loop(i)) for i in range(self.config.loop.rollout_loops)}
         for name, make in wanted.items():
             if name not in self._tasks or self._tasks[name].done():
-                task = loop.create_task(make(), name=f"forge_nb.{self.name}.{name}")
+                task = loop.create_task(make(), name=f"forge_nb.{self.name}.{name}", context=run_context(self.name))
                 task.add_done_callback(self._loop_done)
                 self._tasks[name] = task
         self.set_state(RunState.RUNNING)

@@ -21,6 +21,7 @@ lines, and every actor class would need it).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import math
 import os
@@ -112,17 +113,45 @@ def drop_actor_prefix(handler: logging.Handler) -> None:
             handler.removeFilter(f)
 
 
+#: The run whose work the current asyncio task does, None for kernel-wide work (:func:`run_context`).
+CURRENT_RUN: contextvars.ContextVar[str | None] = contextvars.ContextVar("forge_nb_current_run", default=None)
+
+
+def run_context(run: str) -> contextvars.Context:
+    """A copy of the current context in which ``CURRENT_RUN`` is ``run``: a task made with it (and every task it
+    makes) logs as that run's (``loop.create_task(coro, context=run_context(name))``). One per task: a context
+    cannot be entered by two tasks at once."""
+    context = contextvars.copy_context()
+    context.run(CURRENT_RUN.set, run)
+    return context
+
+
+class _OwnRecords(logging.Filter):
+    """A run's records and kernel-wide ones; not another run's (the loggers are the kernel's, shared)."""
+
+    def __init__(self, run: str):
+        super().__init__()
+        self.run = run
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return CURRENT_RUN.get() in (None, self.run)
+
+
 class KernelLog:
     """While a run lives, what the kernel's forge_nb and torchstore loggers record, in ``<folder>/kernel.log``.
 
     A handler on those loggers (records still propagate to handlers the user put on the root logger);
     the levels stay as the user set them (warnings and errors by default), repeats are summarised
-    (:func:`repeats_summarised`). ``close()`` takes it off."""
+    (:func:`repeats_summarised`). With ``run``, it takes that run's records (those of tasks made in its
+    :func:`run_context`) and kernel-wide ones, not those of the other runs of the kernel. ``close()`` takes it
+    off."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, run: str | None = None):
         self.path = Path(folder) / KERNEL_LOG
         self.handler = _FullDiskQuiet(self.path, delay=True, encoding="utf-8")
         self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        if run is not None:
+            self.handler.addFilter(_OwnRecords(run))
         self.handler.addFilter(repeats_summarised())
         for name in KERNEL_LOGGERS:
             logging.getLogger(name).addHandler(self.handler)

@@ -9,6 +9,7 @@ with the run's own key namespace, the replay buffer and the ledger. The heavy tw
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 
@@ -176,12 +177,25 @@ async def test_a_trainer_killed_mid_step_rewinds_to_its_checkpoint(run):
     assert steps == sorted(set(steps)), "a step number was recorded twice"
 
 
+def logging_episodes(tag: str):
+    """The default episode function, logging one warning per group on the kernel's shared forge_nb logger."""
+    from forge_nb.controller.episodes import generate_episode
+
+    async def episode(run, sample):
+        logging.getLogger("forge_nb.tests.whose").warning("a group of %s", tag)
+        return await generate_episode(run, sample)
+
+    return episode
+
+
 async def test_two_runs_side_by_side_keep_their_own_weights_and_one_shuts_down_alone(run, tmp_path):
     from forge_nb.widgets import compare
 
     other = await spawn_light(tmp_path, "light-b", max_policy_age=0, mode="sync")
     assert other.weights_namespace != run.weights_namespace
     view = compare(run, other, metrics=("loss", "reward/mean"))
+    episode_fn = run.episode_fn
+    run.episode_fn, other.episode_fn = logging_episodes("run-one"), logging_episodes("run-two")
     run.start()
     other.start()
     try:
@@ -191,6 +205,9 @@ async def test_two_runs_side_by_side_keep_their_own_weights_and_one_shuts_down_a
         drawn = view.curves.trace("light-b/loss")
         recorded = {r["step"]: r["loss"] for r in other.metrics.rows}
         assert [recorded[int(x)] for x in drawn.x] == pytest.approx(list(drawn.y))
+        own, others = (r.dir.logs / "kernel.log" for r in (run, other))
+        assert "a group of run-one" in own.read_text() and "a group of run-two" not in own.read_text()
+        assert "a group of run-two" in others.read_text() and "a group of run-one" not in others.read_text()
         await other.shutdown()
         assert other.state == "shut down"
         assert await weights.stored_versions(namespace=other.weights_namespace) == []
@@ -199,6 +216,7 @@ async def test_two_runs_side_by_side_keep_their_own_weights_and_one_shuts_down_a
     finally:
         view.close()
         await run.stop()
+        run.episode_fn = episode_fn
     assert run.state == "stopped" and run.error is None
     assert run.ledger()["balanced"] and other.ledger()["balanced"]
     assert await weights.stored_versions(namespace=run.weights_namespace) == [run.version]
