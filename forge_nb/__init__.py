@@ -24,6 +24,8 @@ _EXPORTS = {
     "spawn": "forge_nb.run",
     "resume": "forge_nb.run",
     "Run": "forge_nb.run",
+    "live_runs": "forge_nb.run",
+    "shutdown_all": "forge_nb.run",
     "RunConfig": "forge_nb.config",
     "from_yaml": "forge_nb.config",
     "quickstart": "forge_nb.recipes",

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,55 @@ from forge_nb.system.leftovers import remove_leftovers
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EpisodeFn", "Run", "resume", "spawn"]
+__all__ = ["EpisodeFn", "Run", "ShutdownReport", "live_runs", "resume", "shutdown_all", "spawn"]
+
+_LIVE: dict[str, Run] = {}  # the kernel's runs that are not shut down, by name (their names are unique)
+
+
+def live_runs() -> list[Run]:
+    """The runs of this kernel that are not shut down, oldest first."""
+    return list(_LIVE.values())
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownReport:
+    """What :func:`shutdown_all` stopped: the runs by name, the meshes, their processes, those still alive after
+    the wait (empty when all exited) and the hosts of a monarch job it released."""
+
+    runs: list[str]
+    meshes: int
+    pids: list[int]
+    alive: list[int]
+    released_hosts: int
+
+
+async def shutdown_all(wait_s: float = 15.0) -> ShutdownReport:
+    """The kernel-wide teardown: every live run (loops, endpoints, services, weights: ``Run.shutdown``, oldest
+    first), then every other mesh of the kernel, then a wait of up to ``wait_s`` for their processes to exit,
+    then the hosts of a monarch job in use (``forge_nb.use_job``), which would stay held otherwise. A run whose
+    shutdown raises does not keep the others or the meshes up: its error is raised after the rest is done."""
+    from forge_nb.system import cluster, procs, runtime
+
+    runs, pids, meshes = live_runs(), [p for m in runtime.meshes() for p in m.pids], len(runtime.meshes())
+    errors: list[BaseException] = []
+    try:
+        for run in runs:
+            try:
+                await run.shutdown()
+            except Exception as error:  # the next run, and the meshes, go down all the same
+                errors.append(error)
+    finally:
+        await runtime.stop_all()
+    deadline = time.monotonic() + wait_s
+    while (alive := [p for p in pids if procs.pid_alive(p)]) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    released = 0
+    if (job := cluster.current()) is not None:
+        released = len(job.hosts)
+        await cluster.release_job()
+    if errors:
+        raise errors[0]
+    return ShutdownReport([r.name for r in runs], meshes, pids, alive, released)
 
 
 async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[str, Any] | None = None,
@@ -78,6 +128,7 @@ class Run:
         self._kernel_log = parts.kernel_log
         self.config, self.name, self.dir, self.metrics = ctl.config, ctl.config.name, ctl.dir, ctl.metrics
         self.policy, self.trainer, self.ref_model = parts.policy, parts.trainer, parts.ref_model
+        _LIVE[self.name] = self
         self.task, self.reward_fns, self.pad_id = parts.task, list(parts.task.reward_fns), parts.pad_id
         self.model, self.replay_buffer = parts.model, ctl.buffer
         self.exporters: list[Any] = []
@@ -331,4 +382,6 @@ class Run:
             for exporter in self.exporters:
                 exporter.close()
             self._kernel_log.close()
+            if _LIVE.get(self.name) is self:
+                del _LIVE[self.name]
 

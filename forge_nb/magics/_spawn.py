@@ -199,26 +199,26 @@ class SpawnMagics(Magics):
         return self._shutdown(None)
 
     async def _shutdown(self, only: Any) -> None:
-        from forge_nb.system import cluster, runtime
+        """One run (``only``), or everything: ``forge_nb.shutdown_all()``."""
+        import forge_nb
 
-        runs = [only] if only is not None else self.runs.live()
-        pids = _run_pids(only) if only is not None else [p for m in runtime.meshes() for p in m.pids]
-        meshes = len(runtime.meshes())
-        try:
-            for run in runs:
-                self.runs.cancel_stepping(run.name)
-                await run.shutdown()
-                self.runs.forget(run)
-        finally:
-            if only is None:
-                await runtime.stop_all()
-        left = await _wait_gone(pids, EXIT_WAIT_S)
-        if only is None and cluster.current() is not None:  # held SLURM nodes would stay held otherwise
-            hosts = len(cluster.current().hosts)
-            await cluster.release_job()
-            print(f"released the job's {hosts} host(s)")
-        what = (f"run {only.name!r}" if only is not None else
-                f"{len(runs)} run(s) and {meshes} mesh(es)")
+        known = [only] if only is not None else self.runs.live()
+        for run in known:
+            self.runs.cancel_stepping(run.name)
+        if only is None:
+            try:
+                report = await forge_nb.shutdown_all(EXIT_WAIT_S)
+            finally:
+                for run in known:
+                    self.runs.forget(run)
+            if report.released_hosts:
+                print(f"released the job's {report.released_hosts} host(s)")
+            what, pids, left = f"{len(report.runs)} run(s) and {report.meshes} mesh(es)", report.pids, report.alive
+        else:
+            pids = _run_pids(only)
+            await only.shutdown()
+            self.runs.forget(only)
+            what, left = f"run {only.name!r}", await _wait_gone(pids, EXIT_WAIT_S)
         if left:
             raise RuntimeError(f"shut down {what}, but process(es) {left} are still alive after {EXIT_WAIT_S:.0f} s; "
                                f"kill them (kill -9 {' '.join(map(str, left))}) or restart the kernel")
