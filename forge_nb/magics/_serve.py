@@ -31,9 +31,10 @@ class ServeMagics(Magics):
     def forge_serve(self, line: str) -> Coroutine[Any, Any, None]:
         """Serve the run's policy as an OpenAI-compatible endpoint on 127.0.0.1, behind a bearer token.
 
-        Agent code then talks to the policy through ``endpoint.client()`` (an ``openai.AsyncOpenAI``) or any
-        OpenAI client given ``endpoint.url`` and ``endpoint.token``; ``forge_nb.agents.agent_episode(agent)``
-        trains such code. The endpoint stops when the run shuts down."""
+        Agent code then talks to the policy through ``endpoint.client()`` (an ``openai.AsyncOpenAI``),
+        ``endpoint.sync_client()`` (an ``openai.OpenAI``, off the kernel's loop) or any OpenAI client given
+        ``endpoint.url`` and ``endpoint.token``; ``forge_nb.agents.agent_episode(agent)`` trains such code. The
+        endpoint stops when the run shuts down."""
         args = parse_argstring(self.forge_serve, line)
         if not args.var.isidentifier():
             raise UsageError(f"-o {args.var}: give a Python variable name")
@@ -50,7 +51,7 @@ class ServeMagics(Magics):
         print(f"run {run.name!r} serves the OpenAI API at {endpoint.url}, model {endpoint.model!r}{again}; bound to "
               f"`{args.var}`.\n  client = {args.var}.client()   # openai.AsyncOpenAI; elsewhere: "
               f"base_url={args.var}.url, api_key={args.var}.token\n  run.episode_fn = "
-              "forge_nb.agents.agent_episode(my_agent)   # trains `async def my_agent(client, sample) -> reward`")
+              "forge_nb.agents.agent_episode(my_agent)   # trains `[async] def my_agent(client, sample) -> reward`")
 
     async def _stop(self, run: Any) -> None:
         if run.openai is None or not run.openai.serving:
