@@ -200,14 +200,14 @@ class SpawnMagics(Magics):
 
     async def _shutdown(self, only: Any) -> None:
         """One run (``only``), or everything: ``forge_nb.shutdown_all()``."""
-        import forge_nb
+        from forge_nb.run import shutdown_all
 
         known = [only] if only is not None else self.runs.live()
         for run in known:
             self.runs.cancel_stepping(run.name)
         if only is None:
             try:
-                report = await forge_nb.shutdown_all(EXIT_WAIT_S)
+                report = await shutdown_all(EXIT_WAIT_S)
             finally:
                 for run in known:
                     self.runs.forget(run)
