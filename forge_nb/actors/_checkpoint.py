@@ -2,7 +2,7 @@
 
 Layout inside the run's checkpoint folder::
 
-    step_00000010/          complete: DCP shards + .metadata (model, optimizer, trainer state)
+    step_00000010/          complete: DCP shards + .metadata (trained parameters, optimizer, trainer state)
     step_00000020.partial/  being written, or left behind by a crash: never loaded, removed on the next save
 
 DCP writes ``.metadata`` last, but a crash can still leave a folder that looks plausible, and a full disk or a
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from forge_nb.rundir.commit import commit_folder, verify_folder
 
@@ -38,6 +38,12 @@ logger = logging.getLogger(__name__)
 __all__ = ["check", "keep_fresh", "latest", "load", "newest_intact", "save", "step_dir"]
 
 _COMPLETE = re.compile(r"^step_(\d+)$")
+#: What a checkpoint holds of the model: the parameters that train. All of them, or a LoRA trainer's adapters
+#: alone (its frozen base comes from the model's own files at setup).
+_TRAINED = StateDictOptions(ignore_frozen_params=True)
+#: Loading them back: the frozen ones are not in the state dict, hence not strict; every trained one is (DCP
+#: refuses a checkpoint that lacks a key it was asked for).
+_TRAINED_BACK = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
 def step_dir(folder: str | Path, step: int) -> Path:
@@ -93,7 +99,7 @@ def save(
         shutil.rmtree(partial, ignore_errors=True)  # a crash left it: never resume from half a write
     _barrier()
     with keep_fresh(optimizer):
-        model_state, optim_state = get_state_dict(model, optimizer)
+        model_state, optim_state = get_state_dict(model, optimizer, options=_TRAINED)
     try:
         with _quiet():
             dcp.save(
@@ -174,11 +180,12 @@ def load(
             f"{str(path)!r} is not a whole checkpoint ({why}); pass a step_* folder that save_checkpoint "
             "wrote, or path=None for the latest whole one"
         )
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=_TRAINED)
     state: dict[str, Any] = {"model": model_state, "optim": optim_state, "trainer": dict(trainer_state)}
     with _quiet():
         dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=_TRAINED_BACK)
     if not state["trainer"].get("step"):  # saved before any step: its optimizer state is keep_fresh's kind
         optimizer.state.clear()
     return dict(state["trainer"])

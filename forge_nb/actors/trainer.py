@@ -15,6 +15,12 @@ averaged, as in torchforge), which are clipped and applied. A non-finite loss or
 rank skips the optimizer step on all of them and is reported (``skipped: 1.0`` plus
 ``skipped/nonfinite_loss`` or ``skipped/nonfinite_grad``), never raised: one bad batch should not end a
 run that a notebook is steering. Endpoints that touch the model are collective over the trainer's ranks.
+
+With a ``lora`` section (``RLTrainer(..., lora={"rank": 8})``, ``TrainerConfig.lora``) the trainer trains LoRA
+adapters alone (``_lora``: peft's layers on the transformers engine): the optimizer holds them, ``push_weights``
+and ``state_dict`` carry them under peft's names, a checkpoint holds them (the base comes from the model's
+files), ``forward(..., adapters=False)`` is the base model (the KL term's reference, in this process) and
+``save_adapter(folder)`` writes them in peft's format.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import torch
 import torch.distributed as dist
 from monarch.actor import endpoint
 
+from forge_nb.actors import _lora
 from forge_nb.actors._policy_model import (
     PolicyModel,
     all_ranks,
@@ -50,6 +57,7 @@ from forge_nb.config.trainer_sections import (
     SECTION_NAMES,
     TRAINER_SEED_SECTIONS,
     CheckpointConfig,
+    LoraConfig,
     LRSchedulerConfig,
     OptimizerConfig,
     ParallelismConfig,
@@ -115,6 +123,8 @@ class RLTrainer(ForgeActor):
         self.sched_cfg: LRSchedulerConfig = read_section(LRSchedulerConfig, "lr_scheduler",
                                                          sections.get("lr_scheduler"))
         self.ckpt_cfg: CheckpointConfig = read_section(CheckpointConfig, "checkpoint", sections.get("checkpoint"))
+        self.lora: LoraConfig | None = (None if sections.get("lora") is None else
+                                        read_section(LoraConfig, "lora", sections["lora"]))
         parallelism: ParallelismConfig = read_section(ParallelismConfig, "parallelism", sections.get("parallelism"))
         self.loss_fn = loss_function(loss, loss_config)
         self.rank, self.world, shared = mesh_identity()
@@ -127,9 +137,15 @@ class RLTrainer(ForgeActor):
             device = device_for_rank(self.rank)
             init_distributed(self.rank, self.world, device, port, self.train_cfg.dist_timeout_s)
         self.policy, self.fallback_reason = PolicyModel.load(path, self.train_cfg.engine, self.rank, a["pad_id"])
+        self.base_model = path
+        if self.lora is not None:
+            if self.policy.engine != "transformers":
+                raise ValueError(f"lora: the {self.policy.engine} engine does not take adapters yet; set "
+                                 "training.engine='transformers' for a LoRA run")
+            _lora.inject(self.policy.module, self.lora)
         if self.world > 1:
             self.policy.shard(self.world)
-        self.optimizer = self.opt_cfg.build(self.policy.module.parameters())
+        self.optimizer = self.opt_cfg.build(p for p in self.policy.module.parameters() if p.requires_grad)
         self.step = 0
         if self.ckpt_cfg.folder and self.ckpt_cfg.resume:
             self._load(None)
@@ -256,7 +272,7 @@ class RLTrainer(ForgeActor):
 
         start = time.perf_counter()
         dtype = self.train_cfg.torch_dtype
-        state = self._policy().hf_state_dict(copy=False, cpu=False)  # converted to `dtype` as it is written
+        state = self._weights()  # converted to `dtype` as it is written
         size = sum(t.numel() * stored_dtype(t, dtype).itemsize for t in state.values())
         manifest = None
         if self.rank == 0:
@@ -268,14 +284,17 @@ class RLTrainer(ForgeActor):
                 "manifest": manifest, "announced": announced}
 
     @endpoint
-    async def forward(self, input_ids: torch.Tensor | TrainBatch, request_len: int | None = None) -> torch.Tensor:
-        """Per-token logprobs [B, Lr] of the response part under the current policy (no gradient)."""
+    async def forward(self, input_ids: torch.Tensor | TrainBatch, request_len: int | None = None, *,
+                      adapters: bool = True) -> torch.Tensor:
+        """Per-token logprobs [B, Lr] of the response part under the current policy (no gradient).
+        ``adapters=False`` (a LoRA trainer): under the base model, its adapters off (the KL term's reference)."""
         if isinstance(input_ids, TrainBatch):
             input_ids, request_len = input_ids.tokens, input_ids.request_len
         if request_len is None:
             raise ValueError("forward(input_ids, request_len): say where the response starts")
         input_ids, request_len = self._policy().without_shared_padding(torch.as_tensor(input_ids), request_len)
-        with torch.no_grad(), self._autocast():
+        off = nullcontext() if adapters or self.lora is None else _lora.adapters_off(self._policy().module)
+        with torch.no_grad(), self._autocast(), off:
             logits = self._policy().logits(input_ids, request_len)
             return response_logprobs(logits, input_ids, request_len, self.train_cfg.logits_temperature).cpu()
 
@@ -287,11 +306,24 @@ class RLTrainer(ForgeActor):
         from forge_nb.actors import _checkpoint
 
         policy = self._policy()
-        weights = policy.hf_state_dict()
+        weights = {k: v.detach().cpu().clone() for k, v in self._weights().items()}
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         with _checkpoint.keep_fresh(self.optimizer):
             optim = get_optimizer_state_dict(policy.module, self.optimizer, options=options)
         return {"model": weights, "optimizer": optim, "step": self.step} if self.rank == 0 else {}
+
+    @endpoint
+    async def save_adapter(self, folder: str) -> str:
+        """A LoRA trainer's adapters as a peft adapter folder (``adapter_config.json`` naming the base model,
+        ``adapter_model.safetensors``): ``peft.PeftModel.from_pretrained(base, folder)`` and vLLM's
+        ``LoRARequest`` load it. Collective when sharded; rank 0 writes. Returns the folder."""
+        if self.lora is None:
+            raise ValueError("save_adapter: this trainer trains the whole model (no lora section); push_weights "
+                             "or a checkpoint holds its weights")
+        state = self._weights()
+        if self.rank == 0:
+            _lora.save_adapter(folder, state, self.lora, self.base_model)
+        return folder
 
     @endpoint
     async def save_checkpoint(self, step: int | None = None) -> str:
@@ -372,6 +404,15 @@ class RLTrainer(ForgeActor):
             dist.destroy_process_group()
 
     # ------------------------------------------------------------------------------------------------
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        """What a push moves: the whole policy (HF names), or a LoRA trainer's adapters (peft's names); the live
+        tensors, on their device (read them before the next optimizer step). Collective when sharded."""
+        policy = self._policy()
+        if self.lora is None:
+            return policy.hf_state_dict(copy=False, cpu=False)
+        whole = policy.hf_state_dict(copy=False, cpu=False) if policy.sharded else None  # gathered on rank 0
+        return {} if whole == {} else _lora.adapter_state_dict(policy.module, whole)
 
     def _policy(self) -> PolicyModel:
         if self.policy is None:

@@ -33,9 +33,11 @@ from forge_nb.config._run import (
     TrainerConfig,
     from_dict,
 )
+from forge_nb.config.trainer_sections import LoraConfig
 
 __all__ = [
-    "REFERENCE_SECTIONS", "GeneratorConfig", "LoopConfig", "ReferenceConfig", "RunConfig", "SamplingConfig",
+    "REFERENCE_SECTIONS", "GeneratorConfig", "LoopConfig", "LoraConfig", "ReferenceConfig", "RunConfig",
+    "SamplingConfig",
     "TaskKnobs", "TrainerConfig",
     "apply_overrides", "check_change", "from_dict", "from_yaml", "hot", "hot_fields", "initial_hparams",
     "loss_values", "trainer_actor_kwargs", "trainer_changes", "trainer_hparam_sections",

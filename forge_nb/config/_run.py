@@ -93,6 +93,9 @@ class TrainerConfig:
     ``CustomLoss()``. A run directory records an object as its class's path, which ``resume`` imports."""
     loss_config: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the loss, e.g. {"beta": 0.04, "clip_eps": 0.2}."""
+    lora: Any = None
+    """Train LoRA adapters instead of the whole model: a ``forge_nb.config.LoraConfig`` or its fields as a dict
+    (``{"rank": 8, "alpha": 16}``; YAML ``trainer.lora``). None: every weight trains."""
     extra: dict[str, Any] = field(default_factory=dict)
     """RLTrainer's other sections in torchforge's shape (optimizer, training, checkpoint, parallelism...),
     merged over the fields above by ``actor_sections``; a field above is set as the field, not here."""
@@ -100,7 +103,15 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         _positive_int(self, "procs")
         _hosts(self)
-        from forge_nb.config.trainer_sections import SECTIONS
+        from forge_nb.config.trainer_sections import SECTIONS, LoraConfig, read_section
+
+        if self.lora is not None:
+            if "lora" in self.extra:
+                raise ValueError("TrainerConfig.extra['lora']: set it as TrainerConfig.lora (the field), not in extra")
+            try:
+                self.lora = read_section(LoraConfig, "lora", self.lora)
+            except ValueError as e:
+                raise ValueError(f"TrainerConfig.{e}") from None
 
         for where in sorted(set(self.section_fields().values())):  # validated by the section that holds each
             try:
@@ -138,6 +149,8 @@ class TrainerConfig:
             sections.setdefault(where, {})[name] = getattr(self, name)
         for key, value in self.extra.items():
             sections[key] = {**sections.get(key, {}), **value} if isinstance(value, dict) else value
+        if self.lora is not None:
+            sections["lora"] = dataclasses.asdict(self.lora)
         return sections
 
 
@@ -268,6 +281,11 @@ class RunConfig:
             if kind not in EXPORTERS or not isinstance(options, dict):
                 raise ValueError(f"RunConfig.exporters[{kind!r}]={options!r}: use a kind of {list(EXPORTERS)} "
                                  "mapped to its options, e.g. {'wandb': {'project': 'grpo'}}")
+        if self.trainer.lora is not None:
+            raise ValueError("RunConfig.trainer.lora: a run's generators do not serve adapters yet, so a run cannot "
+                             "train one; train LoRA with the trainer actor itself (RLTrainer(..., lora={'rank': 8}): "
+                             "push_weights, checkpoints and save_adapter hold the adapters), or leave trainer.lora "
+                             "unset")
         from forge_nb.rl import LOSSES, make_loss
 
         loss: Any = self.trainer.loss  # a path or an object is checked where it is imported: the trainer

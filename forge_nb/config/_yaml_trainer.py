@@ -38,6 +38,8 @@ class TrainerSections(Tree):
             where = f"trainer.{key}"
             if key == "extra":  # forge_nb's name for the same sections
                 self._trainer_parts(section(item, where, set(TRAINER_SECTION_KEYS) | TRAINER_SEED_SECTIONS), where)
+            elif key == "lora":  # TrainerConfig's own field, in a section's shape: its keys checked as one's
+                self.put_tree(where, section(item, where, TRAINER_SECTION_KEYS["lora"]), where)
             elif key in own:
                 self.put_tree(where, item, where)
             elif key == "model":  # torchtitan's {name, flavor, hf_assets_path}: name/flavor are read from config.json

@@ -31,7 +31,9 @@ __all__ = [
     "TRAINER_SECTION_KEYS",
     "TRAINER_SEED_SECTIONS",
     "CheckpointConfig",
+    "LORA_TARGETS",
     "LRSchedulerConfig",
+    "LoraConfig",
     "OptimizerConfig",
     "ParallelismConfig",
     "TrainingConfig",
@@ -292,9 +294,39 @@ class ParallelismConfig:
             )
 
 
+#: What LoRA adapts unless told otherwise: every linear layer of a Qwen3 (Llama-shaped) block, as peft's
+#: "all-linear" and tinker-cookbook's adapters do for these models.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(kw_only=True, slots=True)
+class LoraConfig:
+    """LoRA adapters trained instead of the whole model (peft's ``LoraConfig``: ``r``, ``lora_alpha``,
+    ``lora_dropout``, ``target_modules``). Absent: the trainer trains every weight."""
+
+    rank: int = 8
+    """The adapters' rank (peft's ``r``)."""
+    alpha: float = 16.0
+    """The update is scaled by ``alpha / rank`` (peft's ``lora_alpha``)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input while training (peft's ``lora_dropout``)."""
+    target_modules: tuple[str, ...] = LORA_TARGETS
+    """Names of the linear layers that get an adapter (the last part of a module's name, as peft matches)."""
+
+    def __post_init__(self) -> None:
+        _count("lora", "rank", self.rank, 1, hint="e.g. 8")
+        _positive("lora", "alpha", self.alpha, hint="e.g. 16, twice the rank")
+        _fraction("lora", "dropout", self.dropout, below_one=True)
+        targets = [self.target_modules] if isinstance(self.target_modules, str) else self.target_modules
+        if not isinstance(targets, list | tuple) or not targets or not all(isinstance(t, str) and t for t in targets):
+            raise ValueError(f"lora.target_modules={self.target_modules!r}: a list of module names, e.g. "
+                             f"{list(LORA_TARGETS)}")
+        self.target_modules = tuple(targets)
+
+
 SECTIONS: dict[str, type] = {"optimizer": OptimizerConfig, "training": TrainingConfig,
                              "lr_scheduler": LRSchedulerConfig, "checkpoint": CheckpointConfig,
-                             "parallelism": ParallelismConfig}
+                             "parallelism": ParallelismConfig, "lora": LoraConfig}
 """RLTrainer's own sections (its other keyword sections are torchtitan's, accepted and ignored)."""
 SECTION_NAMES = tuple(SECTIONS)
 

@@ -1,0 +1,96 @@
+"""LoRA on the trainer's policy: adapters injected with peft, trained alone, saved in peft's format.
+
+:func:`inject` puts peft's LoRA layers (``peft.inject_adapter_in_model``) into the policy's linear layers named by
+``LoraConfig.target_modules``; peft leaves only the adapters trainable, so the trainer's optimizer holds them alone
+and a checkpoint (``_checkpoint``, which leaves frozen parameters out) holds them alone. :func:`adapter_state_dict`
+is what a push moves: the adapters' tensors under peft's names (``model.layers.0.self_attn.q_proj.lora_A.weight``).
+:func:`adapters_off` runs a block on the base model (the KL term's reference, in the trainer's own process).
+:func:`save_adapter` writes an adapter folder in peft's format, which ``peft.PeftModel.from_pretrained`` and
+vLLM's ``LoRARequest`` load.
+
+Considered: hand-written LoRA layers (a few lines each, but then the format, the merge and every later peft fix
+would be ours too) and ``peft.get_peft_model`` (it wraps the model in a ``PeftModel``, whose forward and names
+differ from the plain model's that the rest of the trainer reads; ``inject_adapter_in_model`` changes the layers
+in place and nothing else).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from forge_nb.config.trainer_sections import LoraConfig
+
+__all__ = ["adapter_state_dict", "adapters_off", "inject", "peft_config", "save_adapter"]
+
+#: The prefix peft's saved adapters carry (a PeftModel's own module path): vLLM's loader expects it.
+PEFT_PREFIX = "base_model.model."
+
+
+def peft_config(cfg: LoraConfig, base_model: str | None = None) -> Any:
+    """peft's ``LoraConfig`` for ``cfg``."""
+    import peft
+
+    return peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                           target_modules=list(cfg.target_modules), base_model_name_or_path=base_model)
+
+
+def inject(module: torch.nn.Module, cfg: LoraConfig) -> None:
+    """Adapters into ``module``'s target layers, in place; everything else frozen. A target the model lacks is a
+    ValueError that lists the linear layers it has."""
+    import peft
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    try:
+        peft.inject_adapter_in_model(peft_config(cfg), module)
+    except ValueError as e:  # peft's NoMatchingPeftModuleError is one
+        names = sorted({n.rsplit(".", 1)[-1] for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ValueError(f"lora.target_modules={list(cfg.target_modules)}: {e} The model's linear layers are "
+                         f"named {names}") from None
+    missing = set(cfg.target_modules) - {n.rsplit(".", 1)[-1] for n, m in module.named_modules()
+                                         if isinstance(m, BaseTunerLayer)}
+    if missing:
+        raise ValueError(f"lora.target_modules: {sorted(missing)} matched no layer of the model; leave them out")
+
+
+def adapter_state_dict(module: torch.nn.Module, whole: dict[str, torch.Tensor] | None = None
+                       ) -> dict[str, torch.Tensor]:
+    """The adapters' tensors under peft's names (without the adapter's name), as they are (no copy); taken from
+    ``whole`` (the module's full state dict, gathered from its shards) when given."""
+    from peft import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(module, state_dict=whole)
+
+
+@contextlib.contextmanager
+def adapters_off(module: torch.nn.Module) -> Iterator[None]:
+    """The block runs on the base model: every adapter of ``module`` disabled, and enabled again after."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in module.modules() if isinstance(m, BaseTunerLayer)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+
+
+def save_adapter(folder: str | Path, state: dict[str, torch.Tensor], cfg: LoraConfig, base_model: str) -> Path:
+    """``state`` (:func:`adapter_state_dict`'s names) as a peft adapter folder: ``adapter_config.json`` naming
+    ``base_model``, and ``adapter_model.safetensors``."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = peft_config(cfg, base_model).to_dict()
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2, default=list))
+    save_file({PEFT_PREFIX + k: v.detach().to("cpu").contiguous() for k, v in state.items()},
+              str(folder / "adapter_model.safetensors"))
+    return folder

@@ -1,0 +1,119 @@
+"""RLTrainer with LoRA in a real monarch proc on CPU: the adapters alone train, push and checkpoint; the base is the
+KL term's reference in the same process; the adapter folder it writes is peft's (PeftModel loads it as trained)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import torch
+from safetensors.torch import load_file
+
+from forge_nb import weights
+from forge_nb.actors._policy_model import real_token_mask
+from forge_nb.models import build_tiny_model
+from forge_nb.rl import compute_logprobs
+from forge_nb.system import runtime
+from tests.actors.test_trainer import first, make_batch
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.asyncio(loop_scope="module")]
+
+LORA = {"rank": 4, "alpha": 8}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def env(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    model = build_tiny_model(tmp_path_factory.mktemp("lora") / "tiny")
+    runtime.ensure_started()
+    await weights.initialize_store()
+    mesh = await runtime.spawn_mesh("trainer-lora", 1)
+    try:
+        yield SimpleNamespace(mesh=mesh, model=str(model), tmp=tmp_path_factory)
+    finally:
+        await mesh.stop()
+        await weights.shutdown_store()
+
+
+async def spawn(env: Any, name: str, **kwargs: Any) -> Any:
+    from forge_nb.actors.trainer import RLTrainer
+
+    actor = env.mesh.spawn(name, RLTrainer, model=env.model, optimizer={"lr": 1e-2}, lora=LORA, **kwargs)
+    await actor.setup.call()
+    return actor
+
+
+async def logprobs(trainer: Any, batch: Any, adapters: bool = True) -> torch.Tensor:
+    return first(await trainer.forward.call(batch.tokens, batch.request_len, adapters=adapters))
+
+
+async def test_the_adapters_alone_train_and_push_and_the_base_stays_the_reference(env: Any) -> None:
+    trainer = await spawn(env, "lora-steps")
+    batch = make_batch()
+    base = await logprobs(trainer, batch, adapters=False)
+    torch.testing.assert_close(await logprobs(trainer, batch), base)  # lora_B starts at 0: nothing added yet
+    for _ in range(3):
+        assert first(await trainer.train_step.call(batch)).metrics["skipped"] == 0.0
+    trained = await logprobs(trainer, batch)
+    assert not torch.allclose(trained, base)  # the policy moved ...
+    torch.testing.assert_close(await logprobs(trainer, batch, adapters=False), base)  # ... and its base did not
+
+    pushed = first(await trainer.push_weights.call(7))
+    stored = await weights.load_state_dict(7)
+    assert stored and all(".lora_A.weight" in k or ".lora_B.weight" in k for k in stored), sorted(stored)[:4]
+    assert {k.split(".lora_")[0].rsplit(".", 1)[-1] for k in stored} == {
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    moved = sum(t.numel() * t.element_size() for t in stored.values())
+    whole = sum(t.numel() * t.element_size() for t in load_file(Path(env.model) / "model.safetensors").values())
+    assert pushed["mb"] * 2**20 == moved and moved < 0.15 * whole, (moved, whole)  # the adapters' bytes only
+    assert first(await trainer.state_dict.call())["model"].keys() == stored.keys()
+
+
+async def test_a_lora_checkpoint_holds_the_adapters_and_resumes(env: Any) -> None:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    folder = env.tmp.mktemp("lora-ckpt")
+    trainer = await spawn(env, "lora-ckpt-a", checkpoint={"folder": str(folder)})
+    batch = make_batch()
+    for _ in range(2):
+        await trainer.train_step.call(batch)
+    path = first(await trainer.save_checkpoint.call())
+    saved = FileSystemReader(path).read_metadata().state_dict_metadata
+    model_keys = [k for k in saved if k.startswith("model.")]
+    assert model_keys and all("lora_" in k for k in model_keys), model_keys[:4]  # no base weight in it
+    resumed = await spawn(env, "lora-ckpt-b", checkpoint={"folder": str(folder)})
+    assert first(await resumed.info.call())["step"] == 2
+    torch.testing.assert_close(await logprobs(resumed, batch), await logprobs(trainer, batch))
+    await trainer.train_step.call(batch)
+    await resumed.train_step.call(batch)
+    # one more step from the same state: the optimizer's moments came back too
+    torch.testing.assert_close(await logprobs(resumed, batch), await logprobs(trainer, batch))
+
+
+async def test_the_saved_adapter_loads_in_peft_as_it_was_trained(env: Any) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    trainer = await spawn(env, "lora-export")
+    batch = make_batch()
+    for _ in range(2):
+        await trainer.train_step.call(batch)
+    folder = first(await trainer.save_adapter.call(str(env.tmp.mktemp("adapter"))))
+    assert {p.name for p in Path(folder).iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(env.model, dtype=torch.float32), folder)
+    tokens, width = batch.tokens, batch.request_len
+    mask = real_token_mask(tokens, 0, width)  # the trainer's left-padding mask and positions, in plain peft
+    with torch.no_grad():
+        logits = model(input_ids=tokens, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
+    peft_logprobs = compute_logprobs(logits, tokens[:, width:])
+    torch.testing.assert_close(peft_logprobs, await logprobs(trainer, batch), atol=1e-5, rtol=1e-4)
+
+
+async def test_a_target_the_model_lacks_is_refused_with_its_layers(env: Any) -> None:
+    from forge_nb.actors.trainer import RLTrainer
+
+    actor = env.mesh.spawn("lora-bad", RLTrainer, model=env.model, lora={"target_modules": ["wq"]})
+    with pytest.raises(Exception, match=r"lora.target_modules=\['wq'\].*q_proj"):
+        await actor.setup.call()
