@@ -70,7 +70,7 @@ async def measure(args: argparse.Namespace, folder: Path) -> tuple[dict[str, lis
         for batch in range(args.warmup + args.batches):
             order = list(sampling.items()) if batch % 2 == 0 else list(reversed(sampling.items()))
             for name, params in order:
-                requests = [(TokensPrompt(prompt_token_ids=prompt), params, f"{batch}-{name}-{group}-{sample}")
+                requests = [(TokensPrompt(prompt_token_ids=prompt), params, f"{batch}-{name}-{group}-{sample}", None)
                             for group, prompt in enumerate(prompts) for sample in range(4)]
                 start = time.clock_gettime(clock)
                 await engine.generate_many(requests)

@@ -26,7 +26,8 @@ import torch
 
 from forge_nb.config.trainer_sections import LoraConfig
 
-__all__ = ["adapter_state_dict", "adapters_off", "inject", "peft_config", "save_adapter"]
+__all__ = ["adapter_config", "adapter_state_dict", "adapters_off", "engine_lora_args", "inject", "peft_config",
+           "save_adapter", "write_adapter"]
 
 #: The prefix peft's saved adapters carry (a PeftModel's own module path): vLLM's loader expects it.
 PEFT_PREFIX = "base_model.model."
@@ -82,15 +83,37 @@ def adapters_off(module: torch.nn.Module) -> Iterator[None]:
             layer.enable_adapters(True)
 
 
+def adapter_config(cfg: LoraConfig, base_model: str) -> dict[str, Any]:
+    """The adapter_config.json of ``cfg``'s adapters on ``base_model``, as peft writes it."""
+    return json.loads(json.dumps(peft_config(cfg, base_model).to_dict(), default=list))
+
+
 def save_adapter(folder: str | Path, state: dict[str, torch.Tensor], cfg: LoraConfig, base_model: str) -> Path:
     """``state`` (:func:`adapter_state_dict`'s names) as a peft adapter folder: ``adapter_config.json`` naming
     ``base_model``, and ``adapter_model.safetensors``."""
+    return write_adapter(folder, state, adapter_config(cfg, base_model))
+
+
+def write_adapter(folder: str | Path, state: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
+    """``state`` and ``config`` (:func:`adapter_config`) as a peft adapter folder."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config = peft_config(cfg, base_model).to_dict()
-    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2, default=list))
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
     save_file({PEFT_PREFIX + k: v.detach().to("cpu").contiguous() for k, v in state.items()},
               str(folder / "adapter_model.safetensors"))
     return folder
+
+
+#: The ranks vLLM's LoRA kernels are built for (``vllm.config.lora.MaxLoRARanks``).
+VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def engine_lora_args(cfg: LoraConfig) -> dict[str, Any]:
+    """vLLM engine arguments that let a generator serve ``cfg``'s adapters: LoRA on, room for the version
+    it serves and the one it loads, the smallest of vLLM's ranks that holds ``cfg.rank``."""
+    fits = [r for r in VLLM_RANKS if r >= cfg.rank]
+    if not fits:
+        raise ValueError(f"lora.rank={cfg.rank}: vLLM serves adapters of rank <= {VLLM_RANKS[-1]}")
+    return {"enable_lora": True, "max_loras": 2, "max_lora_rank": fits[0]}

@@ -7,8 +7,9 @@ starts each with ``spawn``, so each imports vLLM again (~8 s apiece on two cores
 they exchange, taking a core the trainer needs. :class:`InprocEngine` runs vLLM's ``LLMEngine`` with
 its in-process client and the ``uni`` executor instead, so engine core, scheduler and model all live in
 the actor's process, and gives the Generator the ``AsyncLLM`` calls it makes besides ``generate``:
-``collective_rpc``, ``reset_prefix_cache``, ``shutdown``, ``model_config`` and ``renderer``; in place of
-``generate``, ``generate_many``: several requests that start in the same engine step (one is a batch of one).
+``collective_rpc``, ``reset_prefix_cache``, ``add_lora``, ``remove_lora``, ``shutdown``, ``model_config`` and
+``renderer``; in place of ``generate``, ``generate_many``: several requests that start in the same engine step
+(one is a batch of one).
 
 ``LLMEngine`` is not thread-safe and its ``step()`` blocks, so one thread owns it: the actor's event loop
 hands it work through a queue (add requests, abort them, run a worker method, drop the prefix cache) and
@@ -74,20 +75,20 @@ class InprocEngine:
         await built
         return engine
 
-    async def generate_many(self, requests: list[tuple[Any, Any, str]]) -> list[Any]:
-        """The final output of each ``(engine_input, params, request_id)``, in order, or the exception that
-        refused or ended it. The requests reach the engine in one hand-over, so they start in the same engine
+    async def generate_many(self, requests: list[tuple[Any, Any, str, Any]]) -> list[Any]:
+        """The final output of each ``(engine_input, params, request_id, lora_request)``, in order, or the exception
+        that refused or ended it. The requests reach the engine in one hand-over, so they start in the same engine
         step: handed over one by one as each prompt was tokenized, the first step of a quickstart batch often
         ran without its last requests (4.4 engine steps a batch where 4 do, issue 34)."""
-        ids = [f"{request_id}-{next(self._ids)}" for _, _, request_id in requests]
+        ids = [f"{request_id}-{next(self._ids)}" for _, _, request_id, _ in requests]
         finals = {request_id: self._loop.create_future() for request_id in ids}
         self._finals.update(finals)
 
         def add_all() -> dict[str, Exception]:
             refused = {}
-            for request_id, (engine_input, params, _) in zip(ids, requests, strict=True):
+            for request_id, (engine_input, params, _, lora) in zip(ids, requests, strict=True):
                 try:
-                    self._engine.add_request(request_id, engine_input, params)
+                    self._engine.add_request(request_id, engine_input, params, lora_request=lora)
                 except Exception as e:  # this request's own error (a bad prompt): the others go on
                     refused[request_id] = e
             return refused
@@ -110,6 +111,12 @@ class InprocEngine:
 
     async def reset_prefix_cache(self) -> bool:
         return await self._call(self._engine.reset_prefix_cache)
+
+    async def add_lora(self, lora_request: Any) -> bool:
+        return await self._call(lambda: self._engine.add_lora(lora_request))
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        return await self._call(lambda: self._engine.remove_lora(lora_id))
 
     def shutdown(self) -> None:
         """Stop the thread after what it is doing, then the engine."""

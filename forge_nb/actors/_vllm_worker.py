@@ -337,6 +337,26 @@ class TorchstoreWeightLoader:
     model_runner: Any  # provided by the vLLM worker this class is mixed into
     vllm_config: Any
 
+    def forge_nb_write_adapter(self, controller_ref: bytes, version: int, timeout: float, namespace: str,
+                               manifest: dict[str, Any] | None, folder: str, config: dict[str, Any]) -> dict[str, Any]:
+        """Fetch ``version`` of a LoRA trainer's adapters (peft's names) as :meth:`forge_nb_load_version` fetches
+        weights, and write them into ``folder`` in peft's format (``config``: its adapter_config.json), where
+        the engine's ``add_lora`` reads them. Returns sizes and timings, or ``{"refused": why}``."""
+        from forge_nb.actors import _lora
+
+        start = time.perf_counter()
+        try:
+            with _open(controller_ref, version, namespace, manifest, timeout) as state_dict:
+                if not state_dict or not all(".lora_A." in k or ".lora_B." in k for k in state_dict):
+                    return {"refused": f"version {version} holds no LoRA adapters (it names {sorted(state_dict)[:3]}"
+                                       "...): the trainer of a LoRA generator pushes its adapters alone"}
+                _lora.write_adapter(folder, state_dict, config)
+                size = sum(t.numel() * t.element_size() for t in state_dict.values())
+                return {"tensors": len(state_dict), "bytes": size, "fetch_s": 0.0,
+                        "load_s": time.perf_counter() - start}
+        except Exception as e:
+            return {"refused": f"fetching it from torchstore failed ({type(e).__name__}: {e})"}
+
     def forge_nb_load_version(self, controller_ref: bytes, version: int, timeout: float,
                               namespace: str = "policy", manifest: dict[str, Any] | None = None) -> dict[str, Any]:
         """Fetch ``version`` of weights ``namespace`` (HF names) from torchstore and reload it into the model in place

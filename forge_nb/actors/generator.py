@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch.actor import ActorError, concurrent_endpoint, endpoint
 
-from forge_nb.actors import _vllm_import
+from forge_nb.actors import _lora, _vllm_import
 from forge_nb.actors._vllm_inproc import EngineStopped, InprocEngine, inspect_models_here
 from forge_nb.actors._vllm_worker import (
     WORKER_EXTENSION,
@@ -62,6 +62,7 @@ from forge_nb.actors._vllm_worker import (
     make_engine_args,
     make_sampling_params,
 )
+from forge_nb.config.trainer_sections import LoraConfig, read_section
 from forge_nb.models import resolve_model
 from forge_nb.rl.types import Completions
 from forge_nb.service.actor import ForgeActor
@@ -166,13 +167,17 @@ class Generator(ForgeActor):
                  sampling_params: Mapping[str, Any] | None = None, *, model: str | None = None,
                  engine_config: Mapping[str, Any] | None = None,
                  sampling_config: Mapping[str, Any] | None = None, weights_namespace: str = "policy",
-                 cpu_linear: str = "auto") -> None:
+                 cpu_linear: str = "auto", lora: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         # Validated in setup(), whose errors reach the caller; an __init__ error only kills the actor.
         self._raw = {"engine_args": engine_args, "sampling_params": sampling_params, "model": model,
                      "engine_config": engine_config, "sampling_config": sampling_config}
         self._namespace = weights_namespace  # the torchstore namespace update_weights loads from
         self._cpu_linear = cpu_linear  # how vLLM's CPU linear layers hold their weights (_vllm_plain)
+        self._lora_args = lora  # the trainer's LoRA section: versions are adapters on the model (_lora)
+        self._lora: dict[str, Any] | None = None  # their adapter_config.json, once set up
+        self._lora_request: Any = None  # the adapter of the version generating now (None: the model alone)
+        self._lora_ids = itertools.count(1)  # vLLM's adapter ids (lora_int_id > 0), one per version loaded
         self._engine: Any = None
         self._sockets: Path | None = None  # vLLM's sockets, when this actor chose where they go
         self._controller: bytes | None = None  # the pickled torchstore controller, once it answered
@@ -205,7 +210,12 @@ class Generator(ForgeActor):
         config = GeneratorArgs.from_args(**self._raw)
         model_path = resolve_model(config.model)
         cuda = torch.cuda.is_available()
-        engine_args = generator_engine_args(config.engine_args, model_path, cuda=cuda, cpu_linear=self._cpu_linear)
+        values = dict(config.engine_args)
+        if self._lora_args is not None:  # checked as the trainer checks it, before the engine is built
+            lora = read_section(LoraConfig, "lora", self._lora_args)
+            values |= _lora.engine_lora_args(lora)
+            self._lora = _lora.adapter_config(lora, model_path)
+        engine_args = generator_engine_args(values, model_path, cuda=cuda, cpu_linear=self._cpu_linear)
         self._sockets = _own_socket_dir()
         if not cuda and "distributed_executor_backend" not in config.engine_args:
             self._engine = await InprocEngine.start(engine_args)  # no EngineCore nor worker process (_vllm_inproc)
@@ -263,7 +273,7 @@ class Generator(ForgeActor):
             if self._broken:
                 raise RuntimeError(self._broken)
             self._in_flight += 1
-        version = self._version  # no update can start until these requests are done
+        version, lora = self._version, self._lora_request  # no update can start until these requests are done
         try:
             inputs: list[Any] = []
             for prompt in prompts:
@@ -272,7 +282,8 @@ class Generator(ForgeActor):
                 except Exception as e:  # this prompt's own error
                     inputs.append(e)
             rendered = [i for i, x in enumerate(inputs) if not isinstance(x, BaseException)]
-            outputs = await _final_outputs(engine, [(inputs[i], params, f"gen-{next(self._ids)}") for i in rendered])
+            outputs = await _final_outputs(engine, [(inputs[i], params, f"gen-{next(self._ids)}", lora)
+                                                    for i in rendered])
             answers: list[Any] = list(inputs)
             for i, output in zip(rendered, outputs, strict=True):
                 answers[i] = output
@@ -329,9 +340,12 @@ class Generator(ForgeActor):
                 async with self._gate:
                     await self._gate.wait_for(lambda: self._in_flight == 0)
                 try:
-                    (report,) = await engine.collective_rpc("forge_nb_load_version", timeout=UPDATE_TIMEOUT_S,
-                                                            args=(controller, version, UPDATE_TIMEOUT_S,
-                                                                  self._namespace, manifest))
+                    if self._lora is not None:  # the version is an adapter: the model's weights stay as they are
+                        report = await self._load_adapter(engine, controller, version, manifest)
+                    else:
+                        (report,) = await engine.collective_rpc("forge_nb_load_version", timeout=UPDATE_TIMEOUT_S,
+                                                                args=(controller, version, UPDATE_TIMEOUT_S,
+                                                                      self._namespace, manifest))
                 except Exception as e:
                     self._exit_if_engine_dead(e)
                     self._broken = (
@@ -351,6 +365,27 @@ class Generator(ForgeActor):
                     self._gate.notify_all()
         return self._version
 
+    async def _load_adapter(self, engine: Any, controller: bytes, version: int,
+                            manifest: dict[str, Any] | None) -> dict[str, Any]:
+        """A LoRA version: its adapters written into a folder of this process (by the engine's worker, which
+        fetches them), added to the engine as the adapter every request uses from now on, the one it replaces
+        removed (vLLM's ``add_lora`` / ``remove_lora``; the base weights are never touched)."""
+        from vllm.lora.request import LoRARequest
+
+        folder = SOCKETS_ROOT / f"{os.getpid()}-lora" / f"v{version}-{next(self._ids)}"
+        (report,) = await engine.collective_rpc("forge_nb_write_adapter", timeout=UPDATE_TIMEOUT_S, args=(
+            controller, version, UPDATE_TIMEOUT_S, self._namespace, manifest, str(folder), self._lora))
+        if "refused" in report:
+            shutil.rmtree(folder, ignore_errors=True)
+            return report
+        request = LoRARequest(f"{self._namespace}-v{version}", next(self._lora_ids), str(folder))
+        await engine.add_lora(request)
+        old, self._lora_request = self._lora_request, request
+        if old is not None:
+            await engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        return report
+
     @concurrent_endpoint
     async def get_version(self) -> int:
         """The weight version generating now (0: the model's own weights)."""
@@ -369,6 +404,7 @@ class Generator(ForgeActor):
             self._engine = None
         if self._sockets is not None:
             shutil.rmtree(self._sockets, ignore_errors=True)
+        shutil.rmtree(SOCKETS_ROOT / f"{os.getpid()}-lora", ignore_errors=True)  # a LoRA generator's adapters
 
     def _exit_if_engine_dead(self, error: Exception) -> None:
         """A vLLM engine that died (its EngineCore process killed or crashed) cannot come back inside this
@@ -424,14 +460,14 @@ class Generator(ForgeActor):
 Policy = Generator
 
 
-async def _final_outputs(engine: Any, requests: list[tuple[Any, Any, str]]) -> list[Any]:
-    """The final output of each ``(engine_input, params, request_id)``, or its exception: added to the engine
-    in one go where the engine can (``InprocEngine.generate_many``), else one ``generate`` each."""
+async def _final_outputs(engine: Any, requests: list[tuple[Any, Any, str, Any]]) -> list[Any]:
+    """The final output of each ``(engine_input, params, request_id, lora_request)``, or its exception: added to
+    the engine in one go where the engine can (``InprocEngine.generate_many``), else one ``generate`` each."""
     if isinstance(engine, InprocEngine):
         return await engine.generate_many(requests)
 
-    async def final(engine_input: Any, params: Any, request_id: str) -> Any:
-        outputs = [output async for output in engine.generate(engine_input, params, request_id)]
+    async def final(engine_input: Any, params: Any, request_id: str, lora: Any) -> Any:
+        outputs = [output async for output in engine.generate(engine_input, params, request_id, lora_request=lora)]
         return outputs[-1]  # FINAL_ONLY: the one output
 
     return await asyncio.gather(*(final(*request) for request in requests), return_exceptions=True)
