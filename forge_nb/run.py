@@ -29,6 +29,7 @@ from typing import Any
 from forge_nb.config import RunConfig
 from forge_nb.controller import EpisodeFn
 from forge_nb.controller.build import RunParts, resume_parts, spawn_parts
+from forge_nb.controller.episodes import BaseInTrainer
 from forge_nb.controller.state import RunState
 from forge_nb.data.sft import SftData
 from forge_nb.system import proclogs
@@ -139,8 +140,9 @@ class Run:
 
     @property
     def services(self) -> dict[str, Any]:
+        """The run's services by name; a LoRA run's ``ref_model`` is the trainer's base model, not a service."""
         found = {"policy": self.policy, "trainer": self.trainer, "ref_model": self.ref_model}
-        return {k: v for k, v in found.items() if v is not None}
+        return {k: v for k, v in found.items() if v is not None and not isinstance(v, BaseInTrainer)}
 
     @property
     def state(self) -> RunState:
@@ -370,8 +372,8 @@ class Run:
         try:
             if self.openai is not None:  # nothing may reach the policy once its services stop
                 await self.openai.stop()
-            for service in (self.policy, self.ref_model, self.trainer):
-                if service is not None:
+            for name in ("policy", "ref_model", "trainer"):
+                if (service := self.services.get(name)) is not None:
                     await service.shutdown()
         finally:
             await self._sync.close()

@@ -73,5 +73,9 @@ def test_lora_reaches_the_trainer_s_section_and_yaml_checks_its_keys():
         TrainerConfig(lora={"rank": 4}, extra={"lora": {"rank": 8}})
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['trainer.lora.rnk'\]"):
         from_yaml("trainer:\n  lora: {rnk: 4}\n")
-    with pytest.raises(ValueError, match="generators do not serve adapters yet"):  # until they do: refused whole
-        from_yaml("trainer:\n  lora: {rank: 4}\n  loss_config: {beta: 0.0}\n")
+    run = from_yaml("trainer:\n  lora: {rank: 4}\n  loss_config: {beta: 0.04}\n")  # the base is the reference
+    assert run.trainer.lora.rank == 4 and not run.use_reference
+    with pytest.raises(ValueError, match=r"trainer.lora.rank=16 is above the generators' max_lora_rank=8"):
+        from_yaml("trainer:\n  lora: {rank: 16}\npolicy:\n  engine_args: {max_lora_rank: 8}\n")
+    with pytest.raises(ValueError, match="enable_lora=False with trainer.lora"):
+        from_yaml("trainer:\n  lora: {rank: 4}\npolicy:\n  engine_args: {enable_lora: false}\n")

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from forge_nb.config.trainer_sections import LoraConfig
+from forge_nb.config.trainer_sections import VLLM_MAX_LORA_RANK, LoraConfig
 
 __all__ = ["adapter_config", "adapter_state_dict", "adapters_off", "engine_lora_args", "inject", "peft_config",
            "save_adapter", "write_adapter"]
@@ -115,5 +115,5 @@ def engine_lora_args(cfg: LoraConfig) -> dict[str, Any]:
     it serves and the one it loads, the smallest of vLLM's ranks that holds ``cfg.rank``."""
     fits = [r for r in VLLM_RANKS if r >= cfg.rank]
     if not fits:
-        raise ValueError(f"lora.rank={cfg.rank}: vLLM serves adapters of rank <= {VLLM_RANKS[-1]}")
+        raise ValueError(f"lora.rank={cfg.rank}: vLLM serves adapters of rank <= {VLLM_MAX_LORA_RANK}")
     return {"enable_lora": True, "max_loras": 2, "max_lora_rank": fits[0]}

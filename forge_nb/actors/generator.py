@@ -213,7 +213,7 @@ class Generator(ForgeActor):
         values = dict(config.engine_args)
         if self._lora_args is not None:  # checked as the trainer checks it, before the engine is built
             lora = read_section(LoraConfig, "lora", self._lora_args)
-            values |= _lora.engine_lora_args(lora)
+            values = _lora.engine_lora_args(lora) | values  # what the user set wins (RunConfig checks it fits)
             self._lora = _lora.adapter_config(lora, model_path)
         engine_args = generator_engine_args(values, model_path, cuda=cuda, cpu_linear=self._cpu_linear)
         self._sockets = _own_socket_dir()

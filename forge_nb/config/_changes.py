@@ -95,7 +95,7 @@ def check_change(cfg: RunConfig, name: str, value: Any, *, task: Any = None,
     if name == "max_tokens" and _is_int(value) and not 1 <= value <= cfg.max_res_tokens:
         raise ValueError(f"max_tokens={value}: must be between 1 and max_res_tokens={cfg.max_res_tokens} "
                          "(longer responses would be cut in training)")
-    if name == "beta" and value and not cfg.use_reference:
+    if name == "beta" and value and not cfg.use_reference and cfg.trainer.lora is None:  # LoRA: the base is it
         raise ValueError(f"beta={value}: the KL penalty needs reference logprobs and this run has no "
                          "ReferenceModel; spawn it with use_reference=True (or keep beta=0)")
     if name == "difficulty" and task is not None and not hasattr(task, "difficulty"):

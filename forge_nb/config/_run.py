@@ -282,10 +282,7 @@ class RunConfig:
                 raise ValueError(f"RunConfig.exporters[{kind!r}]={options!r}: use a kind of {list(EXPORTERS)} "
                                  "mapped to its options, e.g. {'wandb': {'project': 'grpo'}}")
         if self.trainer.lora is not None:
-            raise ValueError("RunConfig.trainer.lora: a run's generators do not serve adapters yet, so a run cannot "
-                             "train one; train LoRA with the trainer actor itself (RLTrainer(..., lora={'rank': 8}): "
-                             "push_weights, checkpoints and save_adapter hold the adapters), or leave trainer.lora "
-                             "unset")
+            _check_lora(self)
         from forge_nb.rl import LOSSES, make_loss
 
         loss: Any = self.trainer.loss  # a path or an object is checked where it is imported: the trainer
@@ -296,9 +293,10 @@ class RunConfig:
                 raise ValueError(f"trainer.loss_config={self.trainer.loss_config!r} for loss "
                                  f"{self.trainer.loss!r}: {e}") from None
         beta = getattr(loss, "beta", 0.0)
-        if beta and not self.use_reference:
+        if beta and not self.use_reference and self.trainer.lora is None:  # a LoRA run's base is its reference
             raise ValueError(f"the {self.trainer.loss!r} loss has beta={beta}, which needs reference logprobs: "
-                             "set use_reference=True (spawns a ReferenceModel) or trainer.loss_config.beta=0")
+                             "set use_reference=True (spawns a ReferenceModel) or trainer.loss_config.beta=0 (or "
+                             "train LoRA adapters, trainer.lora: the base model in the trainer is the reference)")
 
     def sampling(self) -> SamplingConfig:
         """The generator's hot sampling values, with the run's defaults filled in (max_tokens = max_res_tokens)."""
@@ -320,6 +318,20 @@ class RunConfig:
             cls = loss if isinstance(loss, type) else type(loss)
             data["trainer"]["loss"] = f"{cls.__module__}:{cls.__qualname__}"
         return data
+
+
+def _check_lora(cfg: RunConfig) -> None:
+    """A LoRA run's generators can serve its adapters: LoRA left on in their engine, room for the rank."""
+    from forge_nb.config.trainer_sections import VLLM_MAX_LORA_RANK
+
+    lora, engine = cfg.trainer.lora, cfg.generator.engine_args
+    if engine.get("enable_lora") is False:
+        raise ValueError("generator.engine_args.enable_lora=False with trainer.lora: the generators serve each version "
+                         "as an adapter; leave enable_lora unset")
+    limit = engine.get("max_lora_rank", VLLM_MAX_LORA_RANK)
+    if lora.rank > limit:
+        raise ValueError(f"trainer.lora.rank={lora.rank} is above the generators' max_lora_rank={limit}: lower the "
+                         "rank, or leave generator.engine_args.max_lora_rank unset (forge_nb sizes it to the rank)")
 
 
 def from_dict(data: dict[str, Any]) -> RunConfig:

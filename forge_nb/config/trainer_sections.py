@@ -37,6 +37,7 @@ __all__ = [
     "OptimizerConfig",
     "ParallelismConfig",
     "TrainingConfig",
+    "VLLM_MAX_LORA_RANK",
     "read_section",
     "section_keys",
 ]
@@ -294,6 +295,8 @@ class ParallelismConfig:
             )
 
 
+#: The largest adapter rank vLLM serves (its ``max_lora_rank`` choices end there).
+VLLM_MAX_LORA_RANK = 512
 #: What LoRA adapts unless told otherwise: every linear layer of a Qwen3 (Llama-shaped) block, as peft's
 #: "all-linear" and tinker-cookbook's adapters do for these models.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import shutil
@@ -35,7 +36,7 @@ from forge_nb.config import (
     trainer_hparam_sections,
 )
 from forge_nb.controller.core import Controller, EpisodeFn
-from forge_nb.controller.episodes import generate_episode
+from forge_nb.controller.episodes import BaseInTrainer, generate_episode
 from forge_nb.controller.hot import HotChanges
 from forge_nb.controller.ledger import Ledger
 from forge_nb.controller.weight_sync import WeightSync
@@ -182,7 +183,8 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
                                            with_gpus=cfg.generator.with_gpus, hosts=cfg.generator.hosts,
                                            mesh_name=policy_mesh, log_dir=logs),
                          written, {"model": model, "engine_args": engine_args, "sampling_params": sampling,
-                                   "weights_namespace": sync.namespace}),
+                                   "weights_namespace": sync.namespace,
+                                   **({"lora": dataclasses.asdict(cfg.trainer.lora)} if cfg.trainer.lora else {})}),
         "trainer": _start(RLTrainer.options(procs=cfg.trainer.procs, with_gpus=cfg.trainer.with_gpus,
                                             hosts=cfg.trainer.hosts, mesh_name=f"{cfg.name}-trainer", log_dir=logs),
                           written, {"model": model, "pad_id": pad_id, **trainer_actor_kwargs(
@@ -243,7 +245,10 @@ def _wire(cfg: RunConfig, directory: RunDir, services: dict[str, Any], *, task: 
     for name, service in services.items():
         service.subscribe(lambda e, name=name: metrics.event(
             "replica", service=name, replica=e.replica, old=e.old, new=e.new, reason=e.reason))
-    return RunParts(controller=controller, policy=policy, trainer=trainer, ref_model=services.get("ref_model"),
+    ref_model = services.get("ref_model")
+    if ref_model is None and cfg.trainer.lora is not None:  # the base model, in the trainer: its adapters off
+        ref_model = BaseInTrainer(trainer)
+    return RunParts(controller=controller, policy=policy, trainer=trainer, ref_model=ref_model,
                     task=task, pad_id=pad_id, model=model, kernel_log=kernel_log)
 
 

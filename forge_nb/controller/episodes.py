@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -34,6 +35,23 @@ async def generate_episode(run: Any, sample: dict[str, Any]) -> list[Episode]:
     await add_ref_logprobs(run, group)
     assign_advantages(group, method=cfg.advantage)
     return group
+
+
+class BaseInTrainer:
+    """A LoRA run's reference model when it spawned no ReferenceModel service: the trainer's base model, its
+    adapters off (``RLTrainer.forward(..., adapters=False)``), in the trainer's own process. It answers
+    ``forward.route(input_ids, request_len)`` as the service does, so ``run.ref_model`` reads the same either
+    way; no process nor copy of the model more."""
+
+    def __init__(self, trainer: Any):
+        self.trainer = trainer
+        self.forward = SimpleNamespace(route=self._forward)
+
+    async def _forward(self, input_ids: torch.Tensor, request_len: int) -> torch.Tensor:
+        return (await self.trainer.forward.call(input_ids, request_len, adapters=False))[0]
+
+    def __repr__(self) -> str:
+        return "<the trainer's base model, its LoRA adapters off>"
 
 
 async def add_ref_logprobs(run: Any, group: list[Episode]) -> None:

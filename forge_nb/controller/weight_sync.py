@@ -155,6 +155,7 @@ class WeightSync:
         finally:
             self._pushing = None
         timings["time/push_s"] = time.perf_counter() - t0
+        timings["weights/pushed_mb"] = float(_rank0(pushed).get("mb", 0.0))  # a LoRA run's: its adapters alone
         self.version = self.pushed = version
         manifest = self._pushed[version] = _manifest(pushed)
         if manifest is not None and not _announced(pushed):
