@@ -4,45 +4,26 @@ KL term's reference in the same process; the adapter folder it writes is peft's 
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import pytest_asyncio
 import torch
 from safetensors.torch import load_file
 
 from forge_nb import weights
 from forge_nb.actors._policy_model import real_token_mask
-from forge_nb.models import build_tiny_model
 from forge_nb.rl import compute_logprobs
-from forge_nb.system import runtime
+from tests.actors import test_trainer as shared
 from tests.actors.test_trainer import first, make_batch
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.asyncio(loop_scope="module")]
 
 LORA = {"rank": 4, "alpha": 8}
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def env(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    model = build_tiny_model(tmp_path_factory.mktemp("lora") / "tiny")
-    runtime.ensure_started()
-    await weights.initialize_store()
-    mesh = await runtime.spawn_mesh("trainer-lora", 1)
-    try:
-        yield SimpleNamespace(mesh=mesh, model=str(model), tmp=tmp_path_factory)
-    finally:
-        await mesh.stop()
-        await weights.shutdown_store()
+env = shared.env  # test_trainer's module-scoped fixture: a 1-proc mesh, the tiny model and torchstore
 
 
 async def spawn(env: Any, name: str, **kwargs: Any) -> Any:
-    from forge_nb.actors.trainer import RLTrainer
-
-    actor = env.mesh.spawn(name, RLTrainer, model=env.model, optimizer={"lr": 1e-2}, lora=LORA, **kwargs)
-    await actor.setup.call()
-    return actor
+    return await shared.spawn(env.mesh, name, env.model, optimizer={"lr": 1e-2}, lora=LORA, **kwargs)
 
 
 async def logprobs(trainer: Any, batch: Any, adapters: bool = True) -> torch.Tensor:
