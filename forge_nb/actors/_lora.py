@@ -6,7 +6,7 @@ and a checkpoint (``_checkpoint``, which leaves frozen parameters out) holds the
 is what a push moves: the adapters' tensors under peft's names (``model.layers.0.self_attn.q_proj.lora_A.weight``).
 :func:`adapters_off` runs a block on the base model (the KL term's reference, in the trainer's own process).
 :func:`save_adapter` writes an adapter folder in peft's format, which ``peft.PeftModel.from_pretrained`` and
-vLLM's ``LoRARequest`` load.
+vLLM's ``LoRARequest`` load; :func:`save_merged` a whole model folder with the adapters merged into its weights.
 
 Considered: hand-written LoRA layers (a few lines each, but then the format, the merge and every later peft fix
 would be ours too) and ``peft.get_peft_model`` (it wraps the model in a ``PeftModel``, whose forward and names
@@ -26,8 +26,8 @@ import torch
 
 from forge_nb.config.trainer_sections import VLLM_MAX_LORA_RANK, LoraConfig
 
-__all__ = ["adapter_config", "adapter_state_dict", "adapters_off", "engine_lora_args", "inject", "peft_config",
-           "save_adapter", "write_adapter"]
+__all__ = ["adapter_config", "adapter_state_dict", "adapters_off", "engine_lora_args", "inject", "merged_state_dict",
+           "peft_config", "save_adapter", "save_merged", "write_adapter"]
 
 #: The prefix peft's saved adapters carry (a PeftModel's own module path): vLLM's loader expects it.
 PEFT_PREFIX = "base_model.model."
@@ -103,6 +103,39 @@ def write_adapter(folder: str | Path, state: dict[str, torch.Tensor], config: di
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
     save_file({PEFT_PREFIX + k: v.detach().to("cpu").contiguous() for k, v in state.items()},
               str(folder / "adapter_model.safetensors"))
+    return folder
+
+
+def merged_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights with the adapters merged into them (``W + B A * alpha / rank``), under the plain
+    model's names (a copy on the CPU); the module is left as it was."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in module.modules() if isinstance(m, BaseTunerLayer)]
+    for layer in layers:
+        layer.merge()
+    try:
+        return {k.replace(".base_layer.", "."): v.detach().to("cpu", copy=True)
+                for k, v in module.state_dict().items() if ".lora_" not in k}
+    finally:
+        for layer in layers:
+            layer.unmerge()
+
+
+def save_merged(folder: str | Path, module: torch.nn.Module, base_model: str) -> Path:
+    """A whole model folder: ``base_model``'s files (config, tokenizer) and the merged weights as
+    ``model.safetensors``, which transformers and vLLM load as any checkpoint."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    folder, base = Path(folder), Path(base_model)
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in base.iterdir():
+        if item.is_file() and item.suffix != ".safetensors" and not item.name.endswith(".safetensors.index.json"):
+            shutil.copy2(item, folder / item.name)
+    save_file({k: v.contiguous() for k, v in merged_state_dict(module).items()}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
     return folder
 
 

@@ -20,7 +20,7 @@ With a ``lora`` section (``RLTrainer(..., lora={"rank": 8})``, ``TrainerConfig.l
 adapters alone (``_lora``: peft's layers on the transformers engine): the optimizer holds them, ``push_weights``
 and ``state_dict`` carry them under peft's names, a checkpoint holds them (the base comes from the model's
 files), ``forward(..., adapters=False)`` is the base model (the KL term's reference, in this process) and
-``save_adapter(folder)`` writes them in peft's format.
+``save_adapter(folder)`` writes them in peft's format, ``save_merged(folder)`` a whole model with them merged in.
 """
 
 from __future__ import annotations
@@ -323,6 +323,21 @@ class RLTrainer(ForgeActor):
         state = self._weights()
         if self.rank == 0:
             _lora.save_adapter(folder, state, self.lora, self.base_model)
+        return folder
+
+    @endpoint
+    async def save_merged(self, folder: str) -> str:
+        """A LoRA trainer's policy as a whole model folder: the base model's files and its weights with the
+        adapters merged in (``model.safetensors``), loadable as any checkpoint. Rank 0 writes (one proc: a
+        sharded policy is gathered by ``save_adapter`` instead). Returns the folder."""
+        if self.lora is None:
+            raise ValueError("save_merged: this trainer trains the whole model (no lora section); push_weights or "
+                             "a checkpoint holds its weights")
+        if self._policy().sharded:
+            raise ValueError("save_merged: the policy is sharded over the trainer's procs; save_adapter(folder) "
+                             "writes the adapters, which peft merges with merge_and_unload()")
+        if self.rank == 0:
+            _lora.save_merged(folder, self._policy().module, self.base_model)
         return folder
 
     @endpoint

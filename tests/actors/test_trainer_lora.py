@@ -92,6 +92,26 @@ async def test_the_saved_adapter_loads_in_peft_as_it_was_trained(env: Any) -> No
     torch.testing.assert_close(peft_logprobs, await logprobs(trainer, batch), atol=1e-5, rtol=1e-4)
 
 
+async def test_the_merged_model_is_a_checkpoint_with_the_trained_policy(env: Any) -> None:
+    from transformers import AutoModelForCausalLM
+
+    trainer = await spawn(env, "lora-merged")
+    batch = make_batch()
+    for _ in range(2):
+        await trainer.train_step.call(batch)
+    folder = first(await trainer.save_merged.call(str(env.tmp.mktemp("merged"))))
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)  # no peft: a plain checkpoint
+    assert not [n for n, _ in model.named_parameters() if "lora" in n]
+    tokens, width = batch.tokens, batch.request_len
+    mask = real_token_mask(tokens, 0, width)
+    with torch.no_grad():
+        logits = model(input_ids=tokens, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
+    torch.testing.assert_close(compute_logprobs(logits, tokens[:, width:]), await logprobs(trainer, batch),
+                               atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(await logprobs(trainer, batch, adapters=False),  # the trainer's base is untouched
+                               await logprobs(await spawn(env, "lora-merged-base"), batch))
+
+
 async def test_a_target_the_model_lacks_is_refused_with_its_layers(env: Any) -> None:
     from forge_nb.actors.trainer import RLTrainer
 
