@@ -30,6 +30,16 @@ async def logprobs(trainer: Any, batch: Any, adapters: bool = True) -> torch.Ten
     return first(await trainer.forward.call(batch.tokens, batch.request_len, adapters=adapters))
 
 
+def in_process(model: Any, batch: Any) -> torch.Tensor:
+    """The response logprobs of a transformers (or peft) model loaded here, with the trainer's left-padding mask
+    and positions."""
+    tokens, width = batch.tokens, batch.request_len
+    mask = real_token_mask(tokens, 0, width)
+    with torch.no_grad():
+        logits = model(input_ids=tokens, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
+    return compute_logprobs(logits, tokens[:, width:])
+
+
 async def test_the_adapters_alone_train_and_push_and_the_base_stays_the_reference(env: Any) -> None:
     trainer = await spawn(env, "lora-steps")
     batch = make_batch()
@@ -84,12 +94,7 @@ async def test_the_saved_adapter_loads_in_peft_as_it_was_trained(env: Any) -> No
     folder = first(await trainer.save_adapter.call(str(env.tmp.mktemp("adapter"))))
     assert {p.name for p in Path(folder).iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(env.model, dtype=torch.float32), folder)
-    tokens, width = batch.tokens, batch.request_len
-    mask = real_token_mask(tokens, 0, width)  # the trainer's left-padding mask and positions, in plain peft
-    with torch.no_grad():
-        logits = model(input_ids=tokens, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
-    peft_logprobs = compute_logprobs(logits, tokens[:, width:])
-    torch.testing.assert_close(peft_logprobs, await logprobs(trainer, batch), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(in_process(model, batch), await logprobs(trainer, batch), atol=1e-5, rtol=1e-4)
 
 
 async def test_the_merged_model_is_a_checkpoint_with_the_trained_policy(env: Any) -> None:
@@ -102,12 +107,7 @@ async def test_the_merged_model_is_a_checkpoint_with_the_trained_policy(env: Any
     folder = first(await trainer.save_merged.call(str(env.tmp.mktemp("merged"))))
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)  # no peft: a plain checkpoint
     assert not [n for n, _ in model.named_parameters() if "lora" in n]
-    tokens, width = batch.tokens, batch.request_len
-    mask = real_token_mask(tokens, 0, width)
-    with torch.no_grad():
-        logits = model(input_ids=tokens, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
-    torch.testing.assert_close(compute_logprobs(logits, tokens[:, width:]), await logprobs(trainer, batch),
-                               atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(in_process(model, batch), await logprobs(trainer, batch), atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(await logprobs(trainer, batch, adapters=False),  # the trainer's base is untouched
                                await logprobs(await spawn(env, "lora-merged-base"), batch))
 
