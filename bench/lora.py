@@ -6,8 +6,8 @@ loads adapter after adapter.
    ``weights/pushed_mb`` is what its push moved; the model's own bytes are its checkpoint's.
 2. **Loads**: a LoRA Generator and a LoRA RLTrainer on the tiny model, as the run spawns them (actors on meshes of
    their own, one namespace): the trainer pushes a version and the generator loads it, ``--loads`` times after
-   ``--warmup`` loads; the generator process's RSS (psutil) before and after, as vLLM's repeated LoRA loads were
-   reported to leak host memory (TRL's tracker).
+   ``--warmup`` loads, each older version dropped from the store as a run drops it; the generator process's RSS
+   (psutil) before and after, as vLLM's repeated LoRA loads were reported to leak host memory (TRL's tracker).
 
     RESULT lora_sync_bytes_ratio <adapter bytes a push moves / the model's bytes>
     RESULT lora_quickstart_final_reward <mean reward of the last 25 steps> (target >= 0.9)
@@ -85,9 +85,11 @@ async def loads(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
         process = psutil.Process(gen_mesh.pids[0])
         rss: list[float] = []
         for version in range(1, args.warmup + args.loads + 1):
-            pushed = (await trainer.push_weights.call(version))[0]
+            pushed = (await trainer.push_weights.call(version)).item(procs=0)
             await generator.update_weights.call_one(version, manifest=pushed["manifest"])
             await generator.generate.call_one("abc")  # the adapter is used, not only loaded
+            if version > 1:  # as a run's WeightSync keeps only the version its generators hold
+                await weights.drop_version(version - 1, namespace="lora-bench")
             if version >= args.warmup:
                 rss.append(process.memory_info().rss / 2**20)
     finally:
