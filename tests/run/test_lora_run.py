@@ -1,8 +1,12 @@
 """A LoRA run end to end (real vLLM generator with vLLM's LoRA, the real trainer with peft's): adapters alone move
 from trainer to generators, the trainer's base model is the KL term's reference (no ReferenceModel service), and
-the run checkpoints and resumes in a fresh Run from its directory."""
+a generator replica killed mid-run comes back serving the run's adapter, and the run checkpoints and resumes in a
+fresh Run from its directory."""
 
 from __future__ import annotations
+
+import os
+import signal
 
 import pytest
 from safetensors.torch import load_file
@@ -27,6 +31,12 @@ async def test_a_lora_run_moves_adapters_only_and_resumes_from_its_checkpoint(tm
         whole_mb /= 2**20
         assert pushed and all(0 < mb < 0.15 * whole_mb for mb in pushed), (pushed, whole_mb)  # the adapters alone
         assert all(r["kl/k3"] >= 0 for r in rows) and any(r["kl/k3"] > 0 for r in rows[2:])  # policy vs its base
+        (replica,) = run.policy.replicas
+        killed = replica.mesh.pids[0]
+        os.kill(killed, signal.SIGKILL)  # its respawn loads the run's current adapter (catch-up) and serves it
+        rows = await run.step(3)
+        assert len(rows) == 3 and replica.mesh.pids[0] != killed and run.ledger()["balanced"]
+        assert await run.policy.get_version.fanout() == [run.version]
         await run.checkpoint()
         version, step = run.version, run.current_step
         assert await run.policy.get_version.fanout() == [version]
