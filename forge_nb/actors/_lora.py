@@ -65,7 +65,8 @@ def adapter_state_dict(module: torch.nn.Module, whole: dict[str, torch.Tensor] |
     ``whole`` (the module's full state dict, gathered from its shards) when given."""
     from peft import get_peft_model_state_dict
 
-    return get_peft_model_state_dict(module, state_dict=whole)
+    # the adapters alone: with the output layer among the targets peft would add its whole (frozen) weight
+    return get_peft_model_state_dict(module, state_dict=whole, save_embedding_layers=False)
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from tests.actors.test_trainer import first, make_batch
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.heavy]
 
-LORA = {"rank": 4, "alpha": 8}
+LORA = {"rank": 4, "alpha": 8}  # the default targets: every linear layer of the blocks, and the output layer
 NAMESPACE = "lora-gen"
 
 

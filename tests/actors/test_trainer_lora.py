@@ -55,7 +55,7 @@ async def test_the_adapters_alone_train_and_push_and_the_base_stays_the_referenc
     stored = await weights.load_state_dict(7)
     assert stored and all(".lora_A.weight" in k or ".lora_B.weight" in k for k in stored), sorted(stored)[:4]
     assert {k.split(".lora_")[0].rsplit(".", 1)[-1] for k in stored} == {
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}
     moved = sum(t.numel() * t.element_size() for t in stored.values())
     whole = sum(t.numel() * t.element_size() for t in load_file(Path(env.model) / "model.safetensors").values())
     assert pushed["mb"] * 2**20 == moved and moved < 0.15 * whole, (moved, whole)  # the adapters' bytes only
