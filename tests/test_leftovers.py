@@ -107,7 +107,9 @@ def test_kill_groups_lets_a_dead_maker_s_resource_tracker_unlink_its_semaphore()
         maker.kill()  # the proc dies alone; its tracker, stopped, is left in the group
         maker.wait()
         assert path.exists() and pid_alive(tracker[0])
-        assert kill_groups([maker.pid]) == tracker
+        # a loaded machine (the suite beside other work) can need more than the reaper's 2 s for the tracker to
+        # wake and unlink: what is tested is that it is let go on first, not how fast it is
+        assert kill_groups([maker.pid], tracker_wait_s=20.0) == tracker
         deadline = time.monotonic() + 5
         while pid_alive(tracker[0]) and time.monotonic() < deadline:
             time.sleep(0.05)

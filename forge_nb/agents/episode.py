@@ -78,8 +78,8 @@ def agent_episode(agent: Agent, *, max_tokens: int | None = None, timeout_s: flo
     for name, value in (("max_tokens", max_tokens), ("later_prompt_tokens", later_prompt_tokens)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"agent_episode({name}={value!r}): a positive number of tokens")
-    synchronous = not _is_async(agent)
-    threads: list[ThreadPoolExecutor] = []  # made on the first synchronous run
+    # a plain def runs in these threads (started as needed, none before the first run)
+    pool = None if _is_async(agent) else ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="forge_nb-agent")
 
     async def episode(run: Any, sample: dict[str, Any]) -> list[Episode]:
         cfg = run.config
@@ -87,12 +87,10 @@ def agent_episode(agent: Agent, *, max_tokens: int | None = None, timeout_s: flo
         budget = max_tokens or cfg.max_res_tokens
         logs = [served.open_trajectory(budget, request_len=cfg.max_req_tokens, later_request_len=later_prompt_tokens)
                 for _ in range(cfg.group_size)]
-        if synchronous and not threads:
-            threads.append(ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="forge_nb-agent"))
         try:
             outcomes = await asyncio.gather(*(
-                _play(agent, served.sync_client(log) if synchronous else served.client(log), sample, timeout_s,
-                      threads[0] if synchronous else None) for log in logs))
+                _play(agent, served.client(log) if pool is None else served.sync_client(log), sample, timeout_s, pool)
+                for log in logs))
         finally:
             for log in logs:
                 served.close_trajectory(log)
