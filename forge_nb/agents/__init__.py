@@ -11,7 +11,8 @@
       return reward ─────────────────────────────> agent_episode: segments -> Episodes, GRPO advantages
 
 - :class:`OpenAIEndpoint` (:mod:`~forge_nb.agents.server`): ``await run.serve_openai()`` or ``%forge_serve``.
-- :func:`agent_episode` (:mod:`~forge_nb.agents.episode`): ``run.episode_fn = agent_episode(agent)``.
+- :func:`agent_episode` (:mod:`~forge_nb.agents.episode`): ``run.episode_fn = agent_episode(agent)``; an ``async def``
+  agent gets an ``openai.AsyncOpenAI``, a plain ``def`` one an ``openai.OpenAI`` and a thread.
 - :class:`TrajectoryLog` (:mod:`~forge_nb.agents.recorder`): how calls become token-exact segments.
 """
 
