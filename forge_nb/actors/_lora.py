@@ -8,6 +8,12 @@ is what a push moves: the adapters' tensors under peft's names (``model.layers.0
 :func:`save_adapter` writes an adapter folder in peft's format, which ``peft.PeftModel.from_pretrained`` and
 vLLM's ``LoRARequest`` load; :func:`save_merged` a whole model folder with the adapters merged into its weights.
 
+Several runs on one base: each adapter is named after its run's weights namespace, and one model in one process
+can hold several runs' adapters (``RLTrainer(..., share_base=True)`` takes the model another LoRA trainer of the
+process loaded: :func:`offer_base` / :func:`shared_base`). :func:`active` makes one run's adapter the model's active
+(and only trainable) one for a block, under a process-wide lock; :func:`adapter_parameters` are what that run's
+optimizer holds; :func:`drop` takes a run's adapter out when the run ends.
+
 Considered: hand-written LoRA layers (a few lines each, but then the format, the merge and every later peft fix
 would be ours too) and ``peft.get_peft_model`` (it wraps the model in a ``PeftModel``, whose forward and names
 differ from the plain model's that the rest of the trainer reads; ``inject_adapter_in_model`` changes the layers
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,8 +33,9 @@ import torch
 
 from forge_nb.config.trainer_sections import VLLM_MAX_LORA_RANK, LoraConfig
 
-__all__ = ["adapter_config", "adapter_state_dict", "adapters_off", "engine_lora_args", "inject", "merged_state_dict",
-           "peft_config", "save_adapter", "save_merged", "write_adapter"]
+__all__ = ["active", "adapter_config", "adapter_names", "adapter_parameters", "adapter_state_dict", "adapters_off",
+           "drop", "engine_lora_args", "inject", "merged_state_dict", "offer_base", "peft_config", "runs_served",
+           "save_adapter", "save_merged", "shared_base", "withdraw_base", "write_adapter"]
 
 #: The prefix peft's saved adapters carry (a PeftModel's own module path): vLLM's loader expects it.
 PEFT_PREFIX = "base_model.model."
@@ -41,40 +49,105 @@ def peft_config(cfg: LoraConfig, base_model: str | None = None) -> Any:
                            target_modules=list(cfg.target_modules), base_model_name_or_path=base_model)
 
 
-def inject(module: torch.nn.Module, cfg: LoraConfig) -> None:
-    """Adapters into ``module``'s target layers, in place; everything else frozen. A target the model lacks is a
-    ValueError that lists the linear layers it has."""
+def inject(module: torch.nn.Module, cfg: LoraConfig, name: str = "default") -> None:
+    """Adapters named ``name`` into ``module``'s target layers, in place; everything else frozen (another
+    adapter already there stays as it is). A target the model lacks is a ValueError that lists the linear
+    layers it has."""
     import peft
-    from peft.tuners.tuners_utils import BaseTunerLayer
 
     try:
-        peft.inject_adapter_in_model(peft_config(cfg), module)
+        peft.inject_adapter_in_model(peft_config(cfg), module, adapter_name=name)
     except ValueError as e:  # peft's NoMatchingPeftModuleError is one
         names = sorted({n.rsplit(".", 1)[-1] for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)})
         raise ValueError(f"lora.target_modules={list(cfg.target_modules)}: {e} The model's linear layers are "
                          f"named {names}") from None
-    missing = set(cfg.target_modules) - {n.rsplit(".", 1)[-1] for n, m in module.named_modules()
-                                         if isinstance(m, BaseTunerLayer)}
+    missing = set(cfg.target_modules) - {n.rsplit(".", 1)[-1] for n, m in _tuner_layers(module, named=True)
+                                         if name in getattr(m, "lora_A", {})}
     if missing:
         raise ValueError(f"lora.target_modules: {sorted(missing)} matched no layer of the model; leave them out")
 
 
-def adapter_state_dict(module: torch.nn.Module, whole: dict[str, torch.Tensor] | None = None
-                       ) -> dict[str, torch.Tensor]:
-    """The adapters' tensors under peft's names (without the adapter's name), as they are (no copy); taken from
-    ``whole`` (the module's full state dict, gathered from its shards) when given."""
+def adapter_state_dict(module: torch.nn.Module, whole: dict[str, torch.Tensor] | None = None,
+                       name: str = "default") -> dict[str, torch.Tensor]:
+    """The tensors of the adapter ``name`` under peft's names (without the adapter's name), as they are (no
+    copy); taken from ``whole`` (the module's full state dict, gathered from its shards) when given."""
     from peft import get_peft_model_state_dict
 
     # the adapters alone: with the output layer among the targets peft would add its whole (frozen) weight
-    return get_peft_model_state_dict(module, state_dict=whole, save_embedding_layers=False)
+    return get_peft_model_state_dict(module, state_dict=whole, adapter_name=name, save_embedding_layers=False)
+
+
+def adapter_parameters(module: torch.nn.Module, name: str) -> list[torch.nn.Parameter]:
+    """The parameters of the adapter ``name``: what its optimizer holds (the model may hold other runs')."""
+    return [p for layer in _tuner_layers(module) for attr in layer.adapter_layer_names
+            if name in getattr(layer, attr) for p in getattr(layer, attr)[name].parameters()]
+
+
+#: One adapter a time is active in a model several runs' trainers share (``active``).
+_ACTIVE = threading.RLock()
+
+
+@contextlib.contextmanager
+def active(module: torch.nn.Module, name: str) -> Iterator[None]:
+    """The block runs with the adapter ``name`` alone active (and trainable), other runs' adapters off; a layer
+    without it is the base layer. Several trainers in one process share a model through this lock."""
+    with _ACTIVE:
+        for layer in _tuner_layers(module):
+            layer.set_adapter(name)
+        yield
+
+
+def drop(module: torch.nn.Module, name: str) -> int:
+    """Remove the adapter ``name`` from every layer holding it; returns how many adapters the model holds
+    after (0: none is left)."""
+    with _ACTIVE:
+        left: set[str] = set()
+        for layer in _tuner_layers(module):
+            if name in layer.lora_A:
+                layer.delete_adapter(name)
+            left.update(layer.lora_A)
+        return len(left)
+
+
+def adapter_names(module: torch.nn.Module) -> list[str]:
+    """The names of the adapters ``module`` holds, sorted."""
+    return sorted({name for layer in _tuner_layers(module) for name in layer.lora_A})
+
+
+def _tuner_layers(module: torch.nn.Module, named: bool = False) -> list[Any]:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return [(n, m) if named else m for n, m in module.named_modules() if isinstance(m, BaseTunerLayer)]
+
+
+#: model path -> (the policy, why not torchtitan): the base a LoRA trainer loaded in this process, which another
+#: run's trainer spawned into the same process trains its adapters on (``RLTrainer(..., share_base=True)``).
+_BASES: dict[str, tuple[Any, str | None]] = {}
+
+
+def offer_base(path: str, policy: Any, fallback_reason: str | None) -> None:
+    """Let later trainers in this process train their adapters on ``policy`` (the newest offer of a path wins)."""
+    _BASES[path] = (policy, fallback_reason)
+
+
+def shared_base(path: str) -> tuple[Any, str | None]:
+    """The policy a LoRA trainer of this process loaded from ``path``; a ValueError when none did."""
+    if path not in _BASES:
+        raise ValueError(f"share_base=True: no LoRA trainer in this process holds {path!r} (it holds "
+                         f"{sorted(_BASES) or 'none'}); spawn this trainer on the base run's trainer processes")
+    return _BASES[path]
+
+
+def withdraw_base(policy: Any) -> None:
+    """``policy`` is no base to share any more (its last adapter is gone)."""
+    for path in [p for p, (held, _) in _BASES.items() if held is policy]:
+        del _BASES[path]
 
 
 @contextlib.contextmanager
 def adapters_off(module: torch.nn.Module) -> Iterator[None]:
     """The block runs on the base model: every adapter of ``module`` disabled, and enabled again after."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    layers = [m for m in module.modules() if isinstance(m, BaseTunerLayer)]
+    layers = _tuner_layers(module)
     for layer in layers:
         layer.enable_adapters(False)
     try:
@@ -108,11 +181,9 @@ def write_adapter(folder: str | Path, state: dict[str, torch.Tensor], config: di
 
 
 def merged_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's weights with the adapters merged into them (``W + B A * alpha / rank``), under the plain
+    """The model's weights with the active adapter merged into them (``W + B A * alpha / rank``), under the plain
     model's names (a copy on the CPU); the module is left as it was."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    layers = [m for m in module.modules() if isinstance(m, BaseTunerLayer)]
+    layers = _tuner_layers(module)
     for layer in layers:
         layer.merge()
     try:
@@ -144,10 +215,21 @@ def save_merged(folder: str | Path, module: torch.nn.Module, base_model: str) ->
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
+#: The runs one LoRA generator serves by default (``engine_lora_args``): each needs room for two adapters.
+RUNS_PER_BASE = 4
+
+
 def engine_lora_args(cfg: LoraConfig) -> dict[str, Any]:
-    """vLLM engine arguments that let a generator serve ``cfg``'s adapters: LoRA on, room for the version
-    it serves and the one it loads, the smallest of vLLM's ranks that holds ``cfg.rank``."""
+    """vLLM engine arguments that let a generator serve ``cfg``'s adapters: LoRA on, room for ``RUNS_PER_BASE``
+    runs' adapters (each run's version serving and the one loading), the smallest of vLLM's ranks that holds
+    ``cfg.rank``."""
     fits = [r for r in VLLM_RANKS if r >= cfg.rank]
     if not fits:
         raise ValueError(f"lora.rank={cfg.rank}: vLLM serves adapters of rank <= {VLLM_MAX_LORA_RANK}")
-    return {"enable_lora": True, "max_loras": 2, "max_lora_rank": fits[0]}
+    return {"enable_lora": True, "max_loras": 2 * RUNS_PER_BASE, "max_lora_rank": fits[0]}
+
+
+def runs_served(engine_args: dict[str, Any]) -> int:
+    """How many runs' adapters an engine with these (LoRA) arguments holds at once: two adapters each."""
+    slots = min(int(engine_args.get("max_loras", 1)), int(engine_args.get("max_cpu_loras") or 10**9))
+    return max(1, slots // 2)

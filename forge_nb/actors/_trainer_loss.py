@@ -35,7 +35,7 @@ from forge_nb.rl.loss.ops import CROSS_ENTROPY_IGNORE_IDX
 from forge_nb.rl.types import TextTrainBatch
 from forge_nb.system.importpath import import_path
 
-__all__ = ["loss_function", "loss_kind", "rl_loss", "sft_loss", "text_loss"]
+__all__ = ["loss_function", "loss_kind", "mean_metrics", "rl_loss", "sft_loss", "text_loss"]
 
 LossFn = Callable[..., Any]
 
@@ -226,3 +226,9 @@ def _loss_and_metrics(fn: LossFn, result: Any) -> tuple[torch.Tensor, dict[str, 
 
 def _label(fn: LossFn) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def mean_metrics(metrics: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the micro-batches that reported it."""
+    names = {k for m in metrics for k in m}
+    return {k: sum(m[k] for m in metrics if k in m) / sum(k in m for m in metrics) for k in sorted(names)}

@@ -250,3 +250,16 @@ def inspect_models_here() -> Iterator[None]:
         yield
     finally:
         registry._run_in_subprocess = in_subprocess
+
+
+async def final_outputs(engine: Any, requests: list[tuple[Any, Any, str, Any]]) -> list[Any]:
+    """The final output of each ``(engine_input, params, request_id, lora_request)``, or its exception: added to
+    the engine in one go where the engine can (``InprocEngine.generate_many``), else one ``generate`` each."""
+    if isinstance(engine, InprocEngine):
+        return await engine.generate_many(requests)
+
+    async def final(engine_input: Any, params: Any, request_id: str, lora: Any) -> Any:
+        outputs = [output async for output in engine.generate(engine_input, params, request_id, lora_request=lora)]
+        return outputs[-1]  # FINAL_ONLY: the one output
+
+    return await asyncio.gather(*(final(*request) for request in requests), return_exceptions=True)

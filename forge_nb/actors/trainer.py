@@ -21,6 +21,10 @@ adapters alone (``_lora``: peft's layers on the transformers engine): the optimi
 and ``state_dict`` carry them under peft's names, a checkpoint holds them (the base comes from the model's
 files), ``forward(..., adapters=False)`` is the base model (the KL term's reference, in this process) and
 ``save_adapter(folder)`` writes them in peft's format, ``save_merged(folder)`` a whole model with them merged in.
+Another run's LoRA trainer spawned into the same process with ``share_base=True`` trains its own adapter on that
+model (no second copy of the base): each trainer keeps its own optimizer, steps, hyperparameters, pushes and
+checkpoints, and its endpoints run with its adapter alone active (``_lora.active``); ``release()`` takes its
+adapter out when its run ends.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from forge_nb.actors._policy_model import (
 )
 from forge_nb.actors._trainer_batch import as_train_batch, local_rows, micro_batches, sft_labels
 from forge_nb.actors._trainer_config import hparams, model_source, trainer_arguments, with_hparams
-from forge_nb.actors._trainer_loss import loss_function, rl_loss, sft_loss, text_loss
+from forge_nb.actors._trainer_loss import loss_function, mean_metrics, rl_loss, sft_loss, text_loss
 from forge_nb.config import TrainerConfig
 from forge_nb.config.trainer_sections import (
     SECTION_NAMES,
@@ -97,6 +101,7 @@ class RLTrainer(ForgeActor):
         lr_scheduler: dict[str, Any] | None = None,
         pad_id: int | None = None,
         weights_namespace: str = "policy",
+        share_base: bool = False,
         **seed_sections: Any,
     ) -> None:
         sections = dict(optimizer=optimizer, training=training, checkpoint=checkpoint, parallelism=parallelism,
@@ -104,6 +109,8 @@ class RLTrainer(ForgeActor):
         self._args = dict(model=model, trainer=trainer, sections=sections, loss=loss, loss_config=loss_config,
                           pad_id=pad_id)
         self.weights_namespace = weights_namespace
+        self.share_base = share_base  # a LoRA trainer on the model another LoRA trainer of this process loaded
+        self.released = False
         self.step = 0
         self.policy: PolicyModel | None = None
         self.resumed: dict[str, Any] | None = None  # the checkpoint loaded last (info()["resumed"])
@@ -132,20 +139,30 @@ class RLTrainer(ForgeActor):
         path = resolve_model(model_source(a["model"]))  # FileNotFoundError naming the model
 
         torch.manual_seed(self.train_cfg.seed)
+        if self.share_base and (self.lora is None or self.world > 1):
+            raise ValueError("share_base=True: a trainer trains on another's base model with a lora section and "
+                             f"one proc (it has {'no lora section' if self.lora is None else f'{self.world} procs'})")
         if self.world > 1:
             port = parallelism.master_port or default_port(shared)
             device = device_for_rank(self.rank)
             init_distributed(self.rank, self.world, device, port, self.train_cfg.dist_timeout_s)
-        self.policy, self.fallback_reason = PolicyModel.load(path, self.train_cfg.engine, self.rank, a["pad_id"])
+        if self.share_base:  # the model is in this process already: this run's adapters go beside the others'
+            self.policy, self.fallback_reason = _lora.shared_base(path)
+        else:
+            self.policy, self.fallback_reason = PolicyModel.load(path, self.train_cfg.engine, self.rank, a["pad_id"])
         self.base_model = path
         if self.lora is not None:
             if self.policy.engine != "transformers":
                 raise ValueError(f"lora: the {self.policy.engine} engine does not take adapters yet; set "
                                  "training.engine='transformers' for a LoRA run")
-            _lora.inject(self.policy.module, self.lora)
+            _lora.inject(self.policy.module, self.lora, self.weights_namespace)
+            if self.world == 1:
+                _lora.offer_base(path, self.policy, self.fallback_reason)
         if self.world > 1:
             self.policy.shard(self.world)
-        self.optimizer = self.opt_cfg.build(p for p in self.policy.module.parameters() if p.requires_grad)
+        trained = (_lora.adapter_parameters(self.policy.module, self.weights_namespace) if self.lora is not None
+                   else [p for p in self.policy.module.parameters() if p.requires_grad])
+        self.optimizer = self.opt_cfg.build(trained)
         self.step = 0
         if self.ckpt_cfg.folder and self.ckpt_cfg.resume:
             self._load(None)
@@ -162,6 +179,10 @@ class RLTrainer(ForgeActor):
 
         With ``training.gradient_accumulation_steps = N`` the rank's rows are trained as N micro-batches
         whose gradients add up (each loss weighted by its share of the rows) before one optimizer step."""
+        with self._adapter():
+            return self._train_step(batch, targets)
+
+    def _train_step(self, batch: Any, targets: Any) -> ForwardBackwardResult:
         start = time.perf_counter()
         policy = self._policy()
         text = isinstance(batch, TextTrainBatch)
@@ -187,12 +208,16 @@ class RLTrainer(ForgeActor):
             metrics.append(m)
             if reason:
                 break
-        return self._step(torch.stack(losses).mean(), _mean(metrics), tokens, start, reason)
+        return self._step(torch.stack(losses).mean(), mean_metrics(metrics), tokens, start, reason)
 
     @endpoint
     async def sft_step(self, batch: TrainBatch | dict[str, torch.Tensor]) -> ForwardBackwardResult:
         """One supervised step: token-mean cross-entropy on the response tokens of a TrainBatch, or on
         ``labels`` (aligned with ``tokens``, -100 ignored) of a ``{"tokens", "labels"}`` dict."""
+        with self._adapter():
+            return self._sft_step(batch)
+
+    def _sft_step(self, batch: Any) -> ForwardBackwardResult:
         start = time.perf_counter()
         policy = self._policy()
         tokens, labels, request_len = sft_labels(batch)
@@ -223,7 +248,8 @@ class RLTrainer(ForgeActor):
         grad_norm = math.nan
         if not reason:
             max_norm = self.train_cfg.max_norm or math.inf
-            norm = torch.nn.utils.clip_grad_norm_(self._policy().module.parameters(), max_norm)
+            trained = [p for group in self.optimizer.param_groups for p in group["params"]]
+            norm = torch.nn.utils.clip_grad_norm_(trained, max_norm)
             grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             if not math.isfinite(grad_norm):  # the norm is global, so this too is the same on every rank
                 reason = "nonfinite_grad"
@@ -294,7 +320,7 @@ class RLTrainer(ForgeActor):
             raise ValueError("forward(input_ids, request_len): say where the response starts")
         input_ids, request_len = self._policy().without_shared_padding(torch.as_tensor(input_ids), request_len)
         off = nullcontext() if adapters or self.lora is None else _lora.adapters_off(self._policy().module)
-        with torch.no_grad(), self._autocast(), off:
+        with self._adapter(), torch.no_grad(), self._autocast(), off:
             logits = self._policy().logits(input_ids, request_len)
             return response_logprobs(logits, input_ids, request_len, self.train_cfg.logits_temperature).cpu()
 
@@ -308,7 +334,7 @@ class RLTrainer(ForgeActor):
         policy = self._policy()
         weights = {k: v.detach().cpu().clone() for k, v in self._weights().items()}
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        with _checkpoint.keep_fresh(self.optimizer):
+        with self._adapter(), _checkpoint.keep_fresh(self.optimizer):
             optim = get_optimizer_state_dict(policy.module, self.optimizer, options=options)
         return {"model": weights, "optimizer": optim, "step": self.step} if self.rank == 0 else {}
 
@@ -336,8 +362,9 @@ class RLTrainer(ForgeActor):
         if self._policy().sharded:
             raise ValueError("save_merged: the policy is sharded over the trainer's procs; save_adapter(folder) "
                              "writes the adapters, which peft merges with merge_and_unload()")
-        if self.rank == 0:
-            _lora.save_merged(folder, self._policy().module, self.base_model)
+        with self._adapter():
+            if self.rank == 0:
+                _lora.save_merged(folder, self._policy().module, self.base_model)
         return folder
 
     @endpoint
@@ -352,7 +379,8 @@ class RLTrainer(ForgeActor):
         if not self.ckpt_cfg.folder:
             raise ValueError("no checkpoint folder: create the trainer with checkpoint={'folder': ...}")
         module, keep = self._policy().module, self.ckpt_cfg.keep_last
-        return _checkpoint.save(self.ckpt_cfg.folder, step, module, self.optimizer, {"step": self.step}, keep)
+        with self._adapter():  # the others' adapters frozen: the checkpoint holds this run's alone
+            return _checkpoint.save(self.ckpt_cfg.folder, step, module, self.optimizer, {"step": self.step}, keep)
 
     @endpoint
     async def load_checkpoint(self, path: str | None = None) -> int | None:
@@ -376,7 +404,8 @@ class RLTrainer(ForgeActor):
             path = str(found)
             by_resume = trusted is not None and found.resolve() == Path(trusted).resolve()
             checked = "by the resume, before the trainer started" if by_resume else "by rank 0, before loading"
-        state = _checkpoint.load(path, self._policy().module, self.optimizer, {"step": 0}, verified=verified)
+        with self._adapter():
+            state = _checkpoint.load(path, self._policy().module, self.optimizer, {"step": 0}, verified=verified)
         self.step = int(state["step"])
         for group in self.optimizer.param_groups:  # the loaded param groups carry the old values
             group["weight_decay"] = self.opt_cfg.weight_decay
@@ -403,14 +432,26 @@ class RLTrainer(ForgeActor):
 
     @endpoint
     async def info(self) -> dict[str, Any]:
-        """Engine, why torchtitan was not used (if so), device, CPU threads, ranks, step, hyperparameters, and
-        the checkpoint loaded last (``resumed``: its path, step, and when its files were checked; None if none)."""
+        """Engine, why torchtitan was not used (if so), device, CPU threads, ranks, step, hyperparameters, the
+        checkpoint loaded last (``resumed``: its path, step, and when its files were checked; None if none), and a
+        LoRA trainer's ``adapters``: every run's adapter in its model (their weights namespaces)."""
         policy = self._policy()
         return {
             "engine": policy.engine, "fallback_reason": self.fallback_reason, "device": str(policy.device),
             "cpu_threads": torch.get_num_threads(), "world_size": self.world, "rank": self.rank, "step": self.step,
             "hparams": hparams(self.opt_cfg, self.train_cfg, self.loss_fn), "resumed": self.resumed,
+            "adapters": _lora.adapter_names(policy.module) if self.lora is not None else [],
         }
+
+    @endpoint
+    async def release(self) -> None:
+        """A LoRA trainer leaves the model it may share with other runs' trainers in this process: its adapter
+        and optimizer go, the others train on (the base goes with the last adapter). Its endpoints refuse after."""
+        if self.lora is not None and self.policy is not None:
+            if _lora.drop(self.policy.module, self.weights_namespace) == 0:
+                _lora.withdraw_base(self.policy)
+            self.policy, self.released = None, True
+            del self.optimizer
 
     @endpoint
     async def cleanup(self) -> None:
@@ -427,10 +468,18 @@ class RLTrainer(ForgeActor):
         if self.lora is None:
             return policy.hf_state_dict(copy=False, cpu=False)
         whole = policy.hf_state_dict(copy=False, cpu=False) if policy.sharded else None  # gathered on rank 0
-        return {} if whole == {} else _lora.adapter_state_dict(policy.module, whole)
+        return {} if whole == {} else _lora.adapter_state_dict(policy.module, whole, self.weights_namespace)
+
+    def _adapter(self) -> AbstractContextManager[Any]:
+        """A LoRA trainer's block: this run's adapter the model's active one (other runs' may share the model)."""
+        if self.lora is None:
+            return nullcontext()
+        return _lora.active(self._policy().module, self.weights_namespace)
 
     def _policy(self) -> PolicyModel:
         if self.policy is None:
+            if self.released:
+                raise RuntimeError("this trainer released its adapter (release()): spawn another to train again")
             raise RuntimeError("the trainer is not set up: await trainer.setup.call() first")
         return self.policy
 
@@ -441,12 +490,6 @@ class RLTrainer(ForgeActor):
     def _lr(self) -> float:
         """The lr of the next optimizer step: ``optimizer.lr`` on torchtitan's schedule (``LRSchedulerConfig``)."""
         return self.opt_cfg.lr * self.sched_cfg.factor(self.step, self.train_cfg.steps)
-
-
-def _mean(metrics: list[dict[str, float]]) -> dict[str, float]:
-    """Each metric's mean over the micro-batches that reported it."""
-    names = {k for m in metrics for k in m}
-    return {k: sum(m[k] for m in metrics if k in m) / sum(k in m for m in metrics) for k in sorted(names)}
 
 
 TitanTrainer = RLTrainer

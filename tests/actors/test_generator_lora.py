@@ -39,7 +39,7 @@ async def pair(tmp_path_factory: pytest.TempPathFactory) -> Any:
                                      weights_namespace=NAMESPACE)
         await trainer.setup.call()
         await generator.setup.call_one()
-        yield SimpleNamespace(generator=generator, trainer=trainer, pid=gen_mesh.pids[0])
+        yield SimpleNamespace(generator=generator, trainer=trainer, pid=gen_mesh.pids[0], model=model)
     finally:
         await gen_mesh.stop()
         await trainer_mesh.stop()
@@ -85,3 +85,82 @@ async def test_a_full_model_version_is_refused_by_a_lora_generator(pair: Any) ->
     assert await pair.generator.get_version.call_one() == serving  # the adapter it served stays
     (c, *_) = await pair.generator.generate.call_one("abc")
     assert c.generator_version == serving
+
+
+OTHER = "lora-gen-b"  # a second run on the same base: other targets, another rank
+OTHER_LORA = {"rank": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]}
+
+
+def other_run_model(model: str) -> Any:
+    """The tiny model with OTHER's adapters, loaded here with peft: random (not zero) lora_B, so they change it."""
+    from transformers import AutoModelForCausalLM
+
+    from forge_nb.actors import _lora
+    from forge_nb.config.trainer_sections import LoraConfig
+
+    module = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    _lora.inject(module, LoraConfig(**OTHER_LORA))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if ".lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
+    return module.eval()
+
+
+async def gap_to(model: Any, completions: list[Any]) -> float:
+    """The largest difference between the generator's logprob of a sampled token and ``model``'s, computed here."""
+    from forge_nb.rl import compute_logprobs
+
+    worst = 0.0
+    for c in completions:
+        tokens = torch.cat([c.prompt_ids, c.token_ids]).long()[None]
+        with torch.no_grad():
+            theirs = compute_logprobs(model(input_ids=tokens).logits, tokens[:, len(c.prompt_ids):])[0]
+        worst = max(worst, float((theirs - c.logprobs).abs().max()))
+    return worst
+
+
+@pytest.mark.timeout(240)
+async def test_a_second_run_on_the_base_is_served_its_own_adapter_beside_the_first(pair: Any) -> None:
+    import asyncio
+
+    from forge_nb.actors import _lora
+
+    gen = pair.generator
+    with pytest.raises(Exception, match="add_adapter"):  # a namespace the generator was never given
+        await gen.generate.call_one("abc", adapter=OTHER)
+    with pytest.raises(Exception, match="max_lora_rank"):  # the engine was built for rank <= 8
+        await gen.add_adapter.call_one(OTHER, {"rank": 16})
+    await gen.add_adapter.call_one(OTHER, OTHER_LORA)
+    ours = await gen.get_version.call_one()
+    # before its first version the second run is served the base model (an adapter of zeros): the trainer's with
+    # its adapters off
+    for c in await gen.generate.call_one("abcab", adapter=OTHER):
+        tokens = torch.cat([c.prompt_ids, c.token_ids]).long()[None]
+        theirs = first(await pair.trainer.forward.call(tokens, len(c.prompt_ids), adapters=False))[0]
+        assert float((theirs - c.logprobs).abs().max()) < 1e-5
+        assert c.generator_version == 0
+
+    model = other_run_model(pair.model)
+    await weights.push_state_dict(_lora.adapter_state_dict(model), 3, namespace=OTHER)
+    assert await gen.update_weights.call_one(3, namespace=OTHER) == 3
+    assert await gen.adapters.call_one() == {NAMESPACE: ours, OTHER: 3}  # the first run's version is untouched
+    # the two runs' requests together, in one engine batch: each sampled with its own adapter
+    mine, theirs = await asyncio.gather(gen.generate.call_one("gfedc"), gen.generate.call_one("gfedc", adapter=OTHER))
+    assert {c.generator_version for c in mine} == {ours} and {c.generator_version for c in theirs} == {3}
+    assert await gap_to(model, theirs) < 1e-4
+    assert await worst_gap(pair) < 1e-5  # the first run's completions are still the trainer's
+
+    await gen.drop_adapter.call_one(OTHER)
+    with pytest.raises(Exception, match="add_adapter"):
+        await gen.generate.call_one("abc", adapter=OTHER)
+    assert [p.name for p in (SOCKETS_ROOT / f"{pair.pid}-lora").iterdir() if p.name.startswith(OTHER)] == []
+    assert await gen.adapters.call_one() == {NAMESPACE: ours}
+    more = [f"lora-gen-{i}" for i in range(3)]  # the engine holds adapters for four runs (max_loras 8: two each)
+    for name in more:
+        await gen.add_adapter.call_one(name, OTHER_LORA)
+    with pytest.raises(Exception, match="max_loras"):
+        await gen.add_adapter.call_one(OTHER, OTHER_LORA)
+    for name in more:
+        await gen.drop_adapter.call_one(name)

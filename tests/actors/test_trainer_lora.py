@@ -118,3 +118,57 @@ async def test_a_target_the_model_lacks_is_refused_with_its_layers(env: Any) -> 
     actor = env.mesh.spawn("lora-bad", RLTrainer, model=env.model, lora={"target_modules": ["wq"]})
     with pytest.raises(Exception, match=r"lora.target_modules=\['wq'\].*q_proj"):
         await actor.setup.call()
+
+
+async def test_two_runs_train_their_own_adapters_on_one_base_in_one_process(env: Any) -> None:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    folder = env.tmp.mktemp("lora-shared")
+    a = await spawn(env, "lora-base-a", weights_namespace="run-a")
+    # another run's trainer in the same process, on a's model: other targets, another rank, its own optimizer
+    b = await shared.spawn(env.mesh, "lora-base-b", env.model, optimizer={"lr": 1e-2}, weights_namespace="run-b",
+                           lora={"rank": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]}, share_base=True,
+                           checkpoint={"folder": str(folder)})
+    assert first(await b.info.call())["adapters"] == ["run-a", "run-b"]  # one model holds both
+    batch = make_batch()
+    base = await logprobs(a, batch, adapters=False)
+    torch.testing.assert_close(await logprobs(b, batch), base)  # b's lora_B starts at 0
+
+    for _ in range(3):
+        assert first(await b.train_step.call(batch)).metrics["skipped"] == 0.0
+    b_trained = await logprobs(b, batch)
+    assert not torch.allclose(b_trained, base)
+    torch.testing.assert_close(await logprobs(a, batch), base)  # b's steps left a's policy where it was
+    for _ in range(2):
+        await a.train_step.call(batch)
+    a_trained = await logprobs(a, batch)
+    assert not torch.allclose(a_trained, base) and not torch.allclose(a_trained, b_trained)
+    torch.testing.assert_close(await logprobs(b, batch), b_trained)  # ... and a's left b's
+    torch.testing.assert_close(await logprobs(b, batch, adapters=False), base)
+
+    await b.push_weights.call(4)
+    stored = await weights.load_state_dict(4, namespace="run-b")
+    assert {k.split(".lora_")[0].rsplit(".", 1)[-1] for k in stored} == {"q_proj", "v_proj"}
+    assert all(k.endswith((".lora_A.weight", ".lora_B.weight")) for k in stored), sorted(stored)[:2]
+
+    path = first(await b.save_checkpoint.call())
+    saved = [k for k in FileSystemReader(path).read_metadata().state_dict_metadata if k.startswith("model.")]
+    assert saved and all(".run-b." in k for k in saved), saved[:4]  # b's adapter alone, not a's
+    await b.train_step.call(batch)
+    assert first(await b.load_checkpoint.call()) == 3
+    torch.testing.assert_close(await logprobs(b, batch), b_trained)
+    torch.testing.assert_close(await logprobs(a, batch), a_trained)
+
+    await b.release.call()  # b's run ended: a trains on, alone on the model
+    with pytest.raises(Exception, match="released"):
+        await b.forward.call(batch.tokens, batch.request_len)
+    assert first(await a.info.call())["adapters"] == ["run-a"]
+    assert first(await a.train_step.call(batch)).metrics["skipped"] == 0.0
+
+
+async def test_a_shared_base_needs_a_lora_trainer_of_that_model_in_the_process(env: Any) -> None:
+    from forge_nb.actors.trainer import RLTrainer
+
+    lonely = env.mesh.spawn("lora-no-base", RLTrainer, model=env.model, share_base=True)
+    with pytest.raises(Exception, match="share_base=True: .*lora section"):
+        await lonely.setup.call()
