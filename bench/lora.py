@@ -8,14 +8,22 @@ loads adapter after adapter.
    their own, one namespace): the trainer pushes a version and the generator loads it, ``--loads`` times after
    ``--warmup`` loads, each older version dropped from the store as a run drops it; the generator process's RSS
    (psutil) before and after, as vLLM's repeated LoRA loads were reported to leak host memory (TRL's tracker).
+3. **Four runs on one base against four runs apart**, side by side in one invocation: four LoRA quickstart runs
+   (the same settings, one generator replica each, learning rates 5e-4 to 4e-3) train ``--shared-steps`` steps
+   at once, first each with services of its own (spawned together), then the last three spawned onto the first's
+   base (``forge_nb.spawn(cfg, base=first)``). Throughput is all four runs' steps over the wall time of the
+   training; memory is the peak, sampled every 0.5 s, of the summed PSS (proportional set size: shared pages
+   split between the processes that map them) of every process the runs' meshes hold. The last run's join is
+   timed from the spawn call to the end of its first trained step, the others idle.
 
     RESULT lora_sync_bytes_ratio <adapter bytes a push moves / the model's bytes>
     RESULT lora_quickstart_final_reward <mean reward of the last 25 steps> (target >= 0.9)
     RESULT lora_engine_rss_growth_mb_per_100_loads <RSS growth of the generator's process per 100 loads> (target <= 5)
-    RESULT lora_shared_base_throughput_ratio, lora_shared_base_memory_ratio, lora_join_base_to_first_step_s: none
-      (several runs on one base are not built yet)
+    RESULT lora_shared_base_throughput_ratio <steps/s of four runs on one base / four runs apart> (target >= 2.0)
+    RESULT lora_shared_base_memory_ratio <peak PSS on one base / apart> (target <= 0.5)
+    RESULT lora_join_base_to_first_step_s <a run spawned onto a live base: the call to its first step> (target <= 2)
 
-    .venv/bin/python bench/lora.py [--steps 300] [--loads 200] [--rank 8] [--lr 2e-3]
+    .venv/bin/python bench/lora.py [--steps 300] [--loads 200] [--rank 8] [--lr 2e-3] [--shared-steps 60]
 """
 
 from __future__ import annotations
@@ -99,21 +107,105 @@ async def loads(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     return {"first_mb": rss[0], "last_mb": rss[-1], "growth_per_100": (rss[-1] - rss[0]) * 100 / args.loads}
 
 
+LRS = (5e-4, 1e-3, 2e-3, 4e-3)  # the four runs of part 3, as in example_notebooks/10_lora_sweep.py
+
+
+def lora_run(args: argparse.Namespace, workdir: str, side: str, lr: float) -> tuple[Any, dict[str, Any]]:
+    name = f"{side}-{lr:g}"
+    return (forge_nb.quickstart(name=name, run_dir=f"{workdir}/{name}"),
+            {"trainer.lora": {"rank": args.rank, "alpha": 2 * args.rank}, "trainer.lr": lr,
+             "generator.num_replicas": 1})
+
+
+class PeakMemory:
+    """The peak of the summed PSS of every process of the kernel's meshes, sampled every 0.5 s while it runs."""
+
+    def __init__(self) -> None:
+        self.peak_mb = 0.0
+        self._task = asyncio.ensure_future(self._sample())
+
+    async def _sample(self) -> None:
+        while True:
+            total = 0
+            for pid in {p for mesh in runtime.meshes() for p in mesh.pids}:
+                try:
+                    total += psutil.Process(pid).memory_full_info().pss
+                except psutil.Error:  # gone meanwhile
+                    pass
+            self.peak_mb = max(self.peak_mb, total / 2**20)
+            await asyncio.sleep(0.5)
+
+    def stop(self) -> float:
+        self._task.cancel()
+        return self.peak_mb
+
+
+async def train_together(runs: list[Any], steps: int) -> tuple[float, float, list[float]]:
+    """Every run's ``steps`` at once: steps/s over all runs, the peak PSS meanwhile, each run's last-10 reward."""
+    memory = PeakMemory()
+    started = time.monotonic()
+    rows = await asyncio.gather(*(run.step(steps) for run in runs))
+    wall = time.monotonic() - started
+    peak = memory.stop()
+    return len(runs) * steps / wall, peak, [statistics.mean(r["reward/mean"] for r in rs[-10:]) for rs in rows]
+
+
+async def shared_vs_apart(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
+    configs = [lora_run(args, workdir, "apart", lr) for lr in LRS]
+    apart = await asyncio.gather(*(forge_nb.spawn(cfg, overrides=o, progress=False) for cfg, o in configs))
+    try:
+        apart_rate, apart_mb, apart_rewards = await train_together(apart, args.shared_steps)
+    finally:
+        for run in apart:
+            await run.shutdown()
+    print(f"apart: 4 runs x {args.shared_steps} steps, {apart_rate:.1f} steps/s in all, peak PSS {apart_mb:.0f} MB, "
+          f"rewards (last 10) {[round(r, 2) for r in apart_rewards]}", flush=True)
+    cfg, overrides = lora_run(args, workdir, "shared", LRS[0])
+    runs = [await forge_nb.spawn(cfg, overrides=overrides, progress=False)]
+    try:
+        for lr in LRS[1:-1]:
+            cfg, overrides = lora_run(args, workdir, "shared", lr)
+            runs.append(await forge_nb.spawn(cfg, overrides=overrides, base=runs[0], progress=False))
+        cfg, overrides = lora_run(args, workdir, "shared", LRS[-1])
+        started = time.monotonic()
+        runs.append(await forge_nb.spawn(cfg, overrides=overrides, base=runs[0], progress=False))
+        await runs[-1].step(1)
+        join_s = time.monotonic() - started
+        shared_rate, shared_mb, shared_rewards = await train_together(runs, args.shared_steps)
+    finally:
+        for run in reversed(runs):
+            await run.shutdown()
+    print(f"shared: 4 runs x {args.shared_steps} steps, {shared_rate:.1f} steps/s in all, peak PSS {shared_mb:.0f} "
+          f"MB, rewards (last 10) {[round(r, 2) for r in shared_rewards]}; the last run's join to its first step "
+          f"{join_s:.2f} s", flush=True)
+    return {"throughput": shared_rate / apart_rate, "memory": shared_mb / apart_mb, "join_s": join_s}
+
+
 async def main(args: argparse.Namespace) -> None:
     runtime.ensure_started()
     with tempfile.TemporaryDirectory(prefix="lora-bench-") as workdir:
+        if args.only_shared:
+            print_shared(await shared_vs_apart(args, workdir))
+            return
         q = await quickstart(args, workdir)
         print(f"a push moved {q['pushed_bytes'] / 1e6:.3f} MB (the adapters) of the model's "
               f"{q['whole_bytes'] / 1e6:.3f} MB", flush=True)
         l = await loads(args, workdir)  # noqa: E741
         print(f"generator RSS after {args.warmup} loads {l['first_mb']:.1f} MB, after {args.warmup + args.loads} "
               f"{l['last_mb']:.1f} MB", flush=True)
+        print(f"four LoRA runs (rank {args.rank}, lr {', '.join(f'{lr:g}' for lr in LRS)}; the quickstart's recipe, "
+              "one generator replica each), apart and on one base", flush=True)
+        s = await shared_vs_apart(args, workdir)
     print(f"RESULT lora_sync_bytes_ratio {q['pushed_bytes'] / q['whole_bytes']:.3f}")
     print(f"RESULT lora_quickstart_final_reward {q['final']:.3f} (target >= 0.9)")
     print(f"RESULT lora_engine_rss_growth_mb_per_100_loads {l['growth_per_100']:.2f} (target <= 5)")
-    for name in ("lora_shared_base_throughput_ratio", "lora_shared_base_memory_ratio",
-                 "lora_join_base_to_first_step_s"):
-        print(f"RESULT {name} none (several runs on one base are not built yet)")
+    print_shared(s)
+
+
+def print_shared(s: dict[str, Any]) -> None:
+    print(f"RESULT lora_shared_base_throughput_ratio {s['throughput']:.2f} (target >= 2.0)")
+    print(f"RESULT lora_shared_base_memory_ratio {s['memory']:.2f} (target <= 0.5)")
+    print(f"RESULT lora_join_base_to_first_step_s {s['join_s']:.2f} (target <= 2)")
 
 
 if __name__ == "__main__":
@@ -123,5 +215,7 @@ if __name__ == "__main__":
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--shared-steps", type=int, default=60)
+    parser.add_argument("--only-shared", action="store_true", help="part 3 alone")
     asyncio.run(main(parser.parse_args()))
     forge_nb.end_process(0)

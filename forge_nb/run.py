@@ -90,20 +90,24 @@ async def shutdown_all(wait_s: float = 15.0) -> ShutdownReport:
 
 async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[str, Any] | None = None,
                 episode_fn: EpisodeFn | None = None, progress: bool = True,
-                actors: dict[str, type] | None = None) -> Run:
+                actors: dict[str, type] | None = None, base: Run | str | None = None) -> Run:
     """Spawn every service of ``config`` (a RunConfig, a YAML path or YAML text) and return the Run.
 
     ``actors`` replaces the class of a service ("policy", "trainer", "ref_model") by another
-    ForgeActor with the same endpoints and constructor keywords, e.g. your own generator."""
+    ForgeActor with the same endpoints and constructor keywords, e.g. your own generator.
+
+    ``base``: a live LoRA run (or its name) whose base model this run shares: a LoRA run of ``config`` adds its
+    adapter to that run's generators and trainer process instead of spawning its own, and keeps everything
+    else of a run to itself (``forge_nb.controller.on_base``)."""
     run = Run(await spawn_parts(config, overrides=overrides, episode_fn=episode_fn, progress=progress,
-                                actors=actors))
+                                actors=actors, base=_base_of(base)))
     for kind, options in run.config.exporters.items():  # e.g. a YAML's metric_logging section
         run.export(kind, **options)
     return run
 
 
 async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progress: bool = True,
-                 actors: dict[str, type] | None = None) -> Run:
+                 actors: dict[str, type] | None = None, base: Run | str | None = None) -> Run:
     """Respawn the services of a run directory and continue from its last complete checkpoint (on the
     hosts of the job it ran on, re-attached if this kernel uses none: ``forge_nb.system.cluster``).
 
@@ -115,9 +119,25 @@ async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progr
     Checkpoints are checked against their commit markers first (``RunDir.checkpoint_to_resume``): a newer
     one that is damaged or uncommitted is set aside with a ``checkpoint_skipped`` event that names its file
     and why, and the run resumes from the newest whole one; with none whole, ``CheckpointsDamaged`` lists
-    them all and nothing is spawned.
+    them all and nothing is spawned. ``base`` as for :func:`spawn`: a run that trained on another's base goes
+    on on a live one (its adapter's checkpoint loads into its trainer there).
     """
-    return Run(await resume_parts(path, episode_fn=episode_fn, progress=progress, actors=actors))
+    return Run(await resume_parts(path, episode_fn=episode_fn, progress=progress, actors=actors,
+                                  base=_base_of(base)))
+
+
+def _base_of(base: Run | str | None) -> Any:
+    """The shared base of the live run ``base`` (a Run or its name), or a ValueError that says why there is none."""
+    if base is None:
+        return None
+    run = _LIVE.get(base) if isinstance(base, str) else base
+    if not isinstance(run, Run) or _LIVE.get(run.name) is not run:
+        raise ValueError(f"base={getattr(base, 'name', base)!r}: no live run of that name in this kernel (live: "
+                         f"{sorted(_LIVE) or 'none'})")
+    if run.base is None:
+        raise ValueError(f"base={run.name!r}: that run trains the whole model (no trainer.lora), so it has no base to "
+                         "share; spawn it with trainer.lora, or spawn this run on its own")
+    return run.base
 
 
 class Run:
@@ -132,6 +152,7 @@ class Run:
         _LIVE[self.name] = self
         self.task, self.reward_fns, self.pad_id = parts.task, list(parts.task.reward_fns), parts.pad_id
         self.model, self.replay_buffer = parts.model, ctl.buffer
+        self.base = parts.base  # a LoRA run's: the generators and trainer process it shares with runs on it
         self.exporters: list[Any] = []
         self.openai: Any = None  # the OpenAI-compatible endpoint, once serve_openai() started it
         ctl.handle = self  # what episode functions receive
@@ -210,6 +231,7 @@ class Run:
                 "loops": self._ctl.loops(), "services": {n: s.status() for n, s in self.services.items()},
                 "last": self.metrics.last(), "pending": self.pending, "run_dir": str(self.dir.path),
                 "health": self.health, "ledger": self.ledger(), "job": self.job,
+                "shares_base_with": [n for n in self.base.runs if n != self.name] if self.base else [],
                 "openai": self.openai.status() if self.openai is not None else None}
 
     @property

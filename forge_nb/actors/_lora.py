@@ -56,7 +56,8 @@ def inject(module: torch.nn.Module, cfg: LoraConfig, name: str = "default") -> N
     import peft
 
     try:
-        peft.inject_adapter_in_model(peft_config(cfg), module, adapter_name=name)
+        with _ACTIVE:  # another run's trainer may be training on this model in this process
+            peft.inject_adapter_in_model(peft_config(cfg), module, adapter_name=name)
     except ValueError as e:  # peft's NoMatchingPeftModuleError is one
         names = sorted({n.rsplit(".", 1)[-1] for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)})
         raise ValueError(f"lora.target_modules={list(cfg.target_modules)}: {e} The model's linear layers are "

@@ -39,6 +39,7 @@ from forge_nb.controller.core import Controller, EpisodeFn
 from forge_nb.controller.episodes import BaseInTrainer, generate_episode
 from forge_nb.controller.hot import HotChanges
 from forge_nb.controller.ledger import Ledger
+from forge_nb.controller.on_base import SharedBase, check_joinable, join_base, share_services
 from forge_nb.controller.weight_sync import WeightSync
 from forge_nb.metrics import MetricsStore
 from forge_nb.models import TINY_PAD_ID, TRANSFORMERS_LOCK, TinyModelConfig, build_tiny_model, resolve_model
@@ -65,24 +66,31 @@ class RunParts:
     pad_id: int
     model: str  # the policy's path (a hub id, a folder, or the tiny model written into the run directory)
     kernel_log: proclogs.KernelLog  # forge_nb's own records of this run: to a file, not the cells
+    base: SharedBase | None = None  # a LoRA run's: the generators and trainer process it shares (on_base)
 
 
 async def spawn_parts(config: RunConfig | str | Path, *, overrides: list[str] | dict[str, Any] | None = None,
                       episode_fn: EpisodeFn | None = None, progress: bool = True,
-                      actors: dict[str, type] | None = None) -> RunParts:
-    """What ``forge_nb.spawn`` does: a new run directory for ``config``, then :func:`build_run`. A run that
-    never started leaves no directory behind (one given that existed stays)."""
+                      actors: dict[str, type] | None = None, base: SharedBase | None = None) -> RunParts:
+    """What ``forge_nb.spawn`` does: a new run directory for ``config``, then :func:`build_run` (or, with
+    ``base``, :func:`build_on_base`). A run that never started leaves no directory behind (one given that existed
+    stays)."""
     actors = _actor_classes(actors)
     cfg = config if isinstance(config, RunConfig) else from_yaml(config)
     if overrides:
         cfg = apply_overrides(cfg, overrides)
-    _check_gpus(cfg)
+    if base is not None:
+        check_joinable(cfg, base)
+    else:
+        _check_gpus(cfg)
     existed = cfg.run_dir is not None and Path(cfg.run_dir).exists()
     directory = RunDir.create(cfg.to_dict(), cfg.name, cfg.run_dir)
     job = cluster.current()
     if job is not None and job.cached_path:  # resume() in a new kernel re-attaches to it
         (directory.path / JOB_FILE).write_text(json.dumps({"cached_path": str(Path(job.cached_path).resolve())}))
     try:
+        if base is not None:
+            return await build_on_base(cfg, directory, base, episode_fn=episode_fn, actors=actors)
         return await build_run(cfg, directory, episode_fn=episode_fn, progress=progress, actors=actors)
     except BaseException:
         if not existed:
@@ -91,18 +99,24 @@ async def spawn_parts(config: RunConfig | str | Path, *, overrides: list[str] | 
 
 
 async def resume_parts(path: str | Path, *, episode_fn: EpisodeFn | None = None, progress: bool = True,
-                       actors: dict[str, type] | None = None) -> RunParts:
+                       actors: dict[str, type] | None = None, base: SharedBase | None = None) -> RunParts:
     """What ``forge_nb.resume`` does (see there): the run directory's config and newest whole checkpoint,
     its job re-attached, :func:`build_run`, and the controller put back at the checkpoint's step."""
     directory = RunDir.open(path)
     cfg = from_dict({**directory.config, "run_dir": str(directory.path)})
+    if base is not None:
+        check_joinable(cfg, base)
     state, skipped = directory.checkpoint_to_resume()  # before anything spawns: CheckpointsDamaged if none whole
     saved = directory.path / JOB_FILE
     if cluster.current() is None and saved.exists():  # the run was on a job's hosts: back to them
         cached = json.loads(saved.read_text())["cached_path"]
         logger.info("resume %s: re-attaching to the job saved at %s", directory.path, cached)
         await cluster.use_job(cached, log_dir=directory.logs)
-    parts = await build_run(cfg, directory, episode_fn=episode_fn, progress=progress, actors=_actor_classes(actors))
+    if base is not None:
+        parts = await build_on_base(cfg, directory, base, episode_fn=episode_fn, actors=_actor_classes(actors))
+    else:
+        parts = await build_run(cfg, directory, episode_fn=episode_fn, progress=progress,
+                                actors=_actor_classes(actors))
     for what, why in skipped:
         logger.warning("resume %s: checkpoint %s skipped: %s", directory.path, what, why)
         parts.controller.metrics.event("checkpoint_skipped", path=what, reason=why,
@@ -208,16 +222,47 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
                                             generator_processes=generators) as generators_up:
         starts["policy"] = _then(starts["policy"], generators_up)
         services = await _start_all(starts, progress)
+    base = None
+    if cfg.trainer.lora is not None:  # its generators and trainer process can take other runs' adapters
+        base, services = share_services(cfg, services, model=model, pad_id=pad_id)
     try:
-        reported = (await services["trainer"].info.call())[0]["hparams"]
-        loss = {k: v for k, v in reported.items() if k not in trainer_hparam_sections()}
-        hot = (hot_fields(cfg, loss), initial_hparams(cfg, loss, task=task))
-        return _wire(cfg, directory, services, task=task, pad_id=pad_id, model=model, sync=sync, hot=hot,
-                     episode_fn=episode_fn)
+        hot = await _hot_values(cfg, services["trainer"], task)
+        parts = _wire(cfg, directory, services, task=task, pad_id=pad_id, model=model, sync=sync, hot=hot,
+                      episode_fn=episode_fn)
     except BaseException:
         for service in services.values():
             await service.shutdown()
         raise
+    parts.base = base
+    return parts
+
+
+async def build_on_base(cfg: RunConfig, directory: RunDir, base: SharedBase, *, episode_fn: EpisodeFn | None = None,
+                        actors: dict[str, type] | None = None) -> RunParts:
+    """A run of ``cfg`` on ``base``: its adapter on the base's generators and a trainer of its own in the base
+    trainer's process (``on_base.join_base``), the rest of a run wired around them as for any run."""
+    from forge_nb.actors.trainer import RLTrainer
+
+    task = make_task(cfg)
+    services, sync = await join_base(cfg, directory, base, trainer_cls=(actors or {}).get("trainer", RLTrainer))
+    try:
+        hot = await _hot_values(cfg, services["trainer"], task)
+        parts = _wire(cfg, directory, services, task=task, pad_id=base.pad_id, model=base.model, sync=sync, hot=hot,
+                      episode_fn=episode_fn)
+    except BaseException:
+        for service in services.values():
+            await service.shutdown()
+        await sync.close()
+        raise
+    parts.base = base
+    return parts
+
+
+async def _hot_values(cfg: RunConfig, trainer: Any, task: Any) -> tuple[dict[str, str], dict[str, Any]]:
+    """Where each hot value of the run goes, and their values: the loss's fields as the trainer reports them."""
+    reported = (await trainer.info.call())[0]["hparams"]
+    loss = {k: v for k, v in reported.items() if k not in trainer_hparam_sections()}
+    return hot_fields(cfg, loss), initial_hparams(cfg, loss, task=task)
 
 
 def _wire(cfg: RunConfig, directory: RunDir, services: dict[str, Any], *, task: Any, pad_id: int, model: str,
@@ -241,7 +286,8 @@ def _wire(cfg: RunConfig, directory: RunDir, services: dict[str, Any], *, task: 
     controller = Controller(config=cfg, trainer=trainer, policy=policy, task=task, buffer=buffer, ledger=ledger,
                             sync=sync, hot=changes, metrics=metrics, directory=directory,
                             episode_fn=episode_fn or generate_episode)
-    policy.set_catch_up(sync.catch_up)
+    if not sync.lane:  # a run on another's base set its own (on_base: its lane first, then its version)
+        policy.set_catch_up(sync.catch_up)
     for name, service in services.items():
         service.subscribe(lambda e, name=name: metrics.event(
             "replica", service=name, replica=e.replica, old=e.old, new=e.new, reason=e.reason))

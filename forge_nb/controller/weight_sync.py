@@ -65,8 +65,11 @@ class WeightSync:
     same unless ``version`` is held), and every healthy generator has ``version`` once ``settle()`` returned
     (publishing without ``overlap`` settles before returning)."""
 
-    def __init__(self, namespace: str):
+    def __init__(self, namespace: str, *, lane: bool = False):
         self.namespace = namespace
+        # a run on another run's base: its versions are a lane of the base's generators (update_weights(v,
+        # namespace=)), whose replicas' `version` is the base run's to record
+        self.lane = lane
         self.trainer: Any = None  # set by attach(), once the run's services are up
         self.policy: Any = None
         self.version = 0
@@ -240,8 +243,10 @@ class WeightSync:
 
     def _handed(self, manifest: dict[str, Any] | None) -> dict[str, Any]:
         """``update_weights``' keyword arguments: where the version is (the generators need not ask
-        torchstore), if the trainer said and the generators take it; else none, as the documents call it."""
-        return {"manifest": manifest} if manifest is not None and self._hand_manifests else {}
+        torchstore), if the trainer said and the generators take it; else none, as the documents call it. A run
+        on another's base (``lane``) names its lane too."""
+        handed = {"manifest": manifest} if manifest is not None and self._hand_manifests else {}
+        return {**handed, "namespace": self.namespace} if self.lane else handed
 
     async def _drop_quietly(self) -> None:
         try:
@@ -251,7 +256,7 @@ class WeightSync:
 
     def _record(self, version: int) -> None:
         """Every healthy replica holds ``version`` (``self.version`` was set at the push)."""
-        for replica in self.policy.replicas:
+        for replica in [] if self.lane else self.policy.replicas:
             if replica.healthy:
                 replica.version = version
         if self._loaded is not None:  # wake whoever waits for a newer version on the generators
@@ -281,7 +286,8 @@ class WeightSync:
                 await replica.actor.update_weights.call_one(version, **self._handed(self._pushed.get(version)))
             finally:
                 self._pinned[version] -= 1
-        replica.version = version
+        if not self.lane:
+            replica.version = version
 
 
 def _rank0(pushed: Any) -> dict[str, Any]:

@@ -85,6 +85,8 @@ def status_report(status: dict[str, Any]) -> Report:
         parts.append(f"error: {status['error']}")
     replicas = [{**dataclasses.asdict(r), "service": name} for name, rs in status["services"].items() for r in rs]
     parts.append(Table(replicas, REPLICA_COLUMNS, title="replicas"))
+    if status.get("shares_base_with"):
+        parts.append(f"one base model: its generators and trainer process also serve {status['shares_base_with']}")
     if status.get("job"):
         parts.append(job_line(status["job"]))
     loops = status.get("loops") or {}
@@ -121,8 +123,12 @@ def runs_table(statuses: Sequence[dict[str, Any]]) -> Table:
         last = status.get("last") or {}
         rows.append({"run": status["name"], "variables": status.get("variables"), "state": status["state"],
                      "step": status["step"], "version": status["version"], "buffer": status["buffer"],
-                     "replicas": replicas, "reward/mean": last.get("reward/mean"), "loss": last.get("loss")})
-    return Table(rows, RUN_COLUMNS, title=f"{len(rows)} live runs (replicas: healthy/all; "
+                     "replicas": replicas, "shares base with": ", ".join(status.get("shares_base_with") or []),
+                     "reward/mean": last.get("reward/mean"), "loss": last.get("loss")})
+    columns = list(RUN_COLUMNS)
+    if any(r["shares base with"] for r in rows):  # LoRA runs on one base model (forge_nb.spawn(cfg, base=))
+        columns.insert(columns.index("replicas") + 1, "shares base with")
+    return Table(rows, columns, title=f"{len(rows)} live runs (replicas: healthy/all; "
                                           "%forge_status --name NAME shows one in full)")
 
 

@@ -36,6 +36,9 @@ class SpawnMagics(Magics):
     @argument("--gpus", action="store_true", help="give the generator and trainer (or the bare mesh) GPUs")
     @argument("--hosts", help="where a bare mesh runs: 1 (anywhere), a host mesh of the job in use "
                               "(%%forge_cluster), or kernel")
+    @argument("--lora", type=int, metavar="RANK", help="train LoRA adapters of this rank (trainer.lora={rank: RANK})")
+    @argument("--on", metavar="RUN", help="put the run on a live LoRA run's base: its adapter goes to that run's "
+                                          "generators and trainer process instead of services of its own")
     @argument("--set", dest="sets", nargs="+", action="append", default=[], metavar="KEY=VALUE",
               help="config overrides with dotted keys, e.g. --set trainer.lr=1e-5 loop.rollout_loops=2")
     @argument("--actor", dest="actors", nargs="+", action="append", default=[], metavar="SERVICE=CLASS",
@@ -51,17 +54,21 @@ class SpawnMagics(Magics):
         before anything spawns) and its services to ``policy``, ``trainer`` and ``ref_model`` where
         those names are free or hold a shut-down run's services; otherwise they stay ``VAR.policy``
         etc. The cell waits until every service is up (a progress bar shows which).
+
+        ``--lora 8 --on NAME``: a LoRA run on the base of the live LoRA run NAME (``forge_nb.spawn(cfg, base=)``).
         """
         args = parse_argstring(self.forge_spawn, line)
         sets = [item for group in args.sets for item in group]
+        if args.lora is not None:  # before the --set ones, which win
+            sets = [f"trainer.lora={{rank: {args.lora}}}", *sets]
         actor_specs = [item for group in args.actors for item in group]
         var = _parse.identifier(args.output) if args.output else None
         if args.recipe is None:
             if args.procs is None:
                 raise UsageError("%forge_spawn needs a recipe (e.g. %forge_spawn quickstart) or, for a bare "
                                  "process mesh, --procs N -o NAME")
-            if args.replicas is not None or sets or actor_specs:
-                raise UsageError("--replicas, --set and --actor configure a run; give a recipe first "
+            if args.replicas is not None or sets or actor_specs or args.on:
+                raise UsageError("--replicas, --set, --lora, --on and --actor configure a run; give a recipe first "
                                  "(%forge_spawn quickstart --replicas 2)")
             name = args.name or var or "mesh"
             if var is None and not name.isidentifier():
@@ -71,6 +78,9 @@ class SpawnMagics(Magics):
         if args.hosts is not None:
             raise UsageError("--hosts applies to a bare mesh (%forge_spawn --procs N --hosts H -o NAME); a run's "
                              "services are placed by their config (--set generator.hosts=generators)")
+        if args.on and (args.replicas is not None or args.procs is not None or args.gpus):
+            raise UsageError(f"--on {args.on}: the run uses that run's generators and trainer process; --replicas, "
+                             "--procs and --gpus are theirs")
         if args.gpus:
             _require_gpus()
         cfg = _parse.resolve_config(args.recipe, self.shell.user_ns)
@@ -80,10 +90,10 @@ class SpawnMagics(Magics):
         actors = _parse.actor_classes(actor_specs, self.shell.user_ns)
         self.runs.check_free(cfg.name)
         self.runs.check_variable(var or "run")
-        return self._spawn_run(cfg, var or "run", actors)
+        return self._spawn_run(cfg, var or "run", actors, args.on)
 
-    async def _spawn_run(self, cfg: Any, var: str, actors: dict[str, type]) -> None:
-        run = await _spawning().spawn(cfg, progress=True, actors=actors or None)
+    async def _spawn_run(self, cfg: Any, var: str, actors: dict[str, type], base: str | None = None) -> None:
+        run = await _spawning().spawn(cfg, progress=True, actors=actors or None, base=base)
         self._bind(run, var)
 
     async def _spawn_mesh(self, name: str, procs: int, gpus: bool, hosts: str | None, var: str) -> None:
@@ -141,6 +151,9 @@ class SpawnMagics(Magics):
         self.shell.user_ns.update(free)
         bound = ", ".join(f"`{n}`" for n in [var, *free])
         replicas = ", ".join(f"{n} x{len(getattr(s, 'replicas', [s]))}" for n, s in run.services.items())
+        others = [n for n in run.base.runs if n != run.name] if run.base is not None else []
+        if others:  # a LoRA run on one base: its services are shares of the base's
+            replicas += f"; shared with {', '.join(map(repr, others))}"
         kept = ""
         if taken:
             kept = (f" Not rebound: {'; '.join(notes)}; this run's stay reachable as "
@@ -218,6 +231,11 @@ class SpawnMagics(Magics):
             pids = _run_pids(only)
             await only.shutdown()
             self.runs.forget(only)
+            staying = only.base.runs if only.base is not None else []
+            if staying:  # its processes serve other runs on the same base: they stay
+                print(f"shut down run {only.name!r}: its adapter left the generators and trainer process it shared "
+                      f"with {', '.join(map(repr, staying))}, which train on")
+                return
             what, left = f"run {only.name!r}", await _wait_gone(pids, EXIT_WAIT_S)
         if left:
             raise RuntimeError(f"shut down {what}, but process(es) {left} are still alive after {EXIT_WAIT_S:.0f} s; "

@@ -78,6 +78,7 @@ class Replica:
         self._on_state = on_state
         self.catch_up: Callable[[Replica], Awaitable[None]] | None = None
         self.setup_after: asyncio.Future[Any] | None = None  # the first setup waits for it (Service.start)
+        self.host: Replica | None = None  # a guest's: the replica whose processes its actor runs in (start_on)
         self.state = "starting"
         self.mesh: runtime.Mesh | None = None
         self.actor: Any = None
@@ -108,10 +109,16 @@ class Replica:
         self._dead = False
         self._death_report = ""
         base = self._options.mesh_name or self._cls.__name__.lower()
-        self.mesh = await runtime.spawn_mesh(
-            f"{base}-r{self.index}", self._options.procs, self._options.with_gpus,
-            hosts=self._options.hosts, env=self._options.env, owner=self.owner, log_dir=self._options.log_dir,
-        )
+        if self.host is not None:  # a guest: one more actor in the host's processes, which it never stops
+            if not self.host.healthy or self.host.mesh is None:
+                raise ActorStartFailed(f"{self.name} cannot start on {self.host.name}: it is {self.host.state}",
+                                       replica=self.name)
+            self.mesh = self.host.mesh
+        else:
+            self.mesh = await runtime.spawn_mesh(
+                f"{base}-r{self.index}", self._options.procs, self._options.with_gpus,
+                hosts=self._options.hosts, env=self._options.env, owner=self.owner, log_dir=self._options.log_dir,
+            )
         self.mesh.on_failure(self._process_died)
         self.actor = self.mesh.spawn(self._cls.__name__.lower(), self._cls.spawn_class(),
                                      *self._args, **self._kwargs)
@@ -138,7 +145,11 @@ class Replica:
         if self._recovery is not None and self._recovery is not asyncio.current_task():
             self._recovery.cancel()
         self._set_state("stopped", "shut down")
-        if self.mesh is not None:
+        await self._stop_mesh()
+
+    async def _stop_mesh(self) -> None:
+        """Stop this replica's processes; a guest's are its host's, which stops them."""
+        if self.mesh is not None and self.host is None:
             await self.mesh.stop()
 
     async def wait_healthy(self, timeout: float = 120.0) -> None:
@@ -180,14 +191,12 @@ class Replica:
         while self.state == "recovering":
             if self._streak >= self._options.max_restarts:
                 self._set_state("failed", f"gave up after {self._streak} restarts in a row: {self.last_error}")
-                if self.mesh is not None:
-                    await self.mesh.stop()
+                await self._stop_mesh()
                 return
             await asyncio.sleep(self._options.restart_backoff * 2 ** self._streak)
             self.restarts += 1
             self._streak += 1
-            if self.mesh is not None:
-                await self.mesh.stop()
+            await self._stop_mesh()
             try:
                 await self.start()  # state stays "recovering" until it turns healthy
             except JobEnded as e:  # its hosts went with the job: no respawn can succeed, so none is tried again

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import itertools
 import logging
 import time
@@ -321,6 +322,25 @@ class ActorHandle(Service):
                     kwargs: dict[str, Any], *, setup_after: asyncio.Future[Any] | None = None) -> ActorHandle:
         handle = await super().start(actor_cls, options, args, kwargs, setup_after=setup_after)
         assert isinstance(handle, ActorHandle)
+        return handle
+
+    @classmethod
+    async def start_on(cls, host: ActorHandle, actor_cls: ActorClass, kwargs: dict[str, Any]) -> ActorHandle:
+        """One more actor in the processes of ``host`` (an actor of one replica): several runs' trainers on one
+        base model (``forge_nb.controller.on_base``). Its stop leaves the processes to ``host``; it is never
+        respawned (a death of the processes is the host's to deal with)."""
+        handle = cls(actor_cls, dataclasses.replace(host.options, max_restarts=0), (), kwargs)
+        handle.replica.host = host.replica
+        await runtime.lease(handle.holder)
+        try:
+            if actor_cls.needs_store:
+                from forge_nb import weights
+
+                await weights.lease_store(handle.holder)
+            await handle.replica.start()
+        except BaseException:
+            await handle.shutdown()
+            raise
         return handle
 
     def _endpoint(self, name: str) -> Any:

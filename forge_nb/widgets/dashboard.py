@@ -30,7 +30,7 @@ from forge_nb.widgets._view import LiveView
 from forge_nb.widgets.controls import FINAL_STATES, Controls, render_status, run_summary
 from forge_nb.widgets.curves import Curves
 from forge_nb.widgets.explorer import Explorer
-from forge_nb.widgets.health import HealthGrid, render_health, snapshot
+from forge_nb.widgets.health import HealthGrid, render_health, sharing, snapshot
 from forge_nb.widgets.logs import LogsView
 
 _live: dict[int, Dashboard] = {}  # id(run) -> its open dashboard, for dashboard(run)
@@ -182,7 +182,8 @@ class Dashboard(LiveView):
         run = self.run
         services = getattr(run, "services", None) or {}
         try:
-            health = render_health(snapshot(services), getattr(run, "version", None), getattr(run, "job", None))
+            health = render_health(snapshot(services), getattr(run, "version", None), getattr(run, "job", None),
+                                   sharing(services))
         except Exception as e:
             health = f"<div>replica status unavailable: {html.escape(repr(e))}</div>"
         return "".join([

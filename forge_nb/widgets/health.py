@@ -41,6 +41,18 @@ def snapshot(services: dict[str, Any]) -> Snapshot:
     return {name: [status_dict(s) for s in svc.status()] for name, svc in services.items()}
 
 
+def sharing(services: dict[str, Any]) -> dict[str, list[str]]:
+    """service name -> the other runs that use it too (LoRA runs on one base hold shares of its services:
+    ``forge_nb.service.shared``, duck-typed)."""
+    found = {}
+    for name, svc in services.items():
+        runs, me = getattr(getattr(svc, "shared", None), "names", None), getattr(svc, "run_name", None)
+        others = [n for n in runs or [] if n != me]
+        if me is not None and others:
+            found[name] = others
+    return found
+
+
 def _cell(value: Any, unit: str = "") -> str:
     if value is None:
         return "&ndash;"
@@ -62,8 +74,10 @@ def render_job(job: dict[str, Any] | None) -> str:
 HEAD = ("replica", "state", "pids", "in flight", "served", "failures / restarts", "p50 / p95 ms", "version lag")
 
 
-def render_health(snap: Snapshot, run_version: int | None, job: dict[str, Any] | None = None) -> str:
-    """The HTML tables of a snapshot (also the grid's part of the plain HTML view), under the job's line."""
+def render_health(snap: Snapshot, run_version: int | None, job: dict[str, Any] | None = None,
+                  shared: dict[str, list[str]] | None = None) -> str:
+    """The HTML tables of a snapshot (also the grid's part of the plain HTML view), under the job's line;
+    ``shared``: the other runs each service serves too (:func:`sharing`)."""
     if not snap:
         return f"<div class='forge-health'>{render_job(job)}<i>no services yet</i></div>"
     # Nine narrow columns (pairs of numbers share one) and the last error on a row of its own under its
@@ -72,8 +86,11 @@ def render_health(snap: Snapshot, run_version: int | None, job: dict[str, Any] |
     parts = ["<div class='forge-health'>", render_job(job)]
     for name, rows in snap.items():
         healthy = sum(r["state"] == "healthy" for r in rows)
+        others = (shared or {}).get(name)
+        with_others = (f" &middot; <span data-shared='{html.escape(','.join(others))}'>shared with "
+                       f"{html.escape(', '.join(others))}</span>" if others else "")
         parts.append(f"<div data-service='{html.escape(name)}' style='margin:4px 0;overflow-x:auto'>"
-                     f"<b>{html.escape(name)}</b> &mdash; {healthy}/{len(rows)} healthy"
+                     f"<b>{html.escape(name)}</b> &mdash; {healthy}/{len(rows)} healthy{with_others}"
                      f"<table style='border-collapse:collapse;font-size:12px'><tr>{head}</tr>")
         for r in rows:
             state = str(r["state"])
@@ -125,7 +142,7 @@ class HealthGrid:
         for svc in services.values():
             self._subscribe(svc)
         self.snapshot = snapshot(services)
-        value = render_health(self.snapshot, self._version(), self._job())
+        value = render_health(self.snapshot, self._version(), self._job(), sharing(services))
         if value != self.html.value:
             self.html.value = value
 

@@ -35,7 +35,7 @@ from forge_nb.widgets.controls import (
 )
 from forge_nb.widgets.curves import DASHBOARD_HEIGHT, Curves, panel_curves_view
 from forge_nb.widgets.explorer import _bound, render_compare, render_episodes
-from forge_nb.widgets.health import render_health, snapshot
+from forge_nb.widgets.health import render_health, sharing, snapshot
 
 
 class PanelDashboard:
@@ -111,7 +111,8 @@ class PanelDashboard:
     def _request_snapshot(self) -> None:
         def take() -> None:
             run = self.run
-            self._latest = {"summary": run_summary(run), "health": snapshot(getattr(run, "services", None) or {}),
+            services = getattr(run, "services", None) or {}
+            self._latest = {"summary": run_summary(run), "health": snapshot(services), "shared": sharing(services),
                             "version": getattr(run, "version", None), "hparams": read_hparams(run),
                             "job": getattr(run, "job", None)}
 
@@ -173,7 +174,7 @@ class PanelDashboard:
             final = latest["summary"]["state"] in FINAL_STATES  # nothing left to control
             for button in (*self.buttons.values(), self.apply):
                 button.disabled = final
-            health = render_health(latest["health"], latest["version"], latest["job"])
+            health = render_health(latest["health"], latest["version"], latest["job"], latest["shared"])
             if health != self.health.object:
                 self.health.object = health
             hparams = latest["hparams"]
