@@ -140,14 +140,39 @@ class PeakMemory:
         return self.peak_mb
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of the kernel (this process) and of the meshes' processes, by mesh."""
+    spent = {"kernel": sum(psutil.Process().cpu_times()[:2])}
+    for mesh in runtime.meshes():
+        for pid in mesh.pids:
+            try:
+                spent[mesh.name] = spent.get(mesh.name, 0.0) + sum(psutil.Process(pid).cpu_times()[:2])
+            except psutil.Error:
+                pass
+    return spent
+
+
 async def train_together(runs: list[Any], steps: int) -> tuple[float, float, list[float]]:
-    """Every run's ``steps`` at once: steps/s over all runs, the peak PSS meanwhile, each run's last-10 reward."""
+    """Every run's ``steps`` at once: steps/s over all runs, the peak PSS meanwhile, each run's last-10 reward;
+    prints where the CPU went (seconds per step of all runs: the kernel, the generators, the trainers)."""
     memory = PeakMemory()
-    started = time.monotonic()
+    engines = {id(r.policy.replicas[0]): r.policy for r in runs}.values()  # one a run, or the one they share
+
+    async def engine_steps() -> int:
+        return sum([sum(await policy.engine_steps.fanout()) for policy in engines])
+
+    stepped = await engine_steps()
+    before, started = cpu_seconds(), time.monotonic()
     rows = await asyncio.gather(*(run.step(steps) for run in runs))
     wall = time.monotonic() - started
-    peak = memory.stop()
-    return len(runs) * steps / wall, peak, [statistics.mean(r["reward/mean"] for r in rs[-10:]) for rs in rows]
+    after, peak = cpu_seconds(), memory.stop()
+    total = len(runs) * steps
+    print(f"  engine steps a training step: {(await engine_steps() - stepped) / total:.1f}", flush=True)
+    used = {k: (v - before.get(k, 0.0)) * 1000 / total for k, v in after.items()}
+    kinds = {kind: sum(v for k, v in used.items() if kind in k) for kind in ("kernel", "policy", "trainer")}
+    print(f"  CPU ms a step: {', '.join(f'{k} {v:.1f}' for k, v in kinds.items())} (wall {wall * 1000 / total:.1f} "
+          "ms a step)", flush=True)
+    return total / wall, peak, [statistics.mean(r["reward/mean"] for r in rs[-10:]) for rs in rows]
 
 
 async def shared_vs_apart(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
