@@ -31,6 +31,7 @@ from typing import Any
 from forge_nb import weights
 from forge_nb.config import RunConfig, trainer_actor_kwargs
 from forge_nb.controller.weight_sync import WeightSync
+from forge_nb.models import TinyModelConfig
 from forge_nb.rundir import RunDir
 from forge_nb.service.shared import SharedService
 
@@ -70,8 +71,7 @@ def check_joinable(cfg: RunConfig, base: SharedBase) -> None:
         raise ValueError(f"base={base_name!r}: a run on another run's base trains LoRA adapters; set trainer.lora "
                          "(e.g. --set trainer.lora={rank: 8})")
     theirs, ours = base.config, cfg
-    if (ours.model, ours.tiny if ours.model == "tiny" else None) != (theirs.model,
-                                                                     theirs.tiny if theirs.model == "tiny" else None):
+    if (ours.model, _tiny(ours)) != (theirs.model, _tiny(theirs)):
         what = "its tiny model" if theirs.model == "tiny" else repr(theirs.model)
         raise ValueError(f"base={base_name!r}: that run's base is {what}, and this run names model={ours.model!r}"
                          f"{' with other tiny settings' if ours.model == theirs.model else ''}: a run on a base "
@@ -95,7 +95,13 @@ async def join_base(cfg: RunConfig, directory: RunDir, base: SharedBase, *, trai
     generators = base.policy.service
     trainer = None
     try:
-        await generators.add_adapter.fanout(namespace, lora)  # a rank or a room it lacks: refused here, first
+        try:  # a rank or a room the generators lack: refused here, before the trainer spawns
+            await generators.add_adapter.fanout(namespace, lora)
+        except Exception as e:  # the refusal as the generator raised it, not monarch's wrapping of it
+            refusal = getattr(e, "exception", None)
+            if isinstance(refusal, ValueError):
+                raise ValueError(str(refusal)) from None
+            raise
         trainer = await ActorHandle.start_on(base.trainer.service, trainer_cls, {
             "model": base.model, "pad_id": base.pad_id, "share_base": True, **trainer_actor_kwargs(
                 cfg, checkpoint_folder=str(directory.checkpoints), weights_namespace=namespace,
@@ -116,6 +122,11 @@ async def join_base(cfg: RunConfig, directory: RunDir, base: SharedBase, *, trai
     shares = {"policy": policy,
               "trainer": base.trainer.share(cfg.name, own=trainer, leave=lambda: trainer.release.call())}
     return shares, sync
+
+
+def _tiny(cfg: RunConfig) -> TinyModelConfig | None:
+    """The tiny model's settings of a run on it (None: the defaults), None for any other model."""
+    return (cfg.tiny or TinyModelConfig()) if cfg.model == "tiny" else None
 
 
 async def _leave_generators(generators: Any, namespace: str) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 import forge_nb
 from forge_nb.magics._display import status_report
+from forge_nb.models import TinyModelConfig
 from forge_nb.rl import ToyTask
 from forge_nb.system import runtime
 from forge_nb.widgets.health import render_health, sharing, snapshot
@@ -48,6 +49,17 @@ async def test_two_runs_on_one_base_learn_their_own_and_outlive_each_other(tmp_p
                                  overrides={**LORA, "trainer.lora": B_LORA}, base="base-a", progress=False)
         assert {m.name for m in runtime.meshes()} == meshes  # no process of its own
         assert a.status()["shares_base_with"] == ["base-b"] and b.status()["shares_base_with"] == ["base-a"]
+        # what cannot run on a's base is refused before anything spawns, and leaves no run directory
+        refused = [({}, LORA, "base='nope': no live run", "nope"),
+                   ({}, {"generator.num_replicas": 1}, "trains LoRA adapters", a),
+                   ({"tiny": TinyModelConfig(hidden_size=64)}, LORA, "with other tiny settings", a),
+                   ({}, {**LORA, "trainer.lora": {"rank": 16}}, "max_lora_rank", a)]
+        for fields, overrides, message, on in refused:
+            with pytest.raises(ValueError, match=message):
+                await forge_nb.spawn(forge_nb.quickstart(name="refused", run_dir=str(tmp_path / "refused"), **fields),
+                                     overrides=overrides, base=on, progress=False)
+            assert not (tmp_path / "refused").exists() and {m.name for m in runtime.meshes()} == meshes
+        assert await a.policy.adapters.fanout() == [{a.weights_namespace: 0, b.weights_namespace: 0}]
         # the health grid and %forge_status say which runs share what
         assert sharing(b.services) == {"policy": ["base-a"], "trainer": ["base-a"]}
         assert "data-shared='base-a'" in render_health(snapshot(b.services), b.version, None, sharing(b.services))
