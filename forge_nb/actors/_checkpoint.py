@@ -21,7 +21,7 @@ import logging
 import re
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -189,3 +189,21 @@ def load(
     if not state["trainer"].get("step"):  # saved before any step: its optimizer state is keep_fresh's kind
         optimizer.state.clear()
     return dict(state["trainer"])
+
+
+def on_rank0(rank: int, world: int, pick: Callable[[], Any]) -> Any:
+    """``pick()`` on rank 0, its answer (or its error) sent to every rank: one rank reads a checkpoint's files
+    to check them, not each rank of the trainer."""
+    if world == 1 or not dist.is_initialized():
+        return pick()
+    box: list[Any] = [None]
+    if rank == 0:
+        try:
+            box = [("ok", pick())]
+        except Exception as e:
+            box = [("error", f"{type(e).__name__}: {e}")]
+    dist.broadcast_object_list(box, src=0, device=torch.device("cpu"))
+    kind, value = box[0]
+    if kind == "error":
+        raise RuntimeError(f"rank 0 could not pick the checkpoint to resume: {value}")
+    return value

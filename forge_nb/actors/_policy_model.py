@@ -135,10 +135,14 @@ class PolicyModel:
         fully_shard(self.module, mesh=mesh)
         self.sharded = True
 
-    def logits(self, tokens: torch.Tensor, request_len: int | None = None) -> torch.Tensor:
-        """Logits [B, L, V] for ``tokens`` [B, L], with left padding masked (see the module docstring)."""
+    def logits(self, tokens: torch.Tensor, request_len: int | None = None,
+               attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, L, V] for ``tokens`` [B, L], with left padding masked (see the module docstring), or the
+        positions ``attention_mask`` [B, L] says are real (1) when given."""
         tokens = tokens.to(self.device)
-        attention_mask = real_token_mask(tokens, self.pad_id, request_len)
+        if attention_mask is None:
+            attention_mask = real_token_mask(tokens, self.pad_id, request_len)
+        attention_mask = attention_mask.to(self.device)
         positions = (attention_mask.cumsum(1) - 1).clamp(min=0)
         if self._titan is not None:
             return self._titan.logits(tokens, positions)

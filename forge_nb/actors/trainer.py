@@ -24,7 +24,7 @@ files), ``forward(..., adapters=False)`` is the base model (the KL term's refere
 Another run's LoRA trainer spawned into the same process with ``share_base=True`` trains its own adapter on that
 model (no second copy of the base): each trainer keeps its own optimizer, steps, hyperparameters, pushes and
 checkpoints, and its endpoints run with its adapter alone active (``_lora.active``); ``release()`` takes its
-adapter out when its run ends.
+adapter out when its run ends. ``forward_backward`` and ``optim_step`` are the Tinker API's two training calls.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from monarch.actor import endpoint
 
-from forge_nb.actors import _lora
+from forge_nb.actors import _lora, _trainer_tinker
 from forge_nb.actors._policy_model import (
     PolicyModel,
     all_ranks,
@@ -270,6 +270,25 @@ class RLTrainer(ForgeActor):
         return ForwardBackwardResult(loss=out["loss"], metrics=out)
 
     @endpoint
+    async def forward_backward(self, datums: list[dict[str, Any]], loss_fn: str = "cross_entropy",
+                               loss_fn_config: dict[str, Any] | None = None, *,
+                               backward: bool = True) -> dict[str, Any]:
+        """Tinker's ``forward_backward`` (``forward``: ``backward=False``) over ``datums`` (``{"tokens", "inputs"}``):
+        gradients added until ``optim_step``; each Datum's target logprobs and the metrics (``_trainer_tinker``)."""
+        with self._adapter():
+            return _trainer_tinker.forward_backward(self, datums, loss_fn, loss_fn_config, backward)
+
+    @endpoint
+    async def optim_step(self, **adam_params: float) -> dict[str, float]:
+        """The Tinker API's ``optim_step``: the gradients ``forward_backward`` added, applied with Tinker's
+        ``AdamParams`` (``learning_rate``, ``beta1``, ``beta2``, ``eps``, ``weight_decay``, ``grad_clip_norm``)."""
+        step = _trainer_tinker.AdamStep(**adam_params)
+        with self._adapter():
+            metrics = _trainer_tinker.optim_step(self.optimizer, step)
+        self.step += 1 - int(metrics["skipped:sum"])
+        return {**metrics, "step:max": float(self.step)}
+
+    @endpoint
     async def set_hparams(self, **changes: Any) -> dict[str, tuple[Any, Any]]:
         """Change hyperparameters between steps: those declared hot with a trainer section on the config
         (lr, weight_decay, max_norm, temperature: ``forge_nb.config.trainer_hparam_sections``) and any field
@@ -398,7 +417,8 @@ class RLTrainer(ForgeActor):
             if not self.ckpt_cfg.folder:
                 raise ValueError("no checkpoint folder: pass path=, or configure checkpoint={'folder': ...}")
             trusted = self.ckpt_cfg.verified
-            found = self._on_rank0(lambda: _checkpoint.latest(self.ckpt_cfg.folder, trusted))
+            folder = self.ckpt_cfg.folder
+            found = _checkpoint.on_rank0(self.rank, self.world, lambda: _checkpoint.latest(folder, trusted))
             if found is None:
                 return None
             path = str(found)
@@ -412,23 +432,6 @@ class RLTrainer(ForgeActor):
         self.resumed = {"path": path, "step": self.step, "checked": checked}
         logger.info("resumed from %s at step %d (checked %s)", path, self.step, checked)
         return self.step
-
-    def _on_rank0(self, pick: Callable[[], Any]) -> Any:
-        """``pick()`` on rank 0, its answer (or its error) sent to every rank: one rank reads a checkpoint's
-        files to check them, not each rank of the trainer."""
-        if self.world == 1 or not dist.is_initialized():
-            return pick()
-        box: list[Any] = [None]
-        if self.rank == 0:
-            try:
-                box = [("ok", pick())]
-            except Exception as e:
-                box = [("error", f"{type(e).__name__}: {e}")]
-        dist.broadcast_object_list(box, src=0, device=torch.device("cpu"))
-        kind, value = box[0]
-        if kind == "error":
-            raise RuntimeError(f"rank 0 could not pick the checkpoint to resume: {value}")
-        return value
 
     @endpoint
     async def info(self) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from forge_nb.controller.core import Controller, EpisodeFn
 from forge_nb.controller.episodes import BaseInTrainer, generate_episode
 from forge_nb.controller.hot import HotChanges
 from forge_nb.controller.ledger import Ledger
-from forge_nb.controller.on_base import SharedBase, check_joinable, join_base, share_services
+from forge_nb.controller.on_base import SharedBase, check_joinable, generator_sampling, join_base, share_services
 from forge_nb.controller.weight_sync import WeightSync
 from forge_nb.metrics import MetricsStore
 from forge_nb.models import TINY_PAD_ID, TRANSFORMERS_LOCK, TinyModelConfig, build_tiny_model, resolve_model
@@ -189,7 +189,7 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
     ReferenceModel = actors.get("ref_model", ReferenceModel)  # noqa: N806
 
     logs = str(directory.logs)  # the processes' output: %forge_logs / run.logs() read it, the cells stay quiet
-    sampling = {"n": cfg.group_size, "max_tokens": cfg.max_res_tokens, **cfg.generator.sampling_params}
+    sampling = generator_sampling(cfg)
     engine_args = cfg.engine_args()
     policy_mesh = f"{cfg.name}-policy"  # its replicas' meshes are <policy_mesh>-r<index>
     starts: dict[str, Any] = {

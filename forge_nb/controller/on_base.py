@@ -35,7 +35,7 @@ from forge_nb.models import TinyModelConfig
 from forge_nb.rundir import RunDir
 from forge_nb.service.shared import SharedService
 
-__all__ = ["SharedBase", "check_joinable", "join_base", "share_services"]
+__all__ = ["SharedBase", "check_joinable", "generator_sampling", "join_base", "share_services"]
 
 
 @dataclass
@@ -115,13 +115,21 @@ async def join_base(cfg: RunConfig, directory: RunDir, base: SharedBase, *, trai
         await replica.actor.add_adapter.call_one(namespace, lora)
         await sync.catch_up(replica)
 
-    adapter = {"adapter": namespace}
+    # the generators' defaults are the base run's sampling: this run's goes with each of its requests
+    adapter, sampling = {"adapter": namespace}, generator_sampling(cfg)
     policy = base.policy.share(cfg.name, leave=lambda: _leave_generators(generators, namespace), inject={
-        "generate": adapter, "generate_many": adapter, "get_version": {"namespace": namespace}})
+        "generate": adapter, "generate_many": adapter, "get_version": {"namespace": namespace}},
+        defaults={"generate": sampling, "generate_many": sampling})
     policy.set_catch_up(rejoin)
     shares = {"policy": policy,
               "trainer": base.trainer.share(cfg.name, own=trainer, leave=lambda: trainer.release.call())}
     return shares, sync
+
+
+def generator_sampling(cfg: RunConfig) -> dict[str, Any]:
+    """The sampling a run's generators are spawned with (its groups' size, its response budget, its sampling
+    params): a run on another's base sends them with each request, the caller's own overrides winning."""
+    return {"n": cfg.group_size, "max_tokens": cfg.max_res_tokens, **cfg.generator.sampling_params}
 
 
 def _tiny(cfg: RunConfig) -> TinyModelConfig | None:

@@ -43,10 +43,12 @@ class SharedService:
             service.set_catch_up(self._catch_up)
 
     def share(self, name: str, *, own: Any = None, inject: dict[str, dict[str, Any]] | None = None,
+              defaults: dict[str, dict[str, Any]] | None = None,
               leave: Callable[[], Awaitable[None]] | None = None) -> Share:
         """A front for the run ``name``: calls go to ``own`` (else the shared service), those of the endpoints in
-        ``inject`` with its keyword arguments added; ``leave()`` runs when the run's share shuts down."""
-        share = Share(self, name, own if own is not None else self.service, inject or {}, leave)
+        ``inject`` with its keyword arguments added (they win), those in ``defaults`` with its keyword arguments
+        where the caller gave none; ``leave()`` runs when the run's share shuts down."""
+        share = Share(self, name, own if own is not None else self.service, inject or {}, defaults or {}, leave)
         self.shares.append(share)
         return share
 
@@ -71,8 +73,9 @@ class Share:
     """One run's front on a :class:`SharedService` (see the module's docstring)."""
 
     def __init__(self, shared: SharedService, name: str, target: Any, inject: dict[str, dict[str, Any]],
-                 leave: Callable[[], Awaitable[None]] | None):
-        self._shared, self._target, self._inject, self._leave = shared, target, inject, leave
+                 defaults: dict[str, dict[str, Any]], leave: Callable[[], Awaitable[None]] | None):
+        self._shared, self._target, self._leave = shared, target, leave
+        self._inject, self._defaults = inject, defaults
         self.run_name = name
         self._endpoints: dict[str, _Injected] = {}
         self._gone = False
@@ -80,12 +83,12 @@ class Share:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        extra = self._inject.get(name)
-        if extra is None:
+        if name not in self._inject and name not in self._defaults:
             return getattr(self._target, name)
         endpoint = self._endpoints.get(name)
         if endpoint is None:
-            endpoint = self._endpoints[name] = _Injected(getattr(self._target, name), extra)
+            endpoint = self._endpoints[name] = _Injected(getattr(self._target, name), self._inject.get(name, {}),
+                                                         self._defaults.get(name, {}))
         return endpoint
 
     @property
@@ -123,13 +126,14 @@ class Share:
 
 
 class _Injected:
-    """An endpoint whose calls get extra keyword arguments (the adverbs of a service and of an actor)."""
+    """An endpoint whose calls get extra keyword arguments, and defaults the caller's own override (the adverbs of
+    a service and of an actor)."""
 
-    def __init__(self, endpoint: Any, extra: dict[str, Any]):
-        self._endpoint, self._extra = endpoint, extra
+    def __init__(self, endpoint: Any, extra: dict[str, Any], defaults: dict[str, Any]):
+        self._endpoint, self._extra, self._defaults = endpoint, extra, defaults
 
     def __getattr__(self, adverb: str) -> Any:
         call = getattr(self._endpoint, adverb)
         if not callable(call):
             return call
-        return lambda *args, **kwargs: call(*args, **{**kwargs, **self._extra})
+        return lambda *args, **kwargs: call(*args, **{**self._defaults, **kwargs, **self._extra})

@@ -60,6 +60,16 @@ async def test_two_runs_on_one_base_learn_their_own_and_outlive_each_other(tmp_p
                                      overrides=overrides, base=on, progress=False)
             assert not (tmp_path / "refused").exists() and {m.name for m in runtime.meshes()} == meshes
         assert await a.policy.adapters.fanout() == [{a.weights_namespace: 0, b.weights_namespace: 0}]
+        # a run on the base samples with its own settings, not the base's (groups of 4, 4 tokens)
+        c = await forge_nb.spawn(forge_nb.quickstart(name="base-c", run_dir=str(tmp_path / "c"), group_size=2,
+                                                     max_res_tokens=3), overrides=LORA, base=a, progress=False)
+        try:
+            answers = await c.policy.generate.route("ab")
+            assert len(answers) == 2 and all(len(x.token_ids) <= 3 for x in answers)
+            assert len(await c.policy.generate.route("ab", n=3)) == 3  # the caller's own override wins
+            assert len(await a.policy.generate.route("ab")) == 4
+        finally:
+            await c.shutdown()
         # the health grid and %forge_status say which runs share what
         assert sharing(b.services) == {"policy": ["base-a"], "trainer": ["base-a"]}
         assert "data-shared='base-a'" in render_health(snapshot(b.services), b.version, None, sharing(b.services))
