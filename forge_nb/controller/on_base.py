@@ -24,6 +24,7 @@ any run's does, and the runs that joined it fail (their trainers lived in it; re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -107,7 +108,8 @@ async def join_base(cfg: RunConfig, directory: RunDir, base: SharedBase, *, trai
                 cfg, checkpoint_folder=str(directory.checkpoints), weights_namespace=namespace,
                 verified_checkpoint=directory.verified_trainer_checkpoint)})
     except BaseException:
-        await _leave_generators(generators, namespace)
+        with contextlib.suppress(Exception):  # the error that stopped the join is the one to report
+            await _leave_generators(generators, namespace)
         await sync.close()
         raise
 
