@@ -92,7 +92,10 @@ def test_help_prints_the_table(ip, capsys):
     ("%forge_spawn os:getcwd", "returned a str; a recipe must return a RunConfig"),
     ("%forge_spawn no_such_module:f",
      "recipe='no_such_module:f': cannot import it here (No module named 'no_such_module')"),
-    ("%forge_spawn --procs 2 --replicas 2 -o m", "--replicas, --set and --actor configure a run; give a recipe first"),
+    ("%forge_spawn --procs 2 --replicas 2 -o m", "--replicas, --set, --lora, --on and --actor configure a run; give a "
+                                                "recipe first"),
+    ("%forge_spawn quickstart --lora 8 --on base --replicas 2", "--on base: the run uses that run's generators and "
+                                                                "trainer process; --replicas, --procs and --gpus"),
     ("%forge_spawn --procs 0 -o m", "procs=0: a mesh needs at least one process"),
     ("%forge_spawn --procs 1 --hosts 2 -o m", "meshes that span several hosts are not supported yet"),
     ("%forge_spawn --procs 1 --hosts gpus -o m", "hosts='gpus' names a job's host mesh, but no job is in use"),
