@@ -13,7 +13,8 @@
 # %% [markdown]
 # # A learning-rate sweep on one base model
 #
-# Four LoRA runs of the quickstart, one learning rate each, on one base model: the first run brings up the
+# Four LoRA runs of the quickstart, one learning rate each (5e-4 to 2e-3: above that the tiny model's LoRA runs
+# turn unstable, 4e-3 ending between 0.4 and 0.7), on one base model: the first run brings up the
 # generator and the trainer, the other three add their adapters to them instead of spawning their own. The
 # engine serves the four adapters in the same batches and the trainer process holds one copy of the base
 # weights; each run keeps its own optimizer, weight versions, replay buffer, metrics and controls, so any
@@ -34,14 +35,14 @@ LORA = {"trainer.lora": {"rank": 8, "alpha": 16}, "generator.num_replicas": 1}
 first = await forge_nb.spawn(forge_nb.quickstart(name="lr_5e-4"), overrides={**LORA, "trainer.lr": 5e-4})
 second = await forge_nb.spawn(forge_nb.quickstart(name="lr_1e-3"), overrides={**LORA, "trainer.lr": 1e-3},
                               base=first)
-third = await forge_nb.spawn(forge_nb.quickstart(name="lr_2e-3"), overrides={**LORA, "trainer.lr": 2e-3},
+third = await forge_nb.spawn(forge_nb.quickstart(name="lr_1.5e-3"), overrides={**LORA, "trainer.lr": 1.5e-3},
                              base=first)
 
 # %% [markdown]
 # The same from a cell magic: `--lora RANK` trains adapters, `--on NAME` puts the run on that run's base.
 
 # %%
-%forge_spawn quickstart --name lr_4e-3 --lora 8 --on lr_5e-4 --set trainer.lr=4e-3 -o fourth
+%forge_spawn quickstart --name lr_2e-3 --lora 8 --on lr_5e-4 --set trainer.lr=2e-3 -o fourth
 
 # %%
 runs = [first, second, third, fourth]

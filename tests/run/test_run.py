@@ -139,6 +139,8 @@ async def test_a_loop_that_raises_stops_the_run_with_its_error(run):
         raise ZeroDivisionError("my episode function has a bug")
 
     run.episode_fn = broken
+    # what the earlier tests left in the buffer could make a whole step (CI's run stepped on it and never raised)
+    run.clear_buffer("this step must be made of new episodes")
     with pytest.raises(RuntimeError, match="ZeroDivisionError: my episode function has a bug"):
         await run.step(1)
     assert run.state == "failed" and "rollout" in run.error
