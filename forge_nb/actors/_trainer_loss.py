@@ -25,6 +25,7 @@ reference logprobs is refused for a loss with ``beta > 0`` rather than trained a
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,7 +36,7 @@ from forge_nb.rl.loss.ops import CROSS_ENTROPY_IGNORE_IDX
 from forge_nb.rl.types import TextTrainBatch
 from forge_nb.system.importpath import import_path
 
-__all__ = ["loss_function", "loss_kind", "mean_metrics", "rl_loss", "sft_loss", "text_loss"]
+__all__ = ["clip_and_step", "loss_function", "loss_kind", "mean_metrics", "rl_loss", "sft_loss", "text_loss"]
 
 LossFn = Callable[..., Any]
 
@@ -232,3 +233,16 @@ def mean_metrics(metrics: list[dict[str, float]]) -> dict[str, float]:
     """Each metric's mean over the micro-batches that reported it."""
     names = {k for m in metrics for k in m}
     return {k: sum(m[k] for m in metrics if k in m) / sum(k in m for m in metrics) for k in sorted(names)}
+
+
+def clip_and_step(optimizer: torch.optim.Optimizer, max_norm: float) -> float:
+    """Clip the gradients of ``optimizer``'s parameters to ``max_norm`` (0: measure only) and step, unless their
+    norm is not finite; the gradients are cleared either way. Returns the norm before clipping (the trainer's
+    step and the Tinker API's ``optim_step`` both end this way)."""
+    trained = [p for group in optimizer.param_groups for p in group["params"]]
+    norm = torch.nn.utils.clip_grad_norm_(trained, max_norm or math.inf)
+    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from forge_nb.actors._trainer_loss import clip_and_step
 from forge_nb.rl.losses.primitives import compute_logprobs
 from forge_nb.rl.losses.tinker import needed_inputs, tinker_loss
 
@@ -95,12 +96,12 @@ def forward_backward(trainer: Any, datums: list[dict[str, Any]], loss_fn: str, c
                          f"{trainer.world} procs")
     policy = trainer._policy()
     tokens, mask, inputs, lengths = datum_batch(datums, loss_fn, policy.pad_id or 0)
-    vocab = policy.module.config.vocab_size
-    if int(inputs["target_tokens"].max()) >= vocab or int(inputs["target_tokens"].min()) < 0:
-        raise ValueError(f"forward_backward: a target token is outside the model's vocabulary of {vocab}")
     policy.module.train(backward)
     with nullcontext() if backward else torch.no_grad(), trainer._autocast():
         logits = policy.logits(tokens, attention_mask=mask)
+        vocab = logits.shape[-1]
+        if int(inputs["target_tokens"].max()) >= vocab or int(inputs["target_tokens"].min()) < 0:
+            raise ValueError(f"forward_backward: a target token is outside the model's vocabulary of {vocab}")
         lp = compute_logprobs(logits, inputs["target_tokens"].to(logits.device)) * mask.to(logits.device)
         del logits
         loss, metrics = tinker_loss(loss_fn, lp, {k: v.to(lp.device) for k, v in inputs.items()}, config)
@@ -122,11 +123,6 @@ def optim_step(optimizer: Any, adam: AdamStep) -> dict[str, float]:
     for group in optimizer.param_groups:
         group.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
                      weight_decay=adam.weight_decay)
-    trained = [p for group in optimizer.param_groups for p in group["params"]]
-    norm = torch.nn.utils.clip_grad_norm_(trained, adam.grad_clip_norm or math.inf)
-    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    skipped = not math.isfinite(grad_norm)
-    if not skipped:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return {"grad_norm:mean": grad_norm, "learning_rate:mean": adam.learning_rate, "skipped:sum": float(skipped)}
+    grad_norm = clip_and_step(optimizer, adam.grad_clip_norm)
+    return {"grad_norm:mean": grad_norm, "learning_rate:mean": adam.learning_rate,
+            "skipped:sum": float(not math.isfinite(grad_norm))}

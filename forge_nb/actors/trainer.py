@@ -55,7 +55,7 @@ from forge_nb.actors._policy_model import (
 )
 from forge_nb.actors._trainer_batch import as_train_batch, local_rows, micro_batches, sft_labels
 from forge_nb.actors._trainer_config import hparams, model_source, trainer_arguments, with_hparams
-from forge_nb.actors._trainer_loss import loss_function, mean_metrics, rl_loss, sft_loss, text_loss
+from forge_nb.actors._trainer_loss import clip_and_step, loss_function, mean_metrics, rl_loss, sft_loss, text_loss
 from forge_nb.config import TrainerConfig
 from forge_nb.config.trainer_sections import (
     SECTION_NAMES,
@@ -246,19 +246,16 @@ class RLTrainer(ForgeActor):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         grad_norm = math.nan
-        if not reason:
-            max_norm = self.train_cfg.max_norm or math.inf
-            trained = [p for group in self.optimizer.param_groups for p in group["params"]]
-            norm = torch.nn.utils.clip_grad_norm_(trained, max_norm)
-            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if reason:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            grad_norm = clip_and_step(self.optimizer, self.train_cfg.max_norm)
             if not math.isfinite(grad_norm):  # the norm is global, so this too is the same on every rank
                 reason = "nonfinite_grad"
         if reason:
             logger.warning("step %d skipped: %s (loss %s, grad norm %s)", self.step + 1, reason, loss.item(), grad_norm)
         else:
-            self.optimizer.step()
             self.step += 1
-        self.optimizer.zero_grad(set_to_none=True)
         mine = {"loss": float(loss), **metrics, "grad_norm": grad_norm, "tokens": float(tokens)}
         out = reduce_metrics(mine, self.world)
         out.update(lr=lr, step=float(self.step), skipped=float(bool(reason)))
