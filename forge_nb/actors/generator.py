@@ -476,12 +476,12 @@ class Generator(ForgeActor):
         return self._engine
 
     async def _check_pushed(self, version: int, manifest: dict[str, Any] | None, namespace: str) -> bytes:
-        """The pickled store controller, once torchstore has said it holds ``version`` (``store_controller``);
-        after that the worker's fetch says whatever is missing (the generator's weights live in one store for
-        the life of its process)."""
+        """The pickled store controller, once torchstore has said it holds ``version`` (``store_controller``); after
+        that the worker's fetch says what is missing (a generator's weights live in one store all its life)."""
         if self._controller is None:
             self._controller = await store_controller(version, manifest, namespace)
         return self._controller
+
 
 Policy = Generator
 

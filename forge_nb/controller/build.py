@@ -72,9 +72,8 @@ class RunParts:
 async def spawn_parts(config: RunConfig | str | Path, *, overrides: list[str] | dict[str, Any] | None = None,
                       episode_fn: EpisodeFn | None = None, progress: bool = True,
                       actors: dict[str, type] | None = None, base: SharedBase | None = None) -> RunParts:
-    """What ``forge_nb.spawn`` does: a new run directory for ``config``, then :func:`build_run` (or, with
-    ``base``, :func:`build_on_base`). A run that never started leaves no directory behind (one given that existed
-    stays)."""
+    """What ``forge_nb.spawn`` does: a new run directory for ``config``, then :func:`build_run` (on ``base`` when
+    given). A run that never started leaves no directory behind (one given that existed stays)."""
     actors = _actor_classes(actors)
     cfg = config if isinstance(config, RunConfig) else from_yaml(config)
     if overrides:
@@ -89,9 +88,7 @@ async def spawn_parts(config: RunConfig | str | Path, *, overrides: list[str] | 
     if job is not None and job.cached_path:  # resume() in a new kernel re-attaches to it
         (directory.path / JOB_FILE).write_text(json.dumps({"cached_path": str(Path(job.cached_path).resolve())}))
     try:
-        if base is not None:
-            return await build_on_base(cfg, directory, base, episode_fn=episode_fn, actors=actors)
-        return await build_run(cfg, directory, episode_fn=episode_fn, progress=progress, actors=actors)
+        return await build_run(cfg, directory, episode_fn=episode_fn, progress=progress, actors=actors, base=base)
     except BaseException:
         if not existed:
             shutil.rmtree(directory.path, ignore_errors=True)
@@ -112,11 +109,8 @@ async def resume_parts(path: str | Path, *, episode_fn: EpisodeFn | None = None,
         cached = json.loads(saved.read_text())["cached_path"]
         logger.info("resume %s: re-attaching to the job saved at %s", directory.path, cached)
         await cluster.use_job(cached, log_dir=directory.logs)
-    if base is not None:
-        parts = await build_on_base(cfg, directory, base, episode_fn=episode_fn, actors=_actor_classes(actors))
-    else:
-        parts = await build_run(cfg, directory, episode_fn=episode_fn, progress=progress,
-                                actors=_actor_classes(actors))
+    parts = await build_run(cfg, directory, episode_fn=episode_fn, progress=progress, actors=_actor_classes(actors),
+                            base=base)
     for what, why in skipped:
         logger.warning("resume %s: checkpoint %s skipped: %s", directory.path, what, why)
         parts.controller.metrics.event("checkpoint_skipped", path=what, reason=why,
@@ -147,9 +141,13 @@ def _check_gpus(cfg: RunConfig) -> None:
 
 
 async def build_run(cfg: RunConfig, directory: RunDir, *, episode_fn: EpisodeFn | None = None,
-                    progress: bool = True, actors: dict[str, type] | None = None) -> RunParts:
-    """Bring up the services of ``cfg`` (a run directory already made) and wire a run's parts around them."""
+                    progress: bool = True, actors: dict[str, type] | None = None,
+                    base: SharedBase | None = None) -> RunParts:
+    """Bring up the services of ``cfg`` (a run directory already made) and wire a run's parts around them; with
+    ``base``, the run's adapter on that base's services instead (:func:`build_on_base`)."""
     actors = actors or {}
+    if base is not None:
+        return await build_on_base(cfg, directory, base, episode_fn=episode_fn, actors=actors)
     task = make_task(cfg)
     model, pad_id, build = _model_source(cfg, task, directory)
     runtime.ensure_started()

@@ -53,7 +53,6 @@ def multi_turn_echo(**overrides: Any) -> RunConfig:
     back to 0.83); the other three ended at 0.98-1.00. With lr 5e-4 six runs ended at 0.935-0.997 at step 300
     (three of them run to 400 steps: 0.997 each, 0.8 by step 75-150). max_policy_age=2 (what the quickstart
     uses) evicted 1% of episodes instead of ~5% but learned less per step: 0.840 and 0.845 at 300.
-    Session 51: CI's run of the notebook (lr 5e-4) ended at 0.775 over steps 276-300, so the notebook runs 400.
     """
     return quickstart(**({"name": "multi-turn", "max_res_tokens": 12, "group_size": 8, "batch_size": 32,
                           "max_policy_age": 1,  # 2 learned less per step (see above)
