@@ -44,7 +44,8 @@ TRL runs with torch's default intra-op threads (one a core), as its users do, un
 forge_nb's trainer and generator take one each on two cores (``forge_nb.actors._policy_model``,
 ``forge_nb.actors._vllm_inproc``). Each TRL seed's line says how many it had. On a quiet machine TRL's default
 is its faster setting; beside other work its two threads wait on each other and one is faster by far, so a
-busy comparison is fair only when run both ways (``bench/RESULTS.md``, session 45).
+busy comparison is fair only when run both ways (``bench/HISTORY.md``, "A busier machine, TRL's threads, and the
+trainer compiled").
 
     .venv/bin/pip install -e '.[bench]'
     .venv/bin/python bench/vs_trl.py [--seeds 5] [--trl-budget-s 60] [--forge-steps 120] [--busy 0]
@@ -409,7 +410,7 @@ if __name__ == "__main__":
     ap.add_argument("--busy", type=int, default=0, help="other processes spinning a core each through the run")
     # A sample reads /proc/<pid>/smaps_rollup of every process of the side: ~60 ms of CPU for forge_nb's 1.4 GB,
     # taken from the two cores the sides run on. Every 0.5 s it cost the quickstart's start 1-2 s and both
-    # sides' steps; every 2 s the peaks came out the same (issue 34, bench/RESULTS.md).
+    # sides' steps; every 2 s the peaks came out the same (bench/HISTORY.md).
     ap.add_argument("--memory-every-s", type=float, default=2.0, help="how often each side's memory is sampled")
     ap.add_argument("--child", choices=("trl", "forge"), help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)

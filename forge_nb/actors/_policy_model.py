@@ -78,7 +78,7 @@ def one_cpu_thread() -> None:
     core, a forward or backward waits at every parallel region for its thread on the busiest core: on 2
     cores the quickstart's ``train_step`` took ~50 ms most steps and ~1 s (a spin period) every few steps,
     2.4-2.8 steps/s overall; with one thread every step took 25-90 ms, 5.0 steps/s (bench/vs_trl.py,
-    bench/RESULTS.md). vLLM drops its own CPU workers to one thread for the same reason."""
+    bench/HISTORY.md). vLLM drops its own CPU workers to one thread for the same reason."""
     if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() != 1:
         logger.info("using 1 CPU thread (was %d): the CPU is shared with the generators' engines; "
                     "set OMP_NUM_THREADS to choose", torch.get_num_threads())

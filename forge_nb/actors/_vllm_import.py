@@ -2,7 +2,7 @@
 
 A run's first step waits for its generators: on CPU their chain from process start to the first generation is
 ~14 s of imports (torch, transformers, vLLM and what they import) and ~1-3 s of engine build, one core's worth of
-serial work (``bench/RESULTS.md``, "A core for the generator while a run starts"). :func:`start` runs the
+serial work (``bench/HISTORY.md``, "A core for the generator while a run starts"). :func:`start` runs the
 imports in a thread from the actor's ``__init__``, so they overlap the kernel writing the model.
 
 Two optional packages come with that import only because they are installed, and a CPU generator never uses them

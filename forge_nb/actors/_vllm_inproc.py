@@ -1,7 +1,7 @@
 """vLLM's engine inside the Generator's own process, stepped by one thread: how the Generator runs on CPU.
 
 On GPUs the Generator uses vLLM's ``AsyncLLM``, whose EngineCore and model worker are two more processes.
-On CPU those two processes cost more than they give (issue 24, ``bench/vs_trl.py``): vLLM's CPU platform
+On CPU those two processes cost more than they give (``bench/vs_trl.py``): vLLM's CPU platform
 starts each with ``spawn``, so each imports vLLM again (~8 s apiece on two cores, most of the time from
 ``%forge_spawn`` to the first step), and both busy-wait (``sched_yield``) for a second after every message
 they exchange, taking a core the trainer needs. :class:`InprocEngine` runs vLLM's ``LLMEngine`` with
@@ -79,7 +79,7 @@ class InprocEngine:
         """The final output of each ``(engine_input, params, request_id, lora_request)``, in order, or the exception
         that refused or ended it. The requests reach the engine in one hand-over, so they start in the same engine
         step: handed over one by one as each prompt was tokenized, the first step of a quickstart batch often
-        ran without its last requests (4.4 engine steps a batch where 4 do, issue 34)."""
+        ran without its last requests (4.4 engine steps a batch where 4 do)."""
         ids = [f"{request_id}-{next(self._ids)}" for _, _, request_id, _ in requests]
         finals = {request_id: self._loop.create_future() for request_id in ids}
         self._finals.update(finals)
@@ -153,7 +153,7 @@ class InprocEngine:
             # vLLM's sampler keeps two helpers under torch.compile even in eager mode (the rank of each
             # sampled token, which logprobs need, and a random sample). Their first call compiled them with
             # inductor: g++ runs and an ISA probe, ~2.8 s between the first batch and the first step on two
-            # cores (bench/vs_trl.py, issue 34). Eager they are one comparison and one sum.
+            # cores (bench/vs_trl.py). Eager they are one comparison and one sum.
             torch._dynamo.config.disable = True
             if _vllm_cpu_norm.register():  # eager, vLLM's native norms are many small ops: its C kernels
                 _vllm_cpu_norm.prefer(engine_args)

@@ -3,7 +3,7 @@
 With plain CPU weights (:mod:`forge_nb.actors._vllm_plain`) a version loads through the model's
 ``load_weights``: checkpoint names mapped to vLLM's parameters (q, k and v into one ``qkv_proj``, gate and up
 into ``gate_up_proj``, the vocabulary padded), by Python per tensor. For the tiny model that is 1.1-1.3 ms a
-version alone and ~2 ms on the quickstart's busy cores, every training step (issue 34). What it does with a
+version alone and ~2 ms on the quickstart's busy cores, every training step. What it does with a
 version's tensors is the same each time: copy a slice of each into a slice of a parameter, fill the
 padding. So the first load runs it under a ``TorchFunctionMode`` that records each ``copy_`` (the destination
 view, the source as a strided view of a named tensor of the version) and each ``fill_`` with a number; later

@@ -9,7 +9,7 @@ generated ids, the logprob of every sampled token, and the weight version that p
 
 vLLM does not detokenize (unless a request has stop strings): each finished sample's text is decoded once,
 as vLLM's own detokenizer would give it (``_vllm_worker.response_text``), instead of token by token at every
-engine step with a string for every logprob's token besides (~20% of the quickstart's steps/s, issue 34).
+engine step with a string for every logprob's token besides (~20% of the quickstart's steps/s, ``bench/vs_trl.py``).
 
 ``update_weights(v)`` follows TorchForge's generator: requests that arrive once an update is asked for
 wait; requests in flight finish on the old weights; the engine's worker then loads version ``v`` of the

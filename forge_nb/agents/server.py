@@ -404,7 +404,7 @@ def _shared_http(timeout_s: float) -> Any:
     httpcore's own pool looks at every connection it holds, and asks the idle ones' sockets whether they were
     closed, each time it places a request: with the agent recipe's 32 requests in flight, one took 5.5 ms longer
     than a bare ``policy.generate.route`` on httpx's pool and 1.9 ms on aiohttp's, and the recipe trained 1.8x
-    faster (bench/openai_endpoint.py, bench/RESULTS.md).
+    faster (bench/openai_endpoint.py, bench/HISTORY.md).
     No limit on connections, as before; the session is made on the first request, in the loop that sends it."""
     import aiohttp
     import httpx

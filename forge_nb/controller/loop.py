@@ -127,7 +127,7 @@ def loads_overlap(ctl: Any) -> bool:
 
 def would_be_too_old(ctl: Any, generating: int) -> bool:
     """With ``loop.sync_interval`` > 1 (generators keep a version for several steps, and rollouts running
-    ahead on it made episodes evicted unused: 30% of the quickstart's, issue 34): whether a group a rollout
+    ahead on it made episodes evicted unused: 30% of the quickstart's): whether a group a rollout
     loop starts now would reach ``max_policy_age`` by its training step, estimated as the trainer's version
     plus the batches buffered or ``generating`` ahead of it, minus the oldest version a generator holds, with
     one step of slack for the buffer's random sampling. Such a group waits for the next load."""

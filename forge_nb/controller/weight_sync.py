@@ -27,17 +27,17 @@ Held versions (``publish(v, overlap=True, hold=True)``, the loop's way between t
 loads): ``v`` becomes the run's version without a push or a load; the generators keep the one they have, and
 ``settle()`` (the run parks or evaluates) pushes and loads the newest first. On two CPU cores a load
 every other step let one engine batch serve two steps (32 sequences instead of 16): ~20% more steps a second
-for the quickstart (issue 34, ``bench/vs_trl.py``).
+for the quickstart (``bench/vs_trl.py``).
 
 Handed manifests: when the generators' ``update_weights`` takes ``manifest=`` (forge_nb's Generator), each is
 handed where the push left the version in shared memory and need not ask torchstore. When the trainer's
 ``push_weights`` also takes ``announce=`` (forge_nb's RLTrainer), it leaves the manifest's torchstore put to
 this class, which does it in the background, in version order, before any deletion of that version and
-before ``settle()`` returns: the put was 5 of a push's 8 ms, paid by every step (session 21). Such a version's
+before ``settle()`` returns: the put was 5 of a push's 8 ms, paid by every step. Such a version's
 readers were all handed it, so the store need not name every one: at most one put per ``ANNOUNCE_EVERY_S``,
 of the newest version, and ``settle()`` puts the run's version. A version pushed and dropped between two puts
 never enters the store, and its deletion is its file's alone (no store call): on the quickstart's ~40 ms steps
-the put and the delete of each version took about a third of the kernel's work a step (issue 34). Actors written
+the put and the delete of each version took about a third of the kernel's work a step. Actors written
 as the documents write them get neither keyword and are called as the documents call them.
 """
 

@@ -50,8 +50,8 @@ Waiting without blocking the loop: ``%forge_spawn``, ``%forge_attach``, ``%forge
 ``%forge_set`` need a running event loop to start tasks on. These return a coroutine, and an input
 transformer puts ``await`` in front of them (see ``_await``). The cell then runs as a task on the
 kernel's event loop, where the Run's loops run too: the cell waits, training goes on, an interrupt
-cancels the cell only (measured in ipykernel 7.4: a background task kept ticking during and between
-such cells). The alternatives fail there: ``loop.run_until_complete`` inside a cell raises "This
+cancels the cell only (with ipykernel 7.4 a background task keeps ticking during and between such
+cells). The alternatives fail there: ``loop.run_until_complete`` inside a cell raises "This
 event loop is already running"; a spawn in a background task would leave ``%forge_run`` in the next
 cell with no run yet; re-entering the loop (nest_asyncio) breaks the tasks it interleaves. In a
 terminal IPython the same cells work, but background loops only advance while some cell awaits.

@@ -99,7 +99,7 @@ class ControlMagics(Magics):
                   "%forge_pause pauses it now")
             raise
         events = run.metrics.events[seen:] if len(run.metrics.events) >= seen else run.metrics.events
-        # a few lines whatever n is (issue 36: 150 rows were ~3,700 px of cell); every row is in run.metrics
+        # a few lines whatever n is (150 rows would be ~3,700 px of cell); every row is in run.metrics
         display(_display.step_summary(rows, events, title=f"run {run.name!r}: {len(rows)} step(s), now paused"))
 
     @magic_arguments()

@@ -10,7 +10,7 @@ into something loadable or an error that names the model and says what to do.
 A tiny model is built once per machine: the build is deterministic (seeded), so its files are kept in
 ``$FORGE_NB_CACHE_DIR`` (default ``~/.cache/forge_nb``) under ``tiny-models/<key of the config and the
 library versions>`` and copied into each run directory from there. A build costs ~2.5 s of CPU and the
-kernel's import of transformers, on the path of every spawn (issue 34: spawn to first step); a copy, a few
+kernel's import of transformers, on the path of every spawn (spawn to first step); a copy, a few
 milliseconds. ``FORGE_NB_CACHE_DIR=""`` turns the cache off; a cache folder that cannot be written is
 skipped (the model is built in place). Considered: hard links into the cache (a run could then write
 through them into every later run's model) and ``huggingface_hub``'s cache (made for downloads by repo

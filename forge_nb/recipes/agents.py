@@ -12,45 +12,26 @@ learned to write) for every key, where no sample of a group differs and nothing 
 
 A right answer counts only after calling ``k``: a guess is right one time in eight, and while it scored 0.7, a
 policy that called another letter's tool earned ~0.29 against ~0.39 for calling ``k`` before it had learned to
-copy the key, a difference the guesses' noise drowned, and half the runs settled on the wrong tool (session 42:
-seeds 0-3 ended at 0.302, 0.872, 0.724, 0.819 with guesses scored; counted only after ``k``, 11 script runs at
-0.80-0.995).
+copy the key, a difference the guesses' noise drowned, and half the runs settled on the wrong tool (4 seeds ended
+at 0.30-0.82 with guesses scored; counted only after ``k``, 11 script runs at 0.80-0.995).
 
 **A KL term toward the untrained policy** (``use_reference=True``, ``beta=0.02``): GRPO learns nothing from a group
-whose samples all earn the same, and two such states caught runs of notebook 09 without it. A policy that calls
-another letter's tool in every sample earns 0.2 each time (the "lock"); one run locked so, then wrote ``hh`` (no
-call, 0) in every sample from step ~190 on, and another wrote ``@@`` in every sample from step 277 after reaching
-0.8, its entropy 0.005. In 14 notebook runs of sessions 42-43 at a constant lr without the term (4 of them with Dr.
-GRPO's advantages), 4 ended in such a state (0.20, 0.20, 0.0, 0.06), the others at 0.67-0.94; the fresh-clone
-suite's ``tests/notebooks/test_agents_learn.py`` failed on the ``@@`` collapse about one run in ten. The KL term
-pulls a policy that has stopped sampling anything else back toward the reference's spread (over the last 25 steps
-the entropy stays ~0.08-0.14, ``kl/k3`` ~2.5), so no state like ``@@`` is left without a gradient. 10 notebook runs
-with it (session 44, seed 0) ended at 0.97, 0.89, 0.97, 0.84, 0.75, 0.88, 0.74, 0.90, 0.97 and, locked on other
-letters' tools from step ~50, 0.20: none lost its tool calls, and one other run that locked at 0.2 (steps 50-100)
-climbed out to 0.89. That is 0 of 10 runs losing their tool calls against 2 of 14, no proof at these counts; what
-the counts do show is a steadier run. After step 150, a step whose mean reward fell by more than 0.4 from the step
-before came 0-3 times in each run with the term (6 in 10 runs), and 1-9 times without it (38 in session 43's 8 runs
-at a constant lr; 17 in its 9 runs with a decaying one). The lock itself the term does not cure: the locked run's
-entropy stayed ~1.3 (it sampled several wrong tools, all earning 0.2) but almost never ``@k``, whose probability the
-untrained reference does not raise. Paying nothing for another tool's call (0.2 for calling ``k`` instead of 0.1 for
-any tool and 0.1 for ``k``, and the key-like answer only after ``k``) removes the lock but not the falls: 7 notebook
-runs with the term ended at 0.67-0.96, none locked, with 0-4 such falls a run (19 in all), and one lost its tool
-calls for 5 steps and ended with 0.76 of them (the test asks for 0.9). Not adopted. Script trials of the same
-session (seed 0, 300 steps): beta 0.04 ended at 0.83 (entropy ~0.18), 0.01 at 0.81 (~0.10, still rising); an entropy
-bonus instead (``entropy_coef`` 0.01 and 0.003) ended at 0.89 but let the entropy fall to 0.03-0.04 like no term at
-all. The reference model costs a process and a forward a group: notebook runs went at 2.1-3.2 steps a second against
-2.4-2.7 without it. Adam's beta2 at torchtitan's 0.95 instead of 0.999, with the term (session 47, seeds 1-6 each,
-the two alternated): last-25 rewards 0.95, 0.92, 0.98, 0.97, 0.83, 0.81 against 0.89, 0.97, 0.92, 0.68, 0.98, 0.97,
-12 falls after step 150 against 8, no lock and no lost tool calls in either: no better, not adopted.
+whose samples all earn the same, and two such states caught runs of notebook 09 without it: a policy that calls
+another letter's tool in every sample earns 0.2 each time (the "lock"), and a policy can collapse onto one
+string with no tool call (``@@`` in every sample, entropy 0.005). The KL term pulls a policy that has stopped
+sampling anything else back toward the reference's spread (over the last 25 steps the entropy stays ~0.08-0.14,
+``kl/k3`` ~2.5), so no state like ``@@`` is left without a gradient. Without the term 2 of 14 notebook runs lost
+their tool calls; with it 0 of 10 did (9 ended at 0.74-0.97), and after step 150 a step's reward fell by more than
+0.4 six times in 10 runs against 38 times in 8. The lock itself the term does not cure (the untrained reference
+does not raise ``@k``'s probability); paying nothing for another tool's call removed the lock but not the falls,
+and was not adopted. The reference model costs a process and a forward a group: 2.1-3.2 steps a second against
+2.4-2.7 without it. Other settings tried (``beta`` 0.01 and 0.04, an entropy bonus instead, Adam's beta2 at 0.95,
+groups of 4 or 16, lr 4e-4 or 1e-3, fewer key letters, longer keys) did no better; the runs are in
+``bench/HISTORY.md``.
 
-Trial runs (session 22, two CPU cores, 300 steps, last-25 mean reward), groups of 8, batches of 32, lr 7e-4:
-``bench/openai_endpoint.py`` with nothing else running 0.886, 0.985, 0.896 (seeds 0-2, 0.8 after 32-44 s);
-beside other jobs 0.99, 0.82, 0.76 (seeds and load differ; a run that ends low has one to three keys answered
-with a wrong letter by every sample, the entropy collapse the quickstart's docstring describes). Tried and
-worse: groups of 4 (0.71, 0.30), lr 1e-3 (0.65, 0.71, 0.66; the bench 0.651, 0.740), lr 4e-4 over 400 steps
-(0.89, 0.77), groups of 16 in batches of 64 (0.85, at half the steps per second), four key letters instead of
-eight (0.37, 0.78), a key of two letters (0.55-0.58 after 300 steps, still rising), a format reward for a
-key-like answer without asking (the policy stopped calling the tool: 0.19, 0.22).
+Groups of 8, batches of 32, lr 7e-4 on two CPU cores, 300 steps: ``bench/openai_endpoint.py`` ends at a last-25
+mean reward of 0.86-0.99 (0.8 after 32-52 s); a run that ends low has one to three keys answered with a wrong
+letter by every sample, the entropy collapse the quickstart's docstring describes.
 """
 
 from __future__ import annotations

@@ -31,33 +31,21 @@ def multi_turn_echo(**overrides: Any) -> RunConfig:
         run.episode_fn = multi_turn_episode(env, max_turns=ECHO["turns"], turn_tokens=ECHO["chars"])
 
     Its trajectories hold 3 answers of 2 tokens and 2 letters between them: 8 response tokens, 12 allowed.
-    Groups of 8 (the quickstart has 4) and batches of 32, so four seeds per step, and lr 5e-4 (the
-    quickstart's 7e-4 until session 34, see the end); the rest is the quickstart's. Trial runs (session 16,
-    2 CPU cores, 300 steps, last-10 mean reward, batches of 16): groups of 8 ended at 0.93 (lr 7e-4; 0.8 by
-    step 140) and 0.99 (lr 1e-3); groups of 4 at 0.99, 0.89, 0.88 and 0.79 (lr 7e-4, the last under the
-    test suite's load) and 0.70 (lr 1e-3). In the runs that
-    stalled, entropy had collapsed with letters still answered wrong by every sample of their group, so no
-    gradient reached them (the quickstart's docstring tells the same story); eight samples of each letter make
-    that rarer. Session 19, the quickstart's one generator replica with four rollout loops, seeds 0-2: 0.99,
-    0.96, 0.95 (last 25 steps) with the engine in the generator's process; 0.77 (seed 0) with vLLM's engine
-    processes, whose slower generation left the episodes staler (CI's run of the notebook stopped at 0.74
-    there). Two rollout loops on one replica: 0.89, 0.76, 0.80. Then the example notebook's own run ended at
-    0.66 with batches of 16 (two letters stuck, entropy 0.05), so batches of 32, four episodes' letters a
-    step: seeds 0-2 ended at 0.996, 0.984, 0.997, 0.8 reached 20-27 s after the first step (300 steps in ~80
-    s).
-
-    Session 34, a machine half as fast (300 steps in 140-190 s), where the generator is the bottleneck and
-    every trained episode is one version old: with lr 7e-4 the fresh-clone suite's run of the notebook ended at
-    0.788, and of five runs of this recipe (``bench/multi_turn.py``) two sat at 0.80-0.90 for 100 steps or more
-    with a letter half-learned (0.913 at step 300; one 400-step run 0.79 at step 300, 0.90 at step 375, then
-    back to 0.83); the other three ended at 0.98-1.00. With lr 5e-4 six runs ended at 0.935-0.997 at step 300
-    (three of them run to 400 steps: 0.997 each, 0.8 by step 75-150). max_policy_age=2 (what the quickstart
-    uses) evicted 1% of episodes instead of ~5% but learned less per step: 0.840 and 0.845 at 300.
+    Groups of 8 (the quickstart has 4) and batches of 32, so four seeds per step, and lr 5e-4; the rest is the
+    quickstart's. Why (``bench/multi_turn.py``, two CPU cores, 300 steps): in the runs that stalled, entropy had
+    collapsed with letters still answered wrong by every sample of their group, so no gradient reached them (the
+    quickstart's docstring tells the same story). Eight samples of each letter and four episodes' letters a step
+    make that rarer: with batches of 16 the notebook's run once ended at 0.66 (two letters stuck); with 32, seeds
+    0-2 ended at 0.98-1.00. On a machine half as fast, where the generator is the bottleneck and every trained
+    episode is one version old, lr 7e-4 left two runs of five at 0.80-0.90 for 100 steps or more with a letter
+    half-learned; with lr 5e-4 six runs ended at 0.935-0.997 at step 300 (0.8 by step 75-150).
+    ``max_policy_age=2`` (what the quickstart uses) evicted 1% of episodes instead of ~5% but learned less per
+    step: 0.840 and 0.845 at 300. The trial runs behind these choices are in ``bench/HISTORY.md``.
     """
     return quickstart(**({"name": "multi-turn", "max_res_tokens": 12, "group_size": 8, "batch_size": 32,
                           "max_policy_age": 1,  # 2 learned less per step (see above)
-                          # four rollout loops and a load after every step, as measured (the quickstart's before
-                          # session 49; its load every other step needs max_policy_age >= 2)
+                          # four rollout loops and a load after every step, as measured (the quickstart's load
+                          # every other step needs max_policy_age >= 2)
                           "loop": LoopConfig(mode="async", rollout_loops=4),
                           "trainer": replace(quickstart().trainer, lr=5e-4)} | overrides))
 
@@ -75,7 +63,7 @@ def guess_the_number_qwen3(model: str = "Qwen/Qwen3-1.7B", **overrides: Any) -> 
     budget: 10 guesses of at most 32 tokens and the game's short hints between them fit in 1024 tokens.
     The rest follows the GSM8K recipe (``gsm8k_qwen3``): groups of 8, lr 1e-6, bf16 trainer, one generator
     and the trainer each on a GPU. Not yet run on a GPU here: the lent GPU machines have no vLLM and no
-    hub access (README, "GPU machines").
+    hub access (docs/concepts/gpus.md).
     """
     fields: dict[str, Any] = dict(
         name="guess-the-number", model=model, group_size=8, max_req_tokens=256, max_res_tokens=1024,

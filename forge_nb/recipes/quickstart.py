@@ -13,37 +13,31 @@ def quickstart(**overrides: Any) -> RunConfig:
 
     Keyword arguments replace top-level fields (``quickstart(name="mine", batch_size=32)``).
 
-    Why lr=7e-4 and group_size=4 (``bench/learning_curve.py``, 250 steps; the runs are in bench/RESULTS.md):
-    with lr=3e-3 and groups of 8 (2 prompts a step) entropy fell to ~0.005 by step 125 and some letters
-    ended with every sample the same wrong answer: advantage 0, no gradient, unsolved for good (last-50
-    reward 0.59, 3 of 8 letters at 0). Groups of 4 put 4 prompts in each batch of 16, so every letter gets
-    a gradient often, and a smaller step slows the collapse: lr=1e-3 ended well in 4 runs of 5 (one left a
-    letter at 0), lr=7e-4 in every run, 0.8 reached by step ~80. An entropy bonus (the losses'
-    ``entropy_coef``) made it worse here: once most groups are solved their advantages are 0, the bonus is
-    the only gradient left, Adam scales it up, and solved letters were knocked back to 0 (0.05 and 0.1 each
-    left a letter unsolved on seed 0).
+    Why lr=7e-4 and group_size=4 (``bench/learning_curve.py``, 250 steps): with lr=3e-3 and groups of 8 (2 prompts
+    a step) entropy fell to ~0.005 by step 125 and some letters ended with every sample the same wrong answer:
+    advantage 0, no gradient, unsolved for good (last-50 reward 0.59, 3 of 8 letters at 0). Groups of 4 put 4
+    prompts in each batch of 16, so every letter gets a gradient often, and a smaller step slows the collapse:
+    lr=1e-3 ended well in 4 runs of 5 (one left a letter at 0), lr=7e-4 in every run, 0.8 reached by step ~80. An
+    entropy bonus (the losses' ``entropy_coef``) made it worse here: once most groups are solved their advantages
+    are 0, the bonus is the only gradient left, Adam scales it up, and solved letters were knocked back to 0 (0.05
+    and 0.1 each left a letter unsolved on seed 0).
 
-    Why one generator replica and four rollout loops (``bench/vs_trl.py``, issue 24): on two cores each
-    replica takes a share of the CPU the trainer needs and loads every version; with the engine in the
-    generator's process (session 19) two replicas trained 13.7 steps/s, one 20.4 (same session, seed 0;
-    with vLLM's EngineCore and worker processes it was 8.0 against 12.8). Its rollout loops keep their
-    groups in the one engine's batch (four loops until session 49, eight since: below). Replicas are one
-    setting away: ``%forge_spawn quickstart --replicas 2``.
+    Why one generator replica (``bench/vs_trl.py``): on two cores each replica takes a share of the CPU the trainer
+    needs and loads every version; two replicas trained 13.7 steps/s, one 20.4. Its eight rollout loops keep their
+    groups in the one engine's batch. Replicas are one setting away: ``%forge_spawn quickstart --replicas 2``.
 
-    Why max_policy_age of at least 2 (session 20, ``bench/vs_trl.py`` and ``bench/learning_curve.py``; 3 since
-    session 49, below): the generator loads version v while the trainer trains step v+1, so what it generates
-    meanwhile is two versions behind the step that trains it. With 1, those episodes were evicted as stale:
-    30-34% of all generated, on the two cores the trainer shares, and every trained episode was exactly one
-    version old anyway. With 2, 7-14% are evicted, 21-24 steps/s became 25-27, and the learning curve held
-    (seeds 0-2: last-50 reward 0.983, 0.990, 0.988, no letter unsolved, 0.8 at step 76-80; with 1 it was
-    step ~86).
+    Why max_policy_age=3 (``bench/vs_trl.py`` and ``bench/learning_curve.py``): the generator loads version v while
+    the trainer trains step v+1, so what it generates meanwhile is two versions behind the step that trains it, and
+    with ``sync_interval=2`` (below) a version serves two steps, 2.5 versions old on average. With an age limit of
+    1, 30-34% of all episodes were evicted as stale, on the two cores the trainer shares; with 3 none are, and the
+    learning curve holds (last-50 reward 0.986-0.988, no letter unsolved, 0.8 at step 73-80).
 
-    Why sync_interval=2, eight rollout loops and max_policy_age=3 (session 49, issue 34): vLLM's engine costs
-    about as much per engine step for 32 sequences as for 16 (22 against 14-19 ms of CPU a batch,
-    ``bench/engine_cpu.py``), but a weight load drains it, so with a load every step its batches held one step's
-    16. Loading every other version lets one batch of eight groups serve two steps, with half the loads and
-    messages: 55-64 steps/s against 48-53, 26-31 ms of CPU a step against 34-37, in 3 alternated pairs; episodes
-    2.5 versions old on average instead of 2, none evicted, 0.8 reached at step 74-82 as before.
+    Why sync_interval=2 and eight rollout loops: vLLM's engine costs about as much per engine step for 32
+    sequences as for 16 (22 against 14-19 ms of CPU a batch, ``bench/engine_cpu.py``), but a weight load drains
+    it, so with a load every step its batches held one step's 16. Loading every other version lets one batch of
+    eight groups serve two steps, with half the loads and messages: 55-64 steps/s against 48-53, 26-31 ms of CPU a
+    step against 34-37, in 3 alternated pairs; none evicted, 0.8 reached at step 74-82 as before. The runs behind
+    each choice are in ``bench/HISTORY.md``.
     """
     fields: dict[str, Any] = dict(
         name="quickstart",

@@ -316,7 +316,7 @@ class TrainBatch:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled with its CPU tensors as numpy arrays, as Completions are: the controller sends one batch
         to the trainer every step, and torch's own pickling of its seven small tensors took 0.9 ms (dump
-        and load) against 0.1 (session 21, the quickstart's batch of 16)."""
+        and load) against 0.1 (the quickstart's batch of 16)."""
         values = [getattr(self, f.name) for f in fields(self)]
         as_numpy = tuple(i for i, v in enumerate(values) if _numpy_can_hold(v))
         for i in as_numpy:

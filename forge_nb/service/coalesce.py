@@ -14,7 +14,7 @@ split over the healthy replicas (as many messages as replicas, or fewer), and ea
 answer or its own exception, as if it had been routed alone. A call with nothing beside it goes out as
 itself, unchanged. The quickstart's rollout loops wake together when a batch answers, so their next
 prompts go out together again: one message to the generator a step instead of one per group, and the
-engine starts the groups in the same step (``bench/RESULTS.md``, "vs_trl, session 28").
+engine starts the groups in the same step (``bench/vs_trl.py``).
 
 A batch is one request to ``_route``: if its replica dies, the batch is retried elsewhere as a single call
 would be, and a caller cancelled meanwhile only stops waiting (the others get their answers).

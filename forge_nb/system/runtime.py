@@ -137,7 +137,7 @@ def ensure_started() -> None:
         private_log_dir()  # monarch's log names every actor's socket: owner-only, before monarch writes it
         import monarch.actor
 
-        with native_stderr_to(default_log_dir() / "monarch-start.log"):  # not a cell: where monarch logs (issue 36)
+        with native_stderr_to(default_log_dir() / "monarch-start.log"):  # not a cell: where monarch logs
             monarch.actor.context()  # the first context starts monarch's runtime, which says so on descriptor 2
         monarch.actor.unhandled_fault_hook = _fault_hook
         atexit.register(_kill_everything)

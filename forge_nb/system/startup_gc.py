@@ -3,8 +3,8 @@
 Python's cyclic collector runs a full (oldest-generation) collection every so often while objects pile up, and
 each one walks every object the process holds. Starting a service's process creates hundreds of thousands of
 long-lived objects (torch, transformers, vLLM: ~680,000 objects after vLLM's import), so a full collection grows
-to half a second, and a start makes a dozen: measured with ``gc.callbacks`` in the quickstart on two busy cores
-(issue 34), the Generator's process spent 4.1 s of its 19 s start in them and the trainer's 1.1 s, freeing
+to half a second, and a start makes a dozen: with ``gc.callbacks`` watching the quickstart on two busy cores, the
+Generator's process spent 4.1 s of its 19 s start in them and the trainer's 1.1 s, freeing
 almost nothing (759 objects in the 9 that ``import vllm`` alone makes). The Generator is the last process to
 be ready, so those seconds are seconds of ``%forge_spawn``.
 

@@ -4,10 +4,10 @@ by runs and services (``lease_store`` / ``release_store``; see ``forge_nb.weight
 The store lives in the kernel's process: its controller, as torchstore always places it, and its one storage
 volume, with torchstore's ``ControllerStorageVolumes`` strategy (the volume is a singleton actor beside the
 controller). A volume of its own process cost a third process in every run on one machine: ~350 MB and, on
-two cores, ~4.5 s of CPU importing torch while a run starts (issue 34), for a store that holds manifests
+two cores, ~4.5 s of CPU importing torch while a run starts, for a store that holds manifests
 wherever a machine has shared memory (the weights go through it and through streams, ``forge_nb.weights.shm``;
 only the torchstore transport puts tensors here, in the kernel's memory). Considered: a
-volume process spawned by the runtime (what this module did until issue 34), and torchstore's own spawn
+volume process spawned by the runtime (the cost above), and torchstore's own spawn
 (a process the runtime would not know, outliving ``shutdown_store``).
 """
 
@@ -35,7 +35,7 @@ async def initialize_store() -> bool:
     lock = _store_locks.setdefault(loop, asyncio.Lock())
     async with lock:  # services spawned side by side (asyncio.gather) each ask for the store
         # torchstore's first import (it imports torch.distributed.checkpoint: ~1.4 s, 2-3 s on a slow machine)
-        # runs off the event loop: a run's services spawn their processes meanwhile (issue 34)
+        # runs off the event loop: a run's services spawn their processes meanwhile
         ts = await asyncio.to_thread(store_client)
         remove_orphaned_shm()
         try:

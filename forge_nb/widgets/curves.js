@@ -9,7 +9,7 @@
 //
 // Why not plotly: on a 2-core machine chromium spent ~120 ms redrawing the nine-panel plotly figure at
 // every update, and plotly's FigureWidget answered each update with deltas; 40% of the training steps
-// were lost with the dashboard on screen (bench/RESULTS.md). This view gets only the new points, never
+// were lost with the dashboard on screen (bench/HISTORY.md). This view gets only the new points, never
 // replies to an update, redraws at most once per redraw_interval (2 s), and only while it is on screen.
 //
 // Two hosts run this module: anywidget in JupyterLab (CurvesView), and panel's JSComponent in the panel

@@ -19,7 +19,7 @@ trace), the hover readout, drag-to-zoom with double-click reset and the per-pixe
 ``curves.js`` used to hand-write. ``curves.js`` keeps the points protocol, the throttle, drawing only
 in view, the EMA smoothing control (TensorBoard's, debiased; raw traces drawn faint beneath) and the
 marks. Considered: plotly's FigureWidget (~120 ms of chromium per redraw of nine panels and deltas
-sent back to the kernel after every update: training ran 40% slower, bench/RESULTS.md), Chart.js
+sent back to the kernel after every update: training ran 40% slower, bench/HISTORY.md), Chart.js
 and echarts (about 4x and 20x uPlot's 51 KB, made for richer charts rather than streaming ones).
 ``plotly()`` still gives a FigureWidget of the curves so far, to export.
 

@@ -65,7 +65,7 @@ class PanelDashboard:
         self.apply.on_click(lambda _: self._apply())
         self.hparams_row = pn.Row()
         self.health = pn.pane.HTML(render_health({}, None), sizing_mode="stretch_width")
-        # The notebook's canvas curves; plotly cost the browser ~40% of two cores (bench/RESULTS.md).
+        # The notebook's canvas curves; plotly cost the browser ~40% of two cores (bench/HISTORY.md).
         self.curves = Curves(view=panel_curves_view()(height=DASHBOARD_HEIGHT, sizing_mode="stretch_width"),
                              on_error=lambda e: self._report("curves", e))
         self.plot = self.curves.widget
