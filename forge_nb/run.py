@@ -155,6 +155,7 @@ class Run:
         self.base = parts.base  # a LoRA run's: the generators and trainer process it shares with runs on it
         self.exporters: list[Any] = []
         self.openai: Any = None  # the OpenAI-compatible endpoint, once serve_openai() started it
+        self.tinker: Any = None  # the Tinker API, once serve_tinker() started it
         ctl.handle = self  # what episode functions receive
 
     # -- what cells, widgets and magics read -----------------------------------------------------
@@ -360,6 +361,24 @@ class Run:
             self.metrics.event("openai", url=self.openai.url, model=self.openai.model)
         return self.openai
 
+    async def serve_tinker(self, *, port: int = 0) -> Any:
+        """Serve the Tinker API on 127.0.0.1 (``forge_nb.tinker``): ``tinker.ServiceClient(base_url=server.url,
+        api_key=server.token)``; each training client is a LoRA run on this run's base. Returns the server (served
+        once; it stops with the run). This run must train LoRA adapters (trainer.lora)."""
+        self._ctl.require_not_shut_down()
+        if self.tinker is None or not self.tinker.serving:
+            from forge_nb.tinker import TinkerServer
+
+            self.tinker = await TinkerServer.start(
+                self, lambda cfg, overrides: spawn(cfg, overrides=overrides, base=self, progress=False), port=port)
+            self.metrics.event("tinker", url=self.tinker.url, base_model=self.tinker.base_model)
+        return self.tinker
+
+    @property
+    def controller(self) -> Any:
+        """The run's Controller, for fronts that drive the run's trainer themselves (``forge_nb.tinker``)."""
+        return self._ctl
+
     async def sft(self, examples: list[dict[str, Any]] | None = None, *, batch_size: int | None = None) -> None:
         """Switch to supervised fine-tuning (torchforge's apps/sft on the same trainer), e.g. a warm start.
 
@@ -394,6 +413,8 @@ class Run:
         try:
             if self.openai is not None:  # nothing may reach the policy once its services stop
                 await self.openai.stop()
+            if self.tinker is not None:  # its clients' runs leave the base first
+                await self.tinker.stop()
             for name in ("policy", "ref_model", "trainer"):
                 if (service := self.services.get(name)) is not None:
                     await service.shutdown()

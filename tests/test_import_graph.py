@@ -21,7 +21,7 @@ LAYERS = {
     "metrics": 1, "rundir": 1, "weights": 1,        # a run's records, its directory, weight versions
     "config": 2,                                   # RunConfig, the YAML, the trainer's schema
     "service": 3, "actors": 4,                     # services of actor replicas; the actors on them
-    "controller": 5, "envs": 5, "agents": 5, "apps": 5,  # a run's loops and assembly; episodes' environments
+    "controller": 5, "envs": 5, "agents": 5, "apps": 5, "tinker": 5,  # loops, assembly, environments, fronts
     "run": 6,                                      # the user's handle: forge_nb.spawn / resume / Run
     "recipes": 7, "widgets": 8, "magics": 9,       # ready configs; the dashboard; the %forge_* front
 }

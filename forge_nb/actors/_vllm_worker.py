@@ -234,6 +234,14 @@ def completions(prompt: str | None, request: RequestOutput, version: int, tokeni
     (:func:`response_text`; vLLM did not detokenize) with this ``tokenizers.Tokenizer``."""
     out = Completions()
     prompt_ids = list(request.prompt_token_ids or [])
+    prompt_logprobs = None
+    if request.prompt_logprobs is not None:  # asked for (prompt_logprobs=k): each prompt token's, and the top k
+        steps = list(request.prompt_logprobs)
+        prompt_logprobs = {
+            "logprobs": [None if step is None else step[token].logprob
+                         for token, step in zip(prompt_ids, steps, strict=True)],
+            "top": [[] if step is None else sorted(((t, p.logprob) for t, p in step.items()), key=lambda x: -x[1])
+                    for step in steps]}
     for sample in request.outputs:
         token_ids = list(sample.token_ids)
         text = sample.text if tokenizer is None else response_text(
@@ -246,6 +254,8 @@ def completions(prompt: str | None, request: RequestOutput, version: int, tokeni
             if any(len(step) > 1 for step in sample.logprobs):  # alternatives were asked for (logprobs=k)
                 metadata["top_logprobs"] = [sorted(((t, p.logprob) for t, p in step.items()), key=lambda x: -x[1])
                                             for step in sample.logprobs]
+        if prompt_logprobs is not None:
+            metadata["prompt_logprobs"] = prompt_logprobs
         out.append(_WireCompletion(
             prompt=prompt, text=text, prompt_ids=prompt_ids,
             token_ids=token_ids, logprobs=logprobs, stop_reason=sample.finish_reason,

@@ -384,26 +384,30 @@ class RLTrainer(ForgeActor):
         return folder
 
     @endpoint
-    async def save_checkpoint(self, step: int | None = None) -> str:
-        """Save model, optimizer and step as ``step_<step>`` (default: the current step) under
-        ``checkpoint.folder``; returns the checkpoint's folder."""
-        return str(self._save(self.step if step is None else step))
+    async def save_checkpoint(self, step: int | None = None, folder: str | None = None) -> str:
+        """Save model, optimizer and step as ``step_<step>`` (default: the current step) under ``folder`` (default:
+        ``checkpoint.folder``, keeping its ``keep_last``); returns the checkpoint's folder."""
+        return str(self._save(self.step if step is None else step, folder))
 
-    def _save(self, step: int) -> Path:
+    def _save(self, step: int, folder: str | None = None) -> Path:
         from forge_nb.actors import _checkpoint
 
-        if not self.ckpt_cfg.folder:
+        if not (folder or self.ckpt_cfg.folder):
             raise ValueError("no checkpoint folder: create the trainer with checkpoint={'folder': ...}")
-        module, keep = self._policy().module, self.ckpt_cfg.keep_last
+        module, keep = self._policy().module, None if folder else self.ckpt_cfg.keep_last
         with self._adapter():  # the others' adapters frozen: the checkpoint holds this run's alone
-            return _checkpoint.save(self.ckpt_cfg.folder, step, module, self.optimizer, {"step": self.step}, keep)
+            return _checkpoint.save(folder or self.ckpt_cfg.folder, step, module, self.optimizer, {"step": self.step},
+                                    keep)
 
     @endpoint
-    async def load_checkpoint(self, path: str | None = None) -> int | None:
+    async def load_checkpoint(self, path: str | None = None, optimizer: bool = True) -> int | None:
         """Load ``path``, or the latest complete checkpoint in ``checkpoint.folder``; returns the restored
         step, or None when the folder holds no complete checkpoint. Hyperparameters stay as configured
-        (or as set_hparams left them), not as they were when the checkpoint was written."""
-        return self._load(path)
+        (or as set_hparams left them). ``optimizer=False``: the weights alone (Tinker's ``load_state``)."""
+        step = self._load(path)
+        if not optimizer:
+            self.optimizer.state.clear()
+        return step
 
     def _load(self, path: str | None) -> int | None:
         from forge_nb.actors import _checkpoint

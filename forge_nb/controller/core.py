@@ -8,8 +8,7 @@ cancels a training step in flight: ``stop()`` waits until the training loop is p
 error (``_loop_done``): ``error`` keeps it, an "error" event records it, the other loops stop as ``stop()``
 stops them. A full disk at a checkpoint pauses the run with ``DiskFull`` (a "disk_full" event). A trainer
 that dies is respawned by its service with its last complete checkpoint, and the run rewinds to it, visibly.
-The controller is the only writer of ``step``, the state and the ledger; ``WeightSync`` of the version.
-"""
+Only the controller (and ``controller.outside``) writes ``step``, state and ledger; ``WeightSync`` the version."""
 
 from __future__ import annotations
 
@@ -81,9 +80,10 @@ class Controller:
             self.error = None
             self.quarantine.reset()
         loop = asyncio.get_running_loop()
+        wanted: dict[str, Callable[[], Awaitable[None]]] = {}  # "outside": no loops (controller.outside)
         if self.mode == "sft":
-            wanted: dict[str, Callable[[], Awaitable[None]]] = {"sft": self._training_loop}
-        else:
+            wanted = {"sft": self._training_loop}
+        elif self.mode == "rl":
             wanted = {"train": self._training_loop} | {
                 f"rollout{i}": (lambda i=i: self._rollout_loop(i)) for i in range(self.config.loop.rollout_loops)}
         for name, make in wanted.items():
@@ -138,7 +138,7 @@ class Controller:
             self.set_state(RunState.STOPPED)
 
     async def switch(self, mode: str) -> None:
-        """Stop the loops (at a step boundary) and make ``mode`` ("rl" or "sft") the next start's loops."""
+        """Stop the loops (at a step boundary) and make ``mode`` ("rl", "sft" or "outside") the next start's."""
         self.require_not_shut_down()
         if any(not t.done() for t in self._tasks.values()):
             await self.stop()

@@ -1,0 +1,482 @@
+"""TinkerServer: the Tinker API (the ``tinker`` SDK's wire format, pinned to 0.38.0) in front of a LoRA run, in the
+kernel. ``server = await run.serve_tinker()`` (or ``%forge_serve --tinker``), then, in any cell or process::
+
+    service = tinker.ServiceClient(base_url=server.url, api_key=server.token)
+    training = service.create_lora_training_client(base_model=server.base_model, rank=8)
+
+Each training client is a LoRA run on the served run's base (``forge_nb.tinker.models``); its ``forward_backward``,
+``optim_step``, ``save_weights_for_sampler``, ``save_state`` / ``load_state`` and its sampling clients' ``sample``
+land on that run's trainer and the shared generators, while the notebook watches the run as any other.
+
+The routes are the SDK's (``tinker/resources``): calls that do work answer a request id at once and the SDK fetches
+the result with ``retrieve_future`` (``forge_nb.tinker.futures``); bodies are read and written with the SDK's own
+pydantic types and protobuf messages (``forge_nb.tinker.wire``). What the SDK asks of a server beyond that is
+answered as a server without those features answers: the client config turns off the SDK's optional transports
+(pyqwest, the batched ``retrieve_futures`` poller, server-side custom losses: ``forward_backward_custom`` then runs
+its loss in the caller's process over ``forward``'s logprobs, as the SDK does by default); heartbeats and telemetry
+are accepted and dropped.
+
+**Threads.** The server answers on a thread of its own (its own event loop), and hands the work on a run to the
+kernel's event loop, where the run's services live. So the SDK's synchronous calls that only talk to the server
+(``tinker.ServiceClient(...)``, ``get_info``, ``get_tokenizer``) work in a cell as they are; a call that trains or
+samples needs the kernel's loop, which a cell blocked on ``.result()`` holds: in a cell, ``await`` the SDK's calls
+(every one returns an awaitable), and run synchronous client code (a script, the cookbook's ``main``) in a thread
+(``await asyncio.to_thread(...)``). A call that finds the kernel's loop blocked for ``BLOCKED_S`` fails with a
+message that says this, instead of hanging the kernel.
+
+**Who can reach it.** It binds 127.0.0.1 only, and every request must carry ``X-API-Key: <token>`` (the SDK's
+``api_key``; a random ``tml-...`` token made for this server, compared in constant time), else 401. Whoever holds
+the token can train adapters on the run's base and sample from them; it reads and writes nothing outside the run
+directories of the runs it spawns. It stops when the served run shuts down, and its clients' runs with it.
+
+Errors: a request the server cannot take is answered 400 in the SDK's error shape (``{"error", "category"}``); a
+call that fails answers that shape from ``retrieve_future``, ``category`` "user" for a refusal (an unknown loss,
+Datums of disagreeing lengths, a base model other than the run's, an image chunk, a path that does not exist) and
+"server" for a failure of the run; the SDK raises either as ``RequestFailedError`` with the message.
+
+Considered: FastAPI (SkyRL's choice), which would add a second web stack beside the aiohttp the OpenAI endpoint
+runs on the kernel's loop (``forge_nb.agents.server`` says why aiohttp), for routes whose bodies the SDK's own
+pydantic models validate anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import logging
+import secrets
+import threading
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+from tinker import types
+from tinker.proto import tinker_public_pb2 as pb
+
+from forge_nb.controller.outside import calls_allowed, drive_from_outside
+from forge_nb.rl.losses.tinker import TINKER_LOSSES
+from forge_nb.system.proclogs import run_context
+from forge_nb.tinker import wire
+from forge_nb.tinker.futures import Futures, Outcome
+from forge_nb.tinker.models import SamplingSession, TrainingModel, lora_section, new_id, resolve_state, sampler_path
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TinkerServer"]
+
+PREFIX = "/api/v1"
+#: how long a call waits for the kernel's event loop to answer before it fails, saying the loop is blocked
+BLOCKED_S = 30.0
+
+
+def _json(model: Any) -> web.Response:
+    return web.json_response(model.model_dump(mode="json", exclude_none=True))
+
+
+def _refused(message: str, status: int = 400) -> web.Response:
+    return web.json_response({"error": message, "category": "user"}, status=status)
+
+
+class TinkerServer:
+    """See the module docstring. ``url``, ``token``, ``base_model``, ``models`` (model id -> TrainingModel)."""
+
+    def __init__(self, run: Any, spawn: Any, *, token: str) -> None:
+        if run.base is None:
+            raise ValueError(f"run {run.name!r} trains the whole model; the Tinker API trains LoRA adapters on a "
+                             "run's base: spawn the run with trainer.lora (e.g. --lora 8)")
+        self.run, self._spawn, self.token = run, spawn, token
+        # the name clients give as base_model: the hub id, or for a tiny model built here its folder, which
+        # AutoTokenizer (the SDK's get_tokenizer, the cookbook's) loads offline
+        self.base_model: str = str(run.model) if run.config.model == "tiny" else run.config.model
+        self._names: list[str] = []  # the clients' run names so far
+        self.futures = Futures(f"{run.name}-tinker")
+        self.models: dict[str, TrainingModel] = {}
+        self.sessions: dict[str, SamplingSession] = {}
+        self.requests = self.refused = 0
+        self._runner: web.AppRunner | None = None
+        self._kernel = asyncio.get_running_loop()  # where the runs live
+        self._loop: asyncio.AbstractEventLoop | None = None  # the server's own
+        self._thread: threading.Thread | None = None
+        self.host, self.port = "127.0.0.1", 0
+
+    @classmethod
+    async def start(cls, run: Any, spawn: Any, *, port: int = 0, token: str | None = None) -> TinkerServer:
+        """Serve the Tinker API for ``run`` on 127.0.0.1:``port`` (0: a free one). ``spawn(cfg, overrides=)``
+        spawns a run on ``run``'s base (``forge_nb.spawn`` with ``base=run``)."""
+        server = cls(run, spawn, token=token or f"tml-{secrets.token_urlsafe(24)}")
+        loop = server._loop = asyncio.new_event_loop()
+        server._thread = threading.Thread(target=loop.run_forever, name=f"forge_nb.{run.name}.tinker", daemon=True)
+        server._thread.start()
+        try:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(server._serve(port), loop))
+        except BaseException:
+            await server._stop_thread()
+            raise
+        return server
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def serving(self) -> bool:
+        return self._runner is not None
+
+    def status(self) -> dict[str, Any]:
+        return {"url": self.url, "base_model": self.base_model, "serving": self.serving, "requests": self.requests,
+                "refused": self.refused, "clients": {m.model_id: m.run.name for m in self.models.values()},
+                "sampling_sessions": len(self.sessions), "in_flight": self.futures.in_flight()}
+
+    async def stop(self) -> None:
+        """Stop serving (from the kernel's loop); every training client's run shuts down (its adapter leaves the
+        base)."""
+        if self._loop is not None and self._loop.is_running():
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._close_http(), self._loop))
+        await self._stop_thread()
+        models, self.models = list(self.models.values()), {}
+        self.sessions.clear()
+        await asyncio.gather(*(m.run.shutdown() for m in models), return_exceptions=True)
+
+    async def close_client(self, model_id: str) -> None:
+        """End a training client (from the kernel's loop): its run shuts down, its adapter leaves the base, and its
+        sampling sessions go."""
+        model = self.models.pop(model_id, None)
+        if model is not None:
+            for session_id in [k for k, v in self.sessions.items() if v.model is model]:
+                del self.sessions[session_id]
+            await model.run.shutdown()
+
+    async def _close_http(self) -> None:
+        runner, self._runner = self._runner, None
+        await self.futures.close()
+        if runner is not None:
+            await runner.cleanup()
+
+    async def _stop_thread(self) -> None:
+        loop, thread, self._thread = self._loop, self._thread, None
+        if loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            await asyncio.to_thread(thread.join, 10)
+            loop.close()
+
+    async def _on_kernel(self, work: Any) -> Any:
+        """Run ``work()`` (a coroutine function) on the kernel's event loop and return what it returns; a kernel loop
+        that does not answer within ``BLOCKED_S`` fails the call (see "Threads" in the module docstring)."""
+        done = asyncio.run_coroutine_threadsafe(work(), self._kernel)
+        alive = asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self._kernel)
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(alive), BLOCKED_S)
+        except TimeoutError:
+            done.cancel()
+            raise wire.TinkerRefusal(
+                f"the kernel's event loop did not answer for {BLOCKED_S:.0f} s: a cell is blocked, most likely on a "
+                "Tinker call's .result() in the kernel that serves it. In a cell, await the SDK's calls (`await "
+                "training.forward_backward(...)`); run synchronous client code in a thread (`await "
+                "asyncio.to_thread(fn)`)") from None
+        return await asyncio.wrap_future(done)
+
+    def __repr__(self) -> str:
+        return f"<TinkerServer {self.url} base_model={self.base_model!r} {'serving' if self.serving else 'stopped'}>"
+
+    # -- serving ---------------------------------------------------------------------------------------
+
+    async def _serve(self, port: int) -> None:
+        app = web.Application(middlewares=[self._guard], client_max_size=256 * 2**20)
+        posts = {"client/config": self._client_config, "client/dynamic_config": self._dynamic_config,
+                 "create_session": self._create_session, "session_heartbeat": self._heartbeat,
+                 "telemetry": self._telemetry, "create_model": self._create_model, "get_info": self._get_info,
+                 "forward_backward": self._forward_backward, "optim_step": self._optim_step,
+                 "save_weights_for_sampler": self._save_for_sampler, "save_weights": self._save_weights,
+                 "load_weights": self._load_weights, "create_sampling_session": self._create_sampling_session,
+                 "asample": self._asample, "retrieve_future": self._retrieve, "unload_model": self._unload,
+                 "sessions/{session_id}/finish": self._finish}
+        for path, handler in posts.items():
+            app.router.add_post(f"{PREFIX}/{path}", handler)
+        app.router.add_get(f"{PREFIX}/get_server_capabilities", self._capabilities)
+        app.router.add_get(f"{PREFIX}/healthz", self._healthz)
+        app.router.add_get(f"{PREFIX}/samplers/{{sampler_id}}", self._get_sampler)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, port, reuse_address=True)
+        await asyncio.get_running_loop().create_task(site.start(), context=run_context(self.run.name))
+        self._runner = runner
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        logger.info("Tinker API of run %s at %s", self.run.name, self.url)
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """The token, then the handler; what goes wrong is answered in the SDK's error shape, never a 500."""
+        self.requests += 1
+        given = request.headers.get("X-API-Key", "")
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            self.refused += 1
+            return _refused("no valid api key: pass api_key=server.token (X-API-Key) to tinker.ServiceClient", 401)
+        try:
+            return await handler(request)
+        except web.HTTPException as e:  # aiohttp's own: no such route, wrong method, body too large
+            self.refused += 1
+            return _refused(f"{request.method} {request.path}: {e.reason}", e.status)
+        except (ValidationError, ValueError, TypeError, KeyError) as e:
+            self.refused += 1
+            return _refused(f"{request.path}: {_first_line(e)}")
+
+    async def _body(self, request: web.Request, model: type) -> Any:
+        """The request's JSON body as the SDK's ``model``; a body that is not one is a 400 (via ``_guard``)."""
+        try:
+            data = await request.json()
+        except Exception:
+            raise ValueError("the body is not JSON") from None
+        return model.model_validate(data)
+
+    def _model(self, model_id: str) -> TrainingModel:
+        model = self.models.get(model_id)
+        if model is None:
+            raise KeyError(f"no training client {model_id!r} on this server (it has {sorted(self.models)})")
+        return model
+
+    def _submit(self, kind: str, work: Any, model: TrainingModel | None = None) -> web.Response:
+        """Start ``work`` on the kernel's loop (after ``model``'s earlier calls, once its run is not paused) and
+        answer its request id."""
+        async def on_kernel() -> Outcome:
+            if model is not None:
+                await calls_allowed(model.run.controller)  # %forge_pause holds the call here
+            return await work()
+
+        request_id = self.futures.submit(kind, lambda: self._on_kernel(on_kernel),
+                                         lane=model.lane if model is not None else None)
+        return web.json_response({"request_id": request_id, **({"model_id": model.model_id} if model else {})})
+
+    # -- the session -----------------------------------------------------------------------------------
+
+    async def _client_config(self, request: web.Request) -> web.Response:
+        return _json(types.ClientConfigResponse(use_pyqwest_transport=False, sample_use_retrieve_futures=False,
+                                                custom_loss_server_side=False, sample_join_sampling_session=False))
+
+    async def _dynamic_config(self, request: web.Request) -> web.Response:
+        return _json(types.ClientDynamicConfigResponse())
+
+    async def _create_session(self, request: web.Request) -> web.Response:
+        await self._body(request, types.CreateSessionRequest)
+        return _json(types.CreateSessionResponse(session_id=new_id("session")))
+
+    async def _heartbeat(self, request: web.Request) -> web.Response:
+        return _json(types.SessionHeartbeatResponse())
+
+    async def _telemetry(self, request: web.Request) -> web.Response:
+        return _json(types.TelemetryResponse(status="accepted"))
+
+    async def _finish(self, request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _capabilities(self, request: web.Request) -> web.Response:
+        model = types.SupportedModel(model_name=self.base_model, trainable=True, sampleable=True,
+                                     max_context_length=self.run.config.max_req_tokens + self.run.config.max_res_tokens)
+        return _json(types.GetServerCapabilitiesResponse(supported_models=[model]))
+
+    # -- training clients ------------------------------------------------------------------------------
+
+    async def _create_model(self, request: web.Request) -> web.Response:
+        body = await self._body(request, types.CreateModelRequest)
+        model_id = f"{body.session_id}:train:{body.model_seq_id}"  # as the SDK derives it (create via load_weights)
+
+        async def create() -> Outcome:
+            self._check_base(body.base_model)
+            await self._new_model(model_id, lora_section(body.lora_config))
+            return Outcome(json=types.CreateModelResponse(model_id=model_id).model_dump(mode="json"))
+
+        return self._submit("create_model", create)
+
+    def _check_base(self, base_model: str | None) -> None:
+        if base_model not in (None, self.base_model, self.run.config.model):
+            raise wire.TinkerRefusal(f"base_model={base_model!r}: this server trains adapters on {self.base_model!r} "
+                                     "only (the served run's base)")
+
+    async def _new_model(self, model_id: str, lora: dict[str, Any], name: str | None = None) -> TrainingModel:
+        """A training client's run on the served run's base (on the kernel's loop), driven by its calls alone.
+        ``name``: the run's (a state's adapter loads into a run of the name that saved it: the adapter is named
+        after the run's weights namespace)."""
+        if model_id in self.models:
+            raise wire.TinkerRefusal(f"model {model_id!r} exists already")
+        if name is not None and any(m.run.name == name for m in self.models.values()):
+            raise wire.TinkerRefusal(f"the training client that saved this state (run {name!r}) is still open: "
+                                     "load_state on it, or close it first")
+        name = name or f"{self.run.name}-tinker-{len(self._names) + 1}"
+        self._names.append(name)
+        config = dataclasses.replace(self.run.config, name=name, run_dir=str(self._runs_root / name), exporters={})
+        try:
+            run = await self._spawn(config, overrides={"trainer.lora": lora})
+        except ValueError as e:  # no room on the base's generators, a rank they cannot serve: the caller's to fix
+            raise wire.TinkerRefusal(str(e)) from None
+        await drive_from_outside(run.controller)
+        model = self.models[model_id] = TrainingModel(model_id, run, lora)
+        run.metrics.event("tinker", model_id=model_id, rank=lora["rank"], server=self.url)
+        return model
+
+    async def _get_info(self, request: web.Request) -> web.Response:
+        body = await self._body(request, types.GetInfoRequest)
+        model = self._model(body.model_id)
+        return _json(types.GetInfoResponse(
+            model_id=model.model_id, model_name=self.base_model, is_lora=True, lora_rank=model.lora["rank"],
+            model_data=types.ModelData(arch=self.run.config.model, model_name=self.base_model,
+                                       tokenizer_id=str(self.run.model))))
+
+    async def _forward_backward(self, request: web.Request) -> web.Response:
+        message = pb.ForwardBackwardRequest()
+        try:
+            message.ParseFromString(await request.read())
+        except Exception:
+            raise ValueError("the body is not a ForwardBackwardRequest (protobuf)") from None
+        model = self._model(message.model_id)
+        loss_fn, backward = message.loss_fn, not message.forward_only
+
+        async def run() -> Outcome:
+            if loss_fn not in TINKER_LOSSES:
+                raise wire.TinkerRefusal(f"loss_fn={loss_fn!r}: this server serves {sorted(TINKER_LOSSES)}")
+            datums = wire.datums_from_proto(message)
+            result = await model.forward_backward(datums, loss_fn, wire.loss_config(message), backward)
+            return Outcome(proto=wire.forward_backward_output(result))
+
+        return self._submit("forward_backward" if backward else "forward", run, model)
+
+    async def _optim_step(self, request: web.Request) -> web.Response:
+        body = await self._body(request, types.OptimStepRequest)
+        model = self._model(body.model_id)
+        if not isinstance(body.optim_params, types.AdamParams):
+            raise ValueError(f"optim_step: {type(body.optim_params).__name__}; this server's trainers step with Adam "
+                             "(AdamParams)")
+        adam = body.optim_params.model_dump()
+
+        async def step() -> Outcome:
+            metrics = await model.optim_step(adam)
+            return Outcome(json=types.OptimStepResponse(metrics=metrics).model_dump(mode="json"))
+
+        return self._submit("optim_step", step, model)
+
+    async def _save_for_sampler(self, request: web.Request) -> web.Response:
+        body = await self._body(request, types.SaveWeightsForSamplerRequest)
+        model = self._model(body.model_id)
+
+        async def save() -> Outcome:
+            version = await model.save_for_sampler()
+            if body.path is not None:
+                path = sampler_path(model.model_id, body.path)
+                model.samplers[path] = version
+                return Outcome(json={"path": path, "type": "save_weights_for_sampler"})
+            session = SamplingSession(new_id("sampler"), model, version)
+            self.sessions[session.session_id] = session
+            return Outcome(json={"sampling_session_id": session.session_id, "type": "save_weights_for_sampler"})
+
+        return self._submit("save_weights_for_sampler", save, model)
+
+    async def _save_weights(self, request: web.Request) -> web.Response:
+        body = await self._body(request, types.SaveWeightsRequest)
+        model = self._model(body.model_id)
+        name = body.path or f"step-{model.run.current_step}"
+        if "/" in name or name in ("", ".", ".."):
+            raise ValueError(f"path={body.path!r}: a name without '/'")
+
+        async def save() -> Outcome:
+            path = await model.save_state(name, self._runs_root)
+            return Outcome(json=types.SaveWeightsResponse(path=path, type="save_weights").model_dump(mode="json"))
+
+        return self._submit("save_weights", save, model)
+
+    async def _load_weights(self, request: web.Request) -> web.Response:
+        body = await self._body(request, types.LoadWeightsRequest)
+        if body.model_id is not None:  # a training client's load_state
+            model = self._model(body.model_id)
+
+            async def load() -> Outcome:
+                await model.load_state(body.path, body.optimizer, self._runs_root)
+                return Outcome(json={"path": body.path, "model_id": model.model_id, "type": "load_weights"})
+
+            return self._submit("load_weights", load, model)
+        if body.session_id is None or body.model_seq_id is None:
+            raise ValueError("load_weights: give model_id, or session_id and model_seq_id (a new training client)")
+        model_id = f"{body.session_id}:train:{body.model_seq_id}"
+
+        async def create_and_load() -> Outcome:  # create_training_client_from_state(_with_optimizer)
+            self._check_base(body.base_model)
+            saved = resolve_state(body.path, self._runs_root)
+            model = await self._new_model(model_id, saved["lora"], saved["run"])
+            await model.load_state(body.path, body.optimizer, self._runs_root)
+            return Outcome(json={"path": body.path, "model_id": model_id, "type": "load_weights"})
+
+        return self._submit("load_weights", create_and_load)
+
+    async def _unload(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        model = self._model(str(body.get("model_id")))
+
+        async def unload() -> Outcome:
+            await self.close_client(model.model_id)
+            return Outcome(json={"model_id": model.model_id, "type": "unload_model"})
+
+        return self._submit("unload_model", unload, model)
+
+    @property
+    def _runs_root(self) -> Path:
+        return Path(self.run.dir.path).parent
+
+    # -- sampling --------------------------------------------------------------------------------------
+
+    async def _create_sampling_session(self, request: web.Request) -> web.Response:
+        body = await self._body(request, types.CreateSamplingSessionRequest)
+        if body.model_path is None:
+            raise ValueError("create_sampling_client(base_model=...): this server samples with a training client's "
+                             "weights: create a training client and use save_weights_and_get_sampling_client()")
+        model = next((m for m in self.models.values() if body.model_path in m.samplers), None)
+        if model is None:
+            raise wire.TinkerRefusal(f"model_path={body.model_path!r}: no sampler weights of that path on this "
+                                     "server (save_weights_for_sampler(name) makes them)")
+        session = SamplingSession(new_id("sampler"), model, model.samplers[body.model_path])
+        self.sessions[session.session_id] = session
+        return _json(types.CreateSamplingSessionResponse(sampling_session_id=session.session_id))
+
+    async def _get_sampler(self, request: web.Request) -> web.Response:
+        session = self.sessions.get(request.match_info["sampler_id"])
+        if session is None:
+            return _refused(f"no sampling session {request.match_info['sampler_id']!r}", 404)
+        return web.json_response({"sampler_id": session.session_id, "base_model": self.base_model})
+
+    async def _asample(self, request: web.Request) -> web.Response:
+        body = await self._body(request, types.SampleRequest)
+        session = self.sessions.get(body.sampling_session_id or "")
+        if session is None:
+            raise KeyError(f"sampling_session_id={body.sampling_session_id!r}: no such sampling session")
+        prompt = wire.tokens_of(body.prompt.chunks, "prompt")
+        overrides = wire.sample_overrides(body)
+
+        async def sample() -> Outcome:
+            completions = await session.sample(prompt, overrides)
+            return Outcome(proto=wire.sample_response(list(completions), body))
+
+        request_id = self.futures.submit("sample", lambda: self._on_kernel(sample))
+        ids = [f"{request_id}-{i}" for i in range(body.num_samples)]
+        return web.json_response({"request_id": request_id, "sample_sequence_ids": ids})
+
+    # -- results ---------------------------------------------------------------------------------------
+
+    async def _retrieve(self, request: web.Request) -> web.Response:
+        body = await self._body(request, types.FutureRetrieveRequest)
+        try:
+            outcome = await self.futures.retrieve(body.request_id)
+        except KeyError:
+            return _refused(f"request_id={body.request_id!r}: no such request on this server", 404)
+        if outcome is None:
+            return web.json_response({"type": "try_again", "request_id": body.request_id, "queue_state": "active"})
+        if outcome.error is not None:
+            return web.json_response({"error": outcome.error, "category": outcome.category})
+        if outcome.proto is not None:
+            return web.Response(body=outcome.proto, content_type="application/x-protobuf")
+        return web.json_response(outcome.json)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+    return text.splitlines()[0][:500] if text else type(error).__name__
