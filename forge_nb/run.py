@@ -233,7 +233,8 @@ class Run:
                 "last": self.metrics.last(), "pending": self.pending, "run_dir": str(self.dir.path),
                 "health": self.health, "ledger": self.ledger(), "job": self.job,
                 "shares_base_with": [n for n in self.base.runs if n != self.name] if self.base else [],
-                "openai": self.openai.status() if self.openai is not None else None}
+                "openai": self.openai.status() if self.openai is not None else None,
+                "tinker": self.tinker.status() if self.tinker is not None else None}
 
     @property
     def job(self) -> dict[str, Any] | None:

@@ -93,6 +93,8 @@ def status_report(status: dict[str, Any]) -> Report:
     parts.append("loops: " + (", ".join(f"{n} {s}" for n, s in loops.items()) or "not started (%forge_run)"))
     if status.get("openai"):
         parts.append(openai_line(status["openai"]))
+    if status.get("tinker"):
+        parts.append(tinker_line(status["tinker"]))
     if status.get("pending"):
         parts.append("pending for the next step: " + ", ".join(f"{k}={v}" for k, v in status["pending"].items()))
     last = status.get("last") or {}
@@ -109,6 +111,16 @@ def openai_line(endpoint: dict[str, Any]) -> str:
     p50 = f", p50 {endpoint['p50_s'] * 1000:.0f} ms" if endpoint.get("p50_s") is not None else ""
     return (f"OpenAI endpoint: {endpoint['url']} (model {endpoint['model']!r}): {endpoint['requests']} request(s), "
             f"{endpoint['errors']} error(s){p50}, {endpoint['trajectories']} open trajectory(ies)")
+
+
+def tinker_line(server: dict[str, Any]) -> str:
+    """The run's Tinker API (``%forge_serve --tinker``): where, its training clients' runs, its calls in flight."""
+    if not server.get("serving"):
+        return "Tinker API: stopped"
+    clients = ", ".join(f"{run} ({model})" for model, run in server["clients"].items()) or "none yet"
+    flight = ", ".join(f"{n} {kind}" for kind, n in server["in_flight"].items()) or "none"
+    return (f"Tinker API: {server['url']} (base_model {server['base_model']!r}): training clients {clients}; "
+            f"calls in flight: {flight}; {server['requests']} request(s), {server['refused']} refused")
 
 
 RUN_COLUMNS = ("run", "variables", "state", "step", "version", "buffer", "replicas", "reward/mean", "loss")

@@ -1,4 +1,5 @@
-"""``%forge_serve``: the run's policy as an OpenAI-compatible endpoint (``Run.serve_openai``, ``forge_nb.agents``)."""
+"""``%forge_serve``: the run's policy as an OpenAI-compatible endpoint (``Run.serve_openai``, ``forge_nb.agents``), or
+with ``--tinker`` the Tinker API on the run's base (``Run.serve_tinker``, ``forge_nb.tinker``)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,11 @@ class ServeMagics(Magics):
     @argument("--tool-parser", default="hermes", choices=("hermes", "simple"),
               help="how the model writes tool calls: hermes (<tool_call>{json}</tool_call>, Qwen3 and most open "
                    "models) or simple (a line '@name argument', the tiny local models)")
+    @argument("--tinker", action="store_true", help="serve the Tinker API instead (tinker.ServiceClient; each "
+                                                     "training client a LoRA run on this run's base)")
     @argument("--stop", action="store_true", help="stop serving (the run's shutdown does it too)")
-    @argument("-o", dest="var", default="endpoint", help="the variable to bind the endpoint to (default endpoint)")
+    @argument("-o", dest="var", default=None, help="the variable to bind the endpoint to (default endpoint; with "
+                                                   "--tinker, tinker_server)")
     @argument("--name", help="the run to serve (a run's name or a variable holding a Run); needed when several "
                              "runs are live")
     @line_magic
@@ -36,10 +40,30 @@ class ServeMagics(Magics):
         ``endpoint.url`` and ``endpoint.token``; ``forge_nb.agents.agent_episode(agent)`` trains such code. The
         endpoint stops when the run shuts down."""
         args = parse_argstring(self.forge_serve, line)
+        args.var = args.var or ("tinker_server" if args.tinker else "endpoint")
         if not args.var.isidentifier():
             raise UsageError(f"-o {args.var}: give a Python variable name")
         run = self.runs.get(args.name)
+        if args.tinker:
+            return self._stop_tinker(run) if args.stop else self._serve_tinker(run, args)
         return self._stop(run) if args.stop else self._serve(run, args)
+
+    async def _serve_tinker(self, run: Any, args: Any) -> None:
+        if run.base is None:
+            raise UsageError(f"run {run.name!r} trains the whole model; the Tinker API trains LoRA adapters on a "
+                             "run's base: spawn one with --lora (e.g. %forge_spawn quickstart --lora 8)")
+        server = await run.serve_tinker(port=args.port)
+        self.shell.user_ns[args.var] = server
+        print(f"run {run.name!r} serves the Tinker API at {server.url} (base_model {server.base_model!r}); bound to "
+              f"`{args.var}`.\n  service = tinker.ServiceClient(base_url={args.var}.url, api_key={args.var}.token)\n"
+              "  In a cell, await the SDK's calls; run synchronous client code in a thread (asyncio.to_thread).")
+
+    async def _stop_tinker(self, run: Any) -> None:
+        if run.tinker is None or not run.tinker.serving:
+            print(f"run {run.name!r} serves no Tinker API")
+            return
+        await run.tinker.stop()
+        print(f"run {run.name!r}: the Tinker API stopped, and its training clients' runs with it")
 
     async def _serve(self, run: Any, args: Any) -> None:
         if run.state == "shut down":

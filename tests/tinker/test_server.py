@@ -14,6 +14,7 @@ import tinker
 from tinker import types
 
 import forge_nb
+from forge_nb.magics._display import status_report
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600), pytest.mark.asyncio(loop_scope="module")]
 
@@ -79,6 +80,7 @@ async def test_each_training_call_lands_on_a_run_of_its_own(served):
     assert row["source/tinker"] == 1.0 and row["datums"] == 5 and row["advantages/mean"] == pytest.approx(0.5)
     assert len(run.metrics.rows) == rows_before  # the served run's own record is untouched
     assert model.run.name in server.status()["clients"].values()
+    assert f"training clients {model.run.name}" in repr(status_report(run.status()))  # what %forge_status says
     after = await training.forward([datum(ids, weights=[1.0] * n)], "cross_entropy")
     assert after.metrics["loss:sum"] != forward.metrics["loss:sum"]  # the step changed the adapter
 
