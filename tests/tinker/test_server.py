@@ -73,11 +73,14 @@ async def test_each_training_call_lands_on_a_run_of_its_own(served):
         inputs = {"weights": [1.0] * n} if loss_fn == "cross_entropy" else rl
         out = await training.forward_backward([datum(ids, **inputs)], loss_fn)
         assert math.isfinite(out.metrics["loss:sum"]), loss_fn
+    custom = await training.forward_backward_custom(  # the SDK's own path: the loss runs here, on forward's logprobs
+        [datum(ids, weights=[1.0] * n)], lambda data, lps: (-sum(lp.sum() for lp in lps), {"mine:sum": 1.0}))
+    assert custom.metrics["mine:sum"] == 1.0
     rows_before = len(run.metrics.rows)
     step = await training.optim_step(types.AdamParams(learning_rate=1e-3))
     assert step.metrics["grad_norm:mean"] > 0
     (row,) = model.run.metrics.rows
-    assert row["source/tinker"] == 1.0 and row["datums"] == 5 and row["advantages/mean"] == pytest.approx(0.5)
+    assert row["source/tinker"] == 1.0 and row["datums"] == 6 and row["advantages/mean"] == pytest.approx(0.5)
     assert len(run.metrics.rows) == rows_before  # the served run's own record is untouched
     assert model.run.name in server.status()["clients"].values()
     assert f"training clients {model.run.name}" in repr(status_report(run.status()))  # what %forge_status says
