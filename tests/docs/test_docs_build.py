@@ -131,6 +131,9 @@ def test_each_notebook_page_carries_its_outputs(docs_build: Build, source: Path)
 def test_the_readme_is_short_and_the_results_open_with_today_s_table():
     readme = (ROOT / "README.md").read_text().splitlines()
     assert len(readme) <= 250, f"README.md has {len(readme)} lines; the details belong in docs/"
+    targets = re.findall(r"\]\(([^)#\s]+)[^)]*\)", "\n".join(readme))
+    missing = [t for t in targets if "://" not in t and not (ROOT / t).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
     results = (ROOT / "bench" / "RESULTS.md").read_text().splitlines()
     end = results.index("<!-- current-table-end -->")
     assert end < 150, "bench/RESULTS.md's current table must fit in its first 150 lines"
