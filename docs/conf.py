@@ -54,3 +54,5 @@ html_theme_options = {
     "footer_end": [],
 }
 html_show_sourcelink = False
+# Pages without a section of their own get no left column (it would hold an empty "Section Navigation").
+html_sidebars = {"index": [], "getting-started": []}
