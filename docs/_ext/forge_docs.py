@@ -26,19 +26,32 @@ from sphinx.util.docutils import SphinxDirective
 from sphinx.util.nodes import nested_parse_with_titles
 
 
-def magic_docs() -> list[tuple[str, str, str]]:
-    """``(kind, name, docstring)`` of every %forge_* magic, in the order the classes declare them."""
-    from forge_nb.magics._cluster import ClusterMagics
-    from forge_nb.magics._control import ControlMagics
-    from forge_nb.magics._serve import ServeMagics
-    from forge_nb.magics._spawn import SpawnMagics
+def magic_classes() -> list[type]:
+    """Every IPython ``Magics`` class of ``forge_nb.magics``'s modules that declares magics, in module order."""
+    import importlib
+    import pkgutil
+
+    from IPython.core.magic import Magics
+
+    import forge_nb.magics
 
     found = []
-    for cls in (SpawnMagics, ClusterMagics, ControlMagics, ServeMagics):
-        for kind, table in cls.magics.items():
-            for name, method in table.items():
-                found.append((kind, name, inspect.cleandoc(getattr(cls, method).__doc__ or "")))
+    for info in pkgutil.iter_modules(forge_nb.magics.__path__):
+        module = importlib.import_module(f"forge_nb.magics.{info.name}")
+        found += [cls for _, cls in inspect.getmembers(module, inspect.isclass)
+                  if issubclass(cls, Magics) and cls.__module__ == module.__name__ and any(cls.magics.values())]
     return found
+
+
+def magic_docs() -> list[tuple[str, str, str]]:
+    """``(kind, name, docstring)`` of every %forge_* magic, in the order of ``%forge_help``'s table (one it does not
+    list goes last)."""
+    from forge_nb.magics import help_text
+
+    table = help_text()
+    found = [(kind, name, inspect.cleandoc(getattr(cls, method).__doc__ or ""))
+             for cls in magic_classes() for kind, magics in cls.magics.items() for name, method in magics.items()]
+    return sorted(found, key=lambda m: table.find(f"%{m[1]} ") % (len(table) + 1))
 
 
 def magic_markdown(doc: str) -> list[str]:

@@ -3,7 +3,10 @@ every public name, every magic and every example notebook (with outputs)."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
+import pkgutil
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -85,13 +88,16 @@ def test_every_public_name_has_an_api_entry(docs_build: Build):
 
 
 def test_every_magic_has_a_reference_entry(docs_build: Build):
-    from forge_nb.magics._cluster import ClusterMagics
-    from forge_nb.magics._control import ControlMagics
-    from forge_nb.magics._serve import ServeMagics
-    from forge_nb.magics._spawn import SpawnMagics
+    from IPython.core.magic import Magics
 
-    magics = {name for cls in (SpawnMagics, ClusterMagics, ControlMagics, ServeMagics)
-              for table in cls.magics.values() for name in table}
+    import forge_nb.magics
+
+    classes = set()
+    for info in pkgutil.iter_modules(forge_nb.magics.__path__):
+        module = importlib.import_module(f"forge_nb.magics.{info.name}")
+        classes |= {c for c in vars(module).values()
+                    if inspect.isclass(c) and issubclass(c, Magics) and c is not Magics}
+    magics = {name for cls in classes for table in cls.magics.values() for name in table}
     assert {"forge_spawn", "forge_run", "forge_serve", "forge_cluster", "forge_config"} <= magics
     page = parse(docs_build.html / "magics.html")
     missing = sorted(m for m in magics if m.replace("_", "-") not in page.ids)
