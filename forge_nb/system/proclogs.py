@@ -147,6 +147,8 @@ class KernelLog:
     off."""
 
     def __init__(self, folder: Path, run: str | None = None):
+        # made here: a run on another's base has no processes of its own that would make its logs folder
+        Path(folder).mkdir(parents=True, exist_ok=True)
         self.path = Path(folder) / KERNEL_LOG
         self.handler = _FullDiskQuiet(self.path, delay=True, encoding="utf-8")
         self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
