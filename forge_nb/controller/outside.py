@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["calls_allowed", "drive_from_outside", "publish_now", "record_outside_step"]
+__all__ = ["calls_allowed", "drive_from_outside", "publish_now", "record_outside_sample", "record_outside_step"]
 
 
 async def drive_from_outside(ctl: Any) -> None:
@@ -47,3 +47,11 @@ async def publish_now(ctl: Any) -> int:
     await ctl.sync.publish(version)
     ctl.metrics.event("weights", version=version, source="outside")
     return version
+
+
+def record_outside_sample(ctl: Any, sample_id: str, prompt: str, completion: Any, source: str) -> None:
+    """Show a completion a caller sampled (a Tinker ``sample``) among the run's recent episodes, where
+    ``run.episodes()`` and the explorer read them: no reward, no advantage, never trained by the run's loops."""
+    ctl.recent.append({"episode_id": sample_id, "prompt": prompt, "response": completion.text, "target": None,
+                       "reward": None, "advantage": None, "version": completion.generator_version,
+                       "quarantine": None, "source": source})

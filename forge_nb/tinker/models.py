@@ -23,11 +23,11 @@ rather than served other weights than it names.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from forge_nb.controller.outside import publish_now, record_outside_step
 from forge_nb.tinker.futures import Lane
 from forge_nb.tinker.wire import TinkerRefusal
 
-__all__ = ["SamplingSession", "TrainingModel", "lora_section", "sampler_path", "state_path"]
+__all__ = ["BaseLane", "SamplingSession", "TrainingModel", "lora_section", "sampler_path", "state_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -172,20 +172,55 @@ class SamplingSession:
     session_id: str
     model: TrainingModel | None  # None: the base model
     version: int
-    base: Callable[[], Awaitable[Any]] | None = None  # the base model's policy front (a lane that stays zero)
 
-    async def sample(self, prompt: list[int], overrides: dict[str, Any]) -> list[Any]:
+    @property
+    def run(self) -> Any | None:
+        return self.model.run if self.model is not None else None
+
+    async def sample(self, prompt: list[int], overrides: dict[str, Any], base: BaseLane) -> list[Any]:
         if self.model is None:
-            assert self.base is not None
-            policy = await self.base()
-        else:
-            if self.model.version != self.version:
-                raise TinkerRefusal(
-                    f"this sampling client holds version {self.version} of {self.model.model_id}, and the generators "
-                    f"now serve version {self.model.version}: forge_nb keeps each training client's newest weights "
-                    "only; use the sampling client of the newest save_weights_for_sampler")
-            policy = self.model.run.policy
-        return await policy.generate.route(prompt, **overrides)
+            return await base.generate(prompt, overrides)
+        if self.model.version != self.version:
+            raise TinkerRefusal(
+                f"this sampling client holds version {self.version} of {self.model.model_id}, and the generators "
+                f"now serve version {self.model.version}: forge_nb keeps each training client's newest weights "
+                "only; use the sampling client of the newest save_weights_for_sampler")
+        return await self.model.run.policy.generate.route(prompt, **overrides)
+
+
+class BaseLane:
+    """The base model alone on the served run's generators: a lane of its own whose adapter stays zero, added at the
+    first request that needs it (it takes one of the generators' adapter slots) and to a respawned replica when a
+    request finds it missing there."""
+
+    def __init__(self, run: Any) -> None:
+        self.run, self.namespace = run, f"{run.weights_namespace}-tinker-base"
+        self._added = False
+
+    async def generate(self, prompt: list[int], overrides: dict[str, Any]) -> list[Any]:
+        generators = self.run.base.policy.service
+        for attempt in range(2):
+            if not self._added or attempt:
+                try:
+                    lora = dataclasses.asdict(self.run.config.trainer.lora)  # the served run's rank and targets
+                    await generators.add_adapter.fanout(self.namespace, lora)
+                except Exception as e:
+                    refusal = getattr(e, "exception", e)
+                    if isinstance(refusal, ValueError):
+                        raise TinkerRefusal(f"sampling the base model: {refusal}") from None
+                    raise
+                self._added = True
+            try:
+                return await generators.generate.route(prompt, adapter=self.namespace, **overrides)
+            except Exception as e:  # a replica respawned since: it serves the runs' lanes, not this one
+                if attempt or not isinstance(getattr(e, "exception", e), KeyError):
+                    raise
+        raise AssertionError("unreachable")
+
+    async def drop(self) -> None:
+        if self._added:
+            self._added = False
+            await self.run.base.policy.service.drop_adapter.fanout(self.namespace)
 
 
 def new_id(prefix: str) -> str:

@@ -42,6 +42,7 @@ pydantic models validate anyway.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hmac
 import logging
@@ -55,12 +56,21 @@ from pydantic import ValidationError
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
-from forge_nb.controller.outside import calls_allowed, drive_from_outside
+from forge_nb.controller.outside import calls_allowed, drive_from_outside, record_outside_sample
+from forge_nb.models import load_tokenizer
 from forge_nb.rl.losses.tinker import TINKER_LOSSES
 from forge_nb.system.proclogs import run_context
 from forge_nb.tinker import wire
 from forge_nb.tinker.futures import Futures, Outcome
-from forge_nb.tinker.models import SamplingSession, TrainingModel, lora_section, new_id, resolve_state, sampler_path
+from forge_nb.tinker.models import (
+    BaseLane,
+    SamplingSession,
+    TrainingModel,
+    lora_section,
+    new_id,
+    resolve_state,
+    sampler_path,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +101,7 @@ class TinkerServer:
         # AutoTokenizer (the SDK's get_tokenizer, the cookbook's) loads offline
         self.base_model: str = str(run.model) if run.config.model == "tiny" else run.config.model
         self._names: list[str] = []  # the clients' run names so far
+        self._base = BaseLane(run)
         self.futures = Futures(f"{run.name}-tinker")
         self.models: dict[str, TrainingModel] = {}
         self.sessions: dict[str, SamplingSession] = {}
@@ -138,6 +149,8 @@ class TinkerServer:
         models, self.models = list(self.models.values()), {}
         self.sessions.clear()
         await asyncio.gather(*(m.run.shutdown() for m in models), return_exceptions=True)
+        with contextlib.suppress(Exception):  # the generators may be going with the run already
+            await self._base.drop()
 
     async def close_client(self, model_id: str) -> None:
         """End a training client (from the kernel's loop): its run shuts down, its adapter leaves the base, and its
@@ -419,6 +432,9 @@ class TinkerServer:
 
         return self._submit("unload_model", unload, model)
 
+    def _tokenizer(self) -> Any:
+        return load_tokenizer(str(self.run.model))
+
     @property
     def _runs_root(self) -> Path:
         return Path(self.run.dir.path).parent
@@ -427,9 +443,11 @@ class TinkerServer:
 
     async def _create_sampling_session(self, request: web.Request) -> web.Response:
         body = await self._body(request, types.CreateSamplingSessionRequest)
-        if body.model_path is None:
-            raise ValueError("create_sampling_client(base_model=...): this server samples with a training client's "
-                             "weights: create a training client and use save_weights_and_get_sampling_client()")
+        if body.model_path is None:  # the base model alone
+            self._check_base(body.base_model)
+            session = SamplingSession(new_id("sampler"), None, 0)
+            self.sessions[session.session_id] = session
+            return _json(types.CreateSamplingSessionResponse(sampling_session_id=session.session_id))
         model = next((m for m in self.models.values() if body.model_path in m.samplers), None)
         if model is None:
             raise wire.TinkerRefusal(f"model_path={body.model_path!r}: no sampler weights of that path on this "
@@ -452,12 +470,16 @@ class TinkerServer:
         prompt = wire.tokens_of(body.prompt.chunks, "prompt")
         overrides = wire.sample_overrides(body)
 
-        async def sample() -> Outcome:
-            completions = await session.sample(prompt, overrides)
-            return Outcome(proto=wire.sample_response(list(completions), body))
-
         request_id = self.futures.submit("sample", lambda: self._on_kernel(sample))
         ids = [f"{request_id}-{i}" for i in range(body.num_samples)]
+
+        async def sample() -> Outcome:
+            completions = list(await session.sample(prompt, overrides, self._base))
+            run = session.run or self.run  # shown among that run's episodes, where the explorer reads them
+            text = self._tokenizer().decode(prompt)
+            for sample_id, completion in zip(ids, completions, strict=False):
+                record_outside_sample(run.controller, sample_id, text, completion, "tinker")
+            return Outcome(proto=wire.sample_response(completions, body))
         return web.json_response({"request_id": request_id, "sample_sequence_ids": ids})
 
     # -- results ---------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import signal
 
 import httpx
 import pytest
@@ -48,6 +50,10 @@ async def one_test_at_a_time_on_the_base(served):
     server = served[0].tinker
     for model_id in list(server.models):
         await server.close_client(model_id)
+
+
+def model_of(server, training: tinker.TrainingClient):
+    return server.models[training.model_id]
 
 
 async def client(service: tinker.ServiceClient, server, rank: int = 8) -> tinker.TrainingClient:
@@ -114,7 +120,10 @@ async def test_sampling_serves_the_saved_adapter_and_its_logprobs_match_the_trai
     prompt = tokenizer.encode("ab")
     greedy = types.SamplingParams(max_tokens=4, temperature=0.0, stop=[])
     before = await (await training.save_weights_and_get_sampling_client()).sample(
-        types.ModelInput.from_ints(prompt), 1, greedy)
+        types.ModelInput.from_ints(prompt), 1, greedy)  # an untrained adapter (its B is zero): the base model
+    base = await service.create_sampling_client(base_model=server.base_model)
+    assert (await base.sample(types.ModelInput.from_ints(prompt), 1, greedy)).sequences[0].tokens == \
+        before.sequences[0].tokens
     letter = next(t for t in tokenizer.encode("defgh") if t not in before.sequences[0].tokens)
     target = [letter] * 4  # an answer the base model does not give
     sft = [datum(prompt + target, weights=[0.0] * (len(prompt) - 1) + [1.0] * len(target))]
@@ -124,6 +133,10 @@ async def test_sampling_serves_the_saved_adapter_and_its_logprobs_match_the_trai
     sampler = await training.save_weights_and_get_sampling_client()
     after = await sampler.sample(types.ModelInput.from_ints(prompt), 1, greedy)
     assert after.sequences[0].tokens == target  # the new adapter answers
+    assert (await base.sample(types.ModelInput.from_ints(prompt), 1, greedy)).sequences[0].tokens == \
+        before.sequences[0].tokens  # the base model stays as it was
+    shown = [e for e in model_of(server, training).run.episodes() if e.get("source") == "tinker"]
+    assert shown[-1]["prompt"] == "ab" and shown[-1]["response"] == tokenizer.decode(target)  # in the explorer
     several = await sampler.sample(types.ModelInput.from_ints(prompt), 4,
                                    types.SamplingParams(max_tokens=4, temperature=1.0, seed=7, stop=[]))
     assert len(several.sequences) == 4
@@ -137,6 +150,25 @@ async def test_sampling_serves_the_saved_adapter_and_its_logprobs_match_the_trai
     await training.save_weights_and_get_sampling_client()  # a newer version replaces the one `sampler` holds
     with pytest.raises(tinker.RequestFailedError, match="newest weights only"):
         await sampler.sample(types.ModelInput.from_ints(prompt), 1, greedy)
+
+
+async def test_samples_in_flight_when_a_generator_dies_each_complete_or_fail(served):
+    run, server, service = served
+    training = await client(service, server)
+    sampler = await training.save_weights_and_get_sampling_client()
+    prompt = types.ModelInput.from_ints(training.get_tokenizer().encode("abc"))
+    params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=3, stop=[])
+    (replica,) = run.policy.replicas
+    killed = replica.mesh.pids[0]
+    calls = [asyncio.ensure_future(sampler.sample(prompt, 4, params)) for _ in range(12)]
+    await asyncio.sleep(0.2)
+    os.kill(killed, signal.SIGKILL)
+    done = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 300)  # none hangs
+    for outcome in done:
+        assert isinstance(outcome, types.SampleResponse | tinker.RequestFailedError), outcome
+    after = await asyncio.wait_for(sampler.sample(prompt, 2, params), 300)  # served by the respawned replica
+    assert len(after.sequences) == 2 and replica.mesh.pids[0] != killed
+    assert model_of(server, training).run.version in (await run.policy.adapters.fanout())[0].values()
 
 
 async def test_what_the_server_cannot_take_is_refused_and_the_run_goes_on(served):
