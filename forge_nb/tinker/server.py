@@ -21,8 +21,8 @@ kernel's event loop, where the run's services live. So the SDK's synchronous cal
 (``tinker.ServiceClient(...)``, ``get_info``, ``get_tokenizer``) work in a cell as they are; a call that trains or
 samples needs the kernel's loop, which a cell blocked on ``.result()`` holds: in a cell, ``await`` the SDK's calls
 (every one returns an awaitable), and run synchronous client code (a script, the cookbook's ``main``) in a thread
-(``await asyncio.to_thread(...)``). A call that finds the kernel's loop blocked for ``BLOCKED_S`` fails with a
-message that says this, instead of hanging the kernel.
+(``await asyncio.to_thread(...)``). A call that finds the kernel's loop blocked for 30 s (``threads.BLOCKED_S``)
+fails with a message that says this, instead of hanging the kernel.
 
 **Who can reach it.** It binds 127.0.0.1 only, and every request must carry ``X-API-Key: <token>`` (the SDK's
 ``api_key``; a random ``tml-...`` token made for this server, compared in constant time), else 401. Whoever holds
@@ -47,7 +47,6 @@ import dataclasses
 import hmac
 import logging
 import secrets
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -71,14 +70,13 @@ from forge_nb.tinker.models import (
     resolve_state,
     sampler_path,
 )
+from forge_nb.tinker.threads import ServerThread
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["TinkerServer"]
 
 PREFIX = "/api/v1"
-#: how long a call waits for the kernel's event loop to answer before it fails, saying the loop is blocked
-BLOCKED_S = 30.0
 
 
 def _json(model: Any) -> web.Response:
@@ -107,9 +105,7 @@ class TinkerServer:
         self.sessions: dict[str, SamplingSession] = {}
         self.requests = self.refused = 0
         self._runner: web.AppRunner | None = None
-        self._kernel = asyncio.get_running_loop()  # where the runs live
-        self._loop: asyncio.AbstractEventLoop | None = None  # the server's own
-        self._thread: threading.Thread | None = None
+        self._thread: ServerThread | None = None  # where the server answers (the runs live on the kernel's loop)
         self.host, self.port = "127.0.0.1", 0
 
     @classmethod
@@ -117,13 +113,11 @@ class TinkerServer:
         """Serve the Tinker API for ``run`` on 127.0.0.1:``port`` (0: a free one). ``spawn(cfg, overrides=)``
         spawns a run on ``run``'s base (``forge_nb.spawn`` with ``base=run``)."""
         server = cls(run, spawn, token=token or f"tml-{secrets.token_urlsafe(24)}")
-        loop = server._loop = asyncio.new_event_loop()
-        server._thread = threading.Thread(target=loop.run_forever, name=f"forge_nb.{run.name}.tinker", daemon=True)
-        server._thread.start()
+        thread = server._thread = ServerThread(f"forge_nb.{run.name}.tinker")
         try:
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(server._serve(port), loop))
+            await thread.call(server._serve(port))
         except BaseException:
-            await server._stop_thread()
+            await thread.stop()
             raise
         return server
 
@@ -143,9 +137,10 @@ class TinkerServer:
     async def stop(self) -> None:
         """Stop serving (from the kernel's loop); every training client's run shuts down (its adapter leaves the
         base)."""
-        if self._loop is not None and self._loop.is_running():
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._close_http(), self._loop))
-        await self._stop_thread()
+        if self._thread is not None and self._thread.running:
+            await self._thread.call(self._close_http())
+        if self._thread is not None:
+            await self._thread.stop()
         models, self.models = list(self.models.values()), {}
         self.sessions.clear()
         await asyncio.gather(*(m.run.shutdown() for m in models), return_exceptions=True)
@@ -166,32 +161,6 @@ class TinkerServer:
         await self.futures.close()
         if runner is not None:
             await runner.cleanup()
-
-    async def _stop_thread(self) -> None:
-        loop, thread, self._thread = self._loop, self._thread, None
-        if loop is not None and thread is not None:
-            loop.call_soon_threadsafe(loop.stop)
-            await asyncio.to_thread(thread.join, 10)
-            loop.close()
-
-    async def _on_kernel(self, work: Any) -> Any:
-        """Run ``work()`` (a coroutine function) on the kernel's event loop and return what it returns; a kernel loop
-        that does not answer within ``BLOCKED_S`` fails the call (see "Threads" in the module docstring)."""
-        done = asyncio.run_coroutine_threadsafe(work(), self._kernel)
-        alive = asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self._kernel)
-        try:
-            await asyncio.wait_for(asyncio.wrap_future(alive), BLOCKED_S)
-        except TimeoutError:
-            done.cancel()
-            raise wire.TinkerRefusal(
-                f"the kernel's event loop did not answer for {BLOCKED_S:.0f} s: a cell is blocked, most likely on a "
-                "Tinker call's .result() in the kernel that serves it. In a cell, await the SDK's calls (`await "
-                "training.forward_backward(...)`); run synchronous client code in a thread (`await "
-                "asyncio.to_thread(fn)`)") from None
-        return await asyncio.wrap_future(done)
-
-    def __repr__(self) -> str:
-        return f"<TinkerServer {self.url} base_model={self.base_model!r} {'serving' if self.serving else 'stopped'}>"
 
     # -- serving ---------------------------------------------------------------------------------------
 
@@ -257,7 +226,7 @@ class TinkerServer:
                 await calls_allowed(model.run.controller)  # %forge_pause holds the call here
             return await work()
 
-        request_id = self.futures.submit(kind, lambda: self._on_kernel(on_kernel),
+        request_id = self.futures.submit(kind, lambda: self._thread.on_kernel(on_kernel),
                                          lane=model.lane if model is not None else None)
         return web.json_response({"request_id": request_id, **({"model_id": model.model_id} if model else {})})
 
@@ -470,7 +439,7 @@ class TinkerServer:
         prompt = wire.tokens_of(body.prompt.chunks, "prompt")
         overrides = wire.sample_overrides(body)
 
-        request_id = self.futures.submit("sample", lambda: self._on_kernel(sample))
+        request_id = self.futures.submit("sample", lambda: self._thread.on_kernel(sample))
         ids = [f"{request_id}-{i}" for i in range(body.num_samples)]
 
         async def sample() -> Outcome:

@@ -17,6 +17,7 @@ from tinker import types
 
 import forge_nb
 from forge_nb.magics._display import status_report
+from forge_nb.tinker import threads
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600), pytest.mark.asyncio(loop_scope="module")]
 
@@ -213,6 +214,16 @@ async def test_pausing_a_clients_run_holds_its_calls_until_it_resumes(served):
     assert not call.done() and server.status()["in_flight"] == {"forward_backward": 1}
     model.run.resume()
     assert math.isfinite((await asyncio.wait_for(call, 60)).metrics["loss:sum"])
+
+
+async def test_a_cell_blocked_on_a_call_gets_an_error_that_says_why_not_a_hang(served, monkeypatch):
+    run, server, service = served
+    training = await client(service, server)
+    ids = training.get_tokenizer().encode("abc")
+    monkeypatch.setattr(threads, "BLOCKED_S", 1.0)
+    # .result() on the kernel's own thread: the loop the work needs is the one this call blocks
+    with pytest.raises(tinker.RequestFailedError, match="await the SDK's calls"):
+        training.forward_backward([datum(ids, weights=[1.0] * 2)], "cross_entropy").result(timeout=120)
 
 
 async def test_a_saved_state_resumes_its_optimizer_on_a_new_server(served, tmp_path):
