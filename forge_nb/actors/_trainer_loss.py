@@ -60,13 +60,15 @@ def loss_function(loss: str | LossFn, loss_config: Mapping[str, Any] | None) -> 
 
 
 def rl_loss(
-    loss_fn: LossFn, logits: torch.Tensor, batch: TrainBatch, temperature: float
+    loss_fn: LossFn, logits: torch.Tensor, batch: TrainBatch, temperature: float, version: int | None = None
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """(loss, metrics) of ``batch`` under ``logits`` [B, L, V] of its whole sequences.
 
     Logprobs, entropy and the seed's logits are all of ``logits / temperature``: the distribution the
     generator sampled from (``temperature`` is ``TrainingConfig.logits_temperature``: 1 when the generator samples
-    greedily). Metrics gain "entropy" (when the loss gave none) and "kl" (= kl/k3).
+    greedily). Metrics gain "entropy" (when the loss gave none) and "kl" (= kl/k3). ``version``: the version of
+    the weights being trained; a forge_nb loss then reports the mismatch of the episodes it generated apart
+    (``mismatch/kl_same_version``).
     """
     dev, req = logits.device, batch.request_len
     response_logits = logits[:, req - 1 : -1].float() / temperature
@@ -75,7 +77,8 @@ def rl_loss(
     gen = batch.generator_logprobs.to(dev) if batch.has_generator_logprobs else None
     advantages = batch.advantages.to(dev)
     if loss_kind(loss_fn) != "seed":
-        return _aligned_loss(loss_fn, response_logits, response, mask, advantages, ref, gen)
+        same = None if version is None else batch.policy_versions.to(dev) == version
+        return _aligned_loss(loss_fn, response_logits, response, mask, advantages, ref, gen, same)
     if ref is None:
         _refuse_missing_ref(loss_fn, always=True)
     result = loss_fn(
@@ -115,6 +118,7 @@ def _aligned_loss(
     advantages: torch.Tensor,
     ref: torch.Tensor | None,
     gen: torch.Tensor | None,
+    same_version: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """A forge_nb- or TorchForge-kind loss on ``logits`` [B, T, V] aligned with ``targets`` [B, T]."""
     safe_targets = targets.masked_fill(~mask, 0)  # padding may hold anything, -100 included
@@ -136,6 +140,8 @@ def _aligned_loss(
         # the logits feed the entropy metric, detached, unless the loss trains on their entropy
         trained = float(getattr(loss_fn, "entropy_coef", 0.0) or 0.0) > 0
         kwargs = {"logits": logits if trained else logits.detach()} if _accepts(loss_fn, "logits") else {}
+        if same_version is not None and gen is not None and _accepts(loss_fn, "same_version"):
+            kwargs["same_version"] = same_version
         result = loss_fn(logprobs, ref, gen, advantages, mask, **kwargs)
     return _with_entropy_and_kl(_loss_and_metrics(loss_fn, result), logits, mask)
 

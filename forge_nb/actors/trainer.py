@@ -200,7 +200,7 @@ class RLTrainer(ForgeActor):
                     tokens_kept, request_len = policy.without_shared_padding(micro.tokens, micro.request_len)
                     micro = dataclasses.replace(micro, tokens=tokens_kept, request_len=request_len)
                     logits = policy.logits(micro.tokens, micro.request_len)
-                    loss, m = rl_loss(self.loss_fn, logits, micro, self.train_cfg.logits_temperature)
+                    loss, m = rl_loss(self.loss_fn, logits, micro, self.train_cfg.logits_temperature, self.step)
                     tokens += int(micro.response_mask.sum())
             del logits  # free it before backward, whose peak it would otherwise raise
             reason = self._backward(loss, len(micro) / len(local))
