@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "example_notebooks").glob("[0-9][0-9]_*.py"))
 #: Executed as written by a test of their own, which checks more than a short run here would (the quickstart's
 #: also checks what the short run below does: tests/notebooks/test_quickstart_ends_well.py).
-RUN_WHOLE = {"01_quickstart", "08_multi_turn", "09_agents", "10_lora_sweep"}
+RUN_WHOLE = {"01_quickstart", "08_multi_turn", "09_agents", "10_lora_sweep", "11_tinker"}
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900)]
 
@@ -35,7 +35,7 @@ def _runner():
 
 def test_every_notebook_source_converts_with_one_parameters_cell_and_no_test_plumbing():
     runner = _runner()
-    assert len(NOTEBOOKS) == 10
+    assert len(NOTEBOOKS) == 11
     for path in NOTEBOOKS:
         source = path.read_text()
         assert "FORGE_NB_" not in source and "os.environ" not in source, path.name  # reads like the README
