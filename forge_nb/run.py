@@ -30,6 +30,7 @@ from forge_nb.config import RunConfig
 from forge_nb.controller import EpisodeFn
 from forge_nb.controller.build import RunParts, resume_parts, spawn_parts
 from forge_nb.controller.episodes import BaseInTrainer
+from forge_nb.controller.evaluate import evaluate_run
 from forge_nb.controller.state import RunState
 from forge_nb.data.sft import SftData
 from forge_nb.system import proclogs
@@ -330,6 +331,19 @@ class Run:
     def clear_buffer(self, reason: str) -> int:
         """Drop every buffered episode, counted in the ledger and recorded as an event."""
         return self._ctl.clear_buffer(reason)
+
+    async def evaluate(self, prompts: Any = None, *, k: int = 1, version: int | None = None, n: int | None = None,
+                       temperature: float | None = None, correct_at: float = 1.0) -> dict[str, Any]:
+        """``k`` answers to each held-out prompt from generators that all hold one weight version, scored by the run's
+        reward functions: avg@k and unbiased pass@1, 2, 4 .. k (an answer passes with reward >= ``correct_at``).
+
+        ``prompts``: None (``n``, default ``loop.eval_prompts``, of the task's held-out prompts), a task, or a list of
+        ``{"request", "target"}`` dicts or prompt strings. ``version``: the run's current one (None), the only one a run
+        keeps; another is refused. k=1 answers greedily, k > 1 samples at the run's temperature (or ``temperature``).
+        A running run parks at a step boundary for it and goes on after; an "eval" event keeps the values, which the
+        dashboard draws over the step that trained the version (``forge_nb.controller.evaluate``)."""
+        return await evaluate_run(self._ctl, prompts, k=k, version=version, n=n, temperature=temperature,
+                                  correct_at=correct_at)
 
     async def checkpoint(self) -> str:
         """Trainer checkpoint, buffer snapshot and the run's counters, in the run directory."""

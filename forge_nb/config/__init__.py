@@ -24,6 +24,7 @@ from forge_nb.config._changes import (
 )
 from forge_nb.config._hot import SamplingConfig, TaskKnobs, hot
 from forge_nb.config._resolve import FLOAT
+from forge_nb.config._rollout import RolloutConfig
 from forge_nb.config._run import (
     REFERENCE_SECTIONS,
     GeneratorConfig,
@@ -36,8 +37,8 @@ from forge_nb.config._run import (
 from forge_nb.config.trainer_sections import LoraConfig
 
 __all__ = [
-    "REFERENCE_SECTIONS", "GeneratorConfig", "LoopConfig", "LoraConfig", "ReferenceConfig", "RunConfig",
-    "SamplingConfig",
+    "REFERENCE_SECTIONS", "GeneratorConfig", "LoopConfig", "LoraConfig", "ReferenceConfig", "RolloutConfig",
+    "RunConfig", "SamplingConfig",
     "TaskKnobs", "TrainerConfig",
     "apply_overrides", "check_change", "from_dict", "from_yaml", "hot", "hot_fields", "initial_hparams",
     "loss_values", "trainer_actor_kwargs", "trainer_changes", "trainer_hparam_sections",

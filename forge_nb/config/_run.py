@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge_nb.config._hot import SamplingConfig, TaskKnobs, hot
+from forge_nb.config._rollout import RolloutConfig
 from forge_nb.models import TinyModelConfig
 from forge_nb.system.cluster import one_host
 
@@ -174,6 +175,9 @@ class LoopConfig:
     eval_every: int = 0
     """Evaluate on held-out prompts every N steps (0: never)."""
     eval_prompts: int = 16
+    eval_k: int = 1
+    """Answers per held-out prompt at each evaluation: 1 is greedy (``eval/reward``); k > 1 samples k at the run's
+    temperature and reports avg@k and pass@1, 2, 4 .. k (``forge_nb.controller.evaluate``)."""
     checkpoint_every: int = 0
     """Save a trainer checkpoint and a buffer snapshot every N steps (0: never)."""
     starved_after_s: float = 60.0
@@ -182,7 +186,7 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if self.mode not in ("async", "sync"):
             raise ValueError(f"LoopConfig.mode={self.mode!r}: must be 'async' or 'sync'")
-        _positive_int(self, "rollout_loops", "eval_prompts", "sync_interval")
+        _positive_int(self, "rollout_loops", "eval_prompts", "eval_k", "sync_interval")
         _positive_int(self, "warmup_steps", "eval_every", "checkpoint_every", minimum=0)
         if self.max_steps is not None:
             _positive_int(self, "max_steps")
@@ -246,6 +250,8 @@ class RunConfig:
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """What happens to finished groups before they train: dynamic sampling, overlong answers."""
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     """Where and how the ReferenceModel runs (used only with use_reference)."""
     exporters: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -271,6 +277,7 @@ class RunConfig:
                              f"{self.max_res_tokens}: longer responses would be cut in training; lower it or "
                              "raise max_res_tokens")
         greedy_check(self.group_size, self.sampling().temperature)
+        self.rollout.check_budget(max_tokens)
         from forge_nb.rl import ADVANTAGE_METHODS
 
         if self.advantage not in ADVANTAGE_METHODS:
@@ -346,7 +353,7 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
         raise ValueError(f"unknown key(s) {sorted(where + k for k in unknown)}; known here: {sorted(known)}")
     kwargs = {}
     for key, value in data.items():
-        nested = {"generator": GeneratorConfig, "trainer": TrainerConfig, "loop": LoopConfig,
+        nested = {"generator": GeneratorConfig, "trainer": TrainerConfig, "loop": LoopConfig, "rollout": RolloutConfig,
                   "reference": ReferenceConfig, "tiny": TinyModelConfig}.get(key) if cls is RunConfig else None
         kwargs[key] = _build(nested, value, f"{where}{key}.") if nested and isinstance(value, dict) else value
     return cls(**kwargs)

@@ -9,10 +9,10 @@ magics or the widgets. A run's loops (``forge_nb.controller.core``), one step's 
       task.sample()                                       (N rollout loops, "rollout<i>")
            │
            v
-      episode_fn(run, sample) ──> accept(group) ──> ReplayBuffer ──sample(version)──┐
-      generate, score, ref logprobs,   │  quarantined / rolled back: counted, dropped │
-      advantages                       v                                            v
-                                     Ledger                       trainer.train_step(batch)   ("train")
+      episode_fn(run, sample) ──> gate.admit ──> accept(group) ──> ReplayBuffer ──sample(version)──┐
+      generate, score, ref logprobs,   │  zero-variance groups (dynamic sampling), quarantined,    │
+      advantages                       v  rolled back: counted, dropped                            v
+                                     Ledger                                     trainer.train_step(batch)   ("train")
                                                                             │
       generators <── update_weights.fanout(v) <── push_weights(v) <── WeightSync.publish(v+1)
                                            (every ``loop.sync_interval``-th v; held in between)
@@ -31,7 +31,10 @@ rollout<i>       a task sample        ``running`` (pause), ``collect_allowed``  
                                       would be too old when trained (``loop``'s       (at most 1 s)
                                       ``would_be_too_old``)
 train            a batch              ``running``; ``batch_ready`` (buffer short;     resume; accept(); at most
-                                      stale episodes just evicted frees room)         ``starved_after_s``
+                                      stale episodes just evicted frees room)         ``starved_after_s``; with
+                                                                                      dynamic sampling, the whole
+                                                                                      groups it has after
+                                                                                      ``refill_timeout_s``
 sft              ``sft_data`` batches ``running``                                     resume
 ===============  ===================  =============================================  ==========================
 """
@@ -43,7 +46,7 @@ from typing import Any
 
 # Loaded when first used: ``forge_nb.controller.state`` (read by the widgets, which must not load torch or
 # monarch) imports this package first.
-_EXPORTS = {"Controller": "core", "EpisodeFn": "core", "evaluate": "episodes", "generate_episode": "episodes",
+_EXPORTS = {"Controller": "core", "EpisodeFn": "core", "evaluate_pinned": "evaluate", "generate_episode": "episodes",
             "HotChanges": "hot", "Ledger": "ledger", "WeightSync": "weight_sync"}
 
 __all__ = sorted(_EXPORTS)

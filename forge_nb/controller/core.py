@@ -21,7 +21,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from forge_nb.controller.episodes import episode_row, evaluate
+from forge_nb.controller.dynamic import GroupGate
+from forge_nb.controller.episodes import episode_row
+from forge_nb.controller.evaluate import eval_step
 from forge_nb.controller.hot import HotChanges
 from forge_nb.controller.ledger import Ledger
 from forge_nb.controller.loop import Batch, RLBatches, SFTBatches, loads_overlap, would_be_too_old
@@ -54,6 +56,7 @@ class Controller:
         self.sft_data: Any = None
         self.recent: deque[dict[str, Any]] = deque(maxlen=2000)
         self.quarantine = QuarantineWatch(window=max(32, 4 * config.batch_size))
+        self.gate = GroupGate(config.rollout, ledger)  # what a finished group passes (controller.dynamic)
         self._cleanup: asyncio.Task[None] | None = None  # stops the loops of a run that failed
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._running = asyncio.Event()
@@ -185,7 +188,7 @@ class Controller:
                 group = await self.episode_fn(self.handle, sample)
             finally:
                 self._generating -= self.config.group_size
-            self.accept(group, rewinds_before=rewinds)
+            self.accept(self.gate.admit(group), rewinds_before=rewinds)
 
     def accept(self, group: list[Episode], rewinds_before: int | None = None) -> None:
         """A finished group: quarantined episodes are counted and dropped, the rest buffered.
@@ -344,11 +347,8 @@ class Controller:
         if self.quarantine.due():
             self._report_quarantine()
         every = self.config.loop
-        if every.eval_every and self.step % every.eval_every == 0:
-            await self._settle()  # evaluated with this step's weights, not the last step's
-            values = await evaluate(self.handle, every.eval_prompts)
-            self.metrics.event("eval", **values)
-            self.metrics.rows[-1].update(values)
+        if every.eval_every and self.step % every.eval_every == 0:  # this step's version, settled and pinned
+            await eval_step(self, self._settle)
         if every.checkpoint_every and self.step % every.checkpoint_every == 0:
             try:
                 await self.checkpoint()

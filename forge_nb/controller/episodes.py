@@ -1,4 +1,4 @@
-"""The default episode function (one GRPO group, as in the seeds), evaluation, and a batch's episode metrics.
+"""The default episode function (one GRPO group, as in the seeds) and a batch's episode metrics.
 
 An episode function is ``async def fn(run, sample) -> list[Episode]``; ``run`` is the user's handle
 (``forge_nb.Run``): it reads ``run.policy``, ``run.ref_model``, ``run.config``, ``run.pad_id``,
@@ -7,7 +7,6 @@ An episode function is ``async def fn(run, sample) -> list[Episode]``; ``run`` i
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from types import SimpleNamespace
 from typing import Any
@@ -16,10 +15,12 @@ import torch
 
 from forge_nb.metrics import summarize
 from forge_nb.rl import Episode, assign_advantages, score
+from forge_nb.rl.overlong import add_overlong_penalty
 
 
 async def generate_episode(run: Any, sample: dict[str, Any]) -> list[Episode]:
-    """One GRPO group: generate, score, reference logprobs, group advantages."""
+    """One GRPO group: generate, score (with ``rollout.overlong_buffer``, DAPO's soft overlong penalty), reference
+    logprobs, group advantages."""
     cfg = run.config
     prompt, target = sample["request"], sample.get("target")
     completions = await run.policy.generate.route(prompt, **run.sampling_overrides)
@@ -32,6 +33,9 @@ async def generate_episode(run: Any, sample: dict[str, Any]) -> list[Episode]:
     for episode in group:
         result = await score(reward_fns, prompt, episode.completion.text, target, timeout_s=cfg.reward_timeout_s)
         result.apply_to(episode)
+    if cfg.rollout.overlong_buffer:  # DAPO's soft overlong penalty, before the advantages
+        budget = run.sampling_overrides.get("max_tokens") or cfg.sampling().max_tokens
+        add_overlong_penalty(group, budget, cfg.rollout.overlong_buffer, cfg.rollout.overlong_penalty)
     await add_ref_logprobs(run, group)
     assign_advantages(group, method=cfg.advantage)
     return group
@@ -62,19 +66,6 @@ async def add_ref_logprobs(run: Any, group: list[Episode]) -> None:
     ref = await run.ref_model.forward.route(input_ids, run.config.max_req_tokens)
     for episode, logprobs in zip(group, ref, strict=True):
         episode.ref_logprobs = logprobs
-
-
-async def evaluate(run: Any, n: int) -> dict[str, float]:
-    """Greedy answers on the task's held-out prompts; mean reward under ``eval/reward``."""
-    prompts = run.task.eval_prompts(n)
-
-    async def one(sample: dict[str, Any]) -> float:
-        (completion,) = await run.policy.generate.route(sample["request"], n=1, temperature=0.0)
-        result = await score(run.reward_fns, sample["request"], completion.text, sample.get("target"))
-        return result.total
-
-    rewards = await asyncio.gather(*(one(s) for s in prompts))
-    return {"eval/reward": sum(rewards) / max(len(rewards), 1)}
 
 
 def episode_metrics(episodes: list[Episode], version: int) -> dict[str, float]:

@@ -2,10 +2,11 @@
 
 An episode a rollout hands to the run is *accepted*; from then on it is in exactly one place::
 
-    accepted = quarantined + rolled_back + buffered + evicted (by the replay buffer) + cleared
+    accepted = quarantined + zero_variance + rolled_back + buffered + evicted (by the replay buffer) + cleared
              + in_step (the batch of the training step in flight; 0 between steps)
              + trained + skipped_step + failed_step + trainer_died
 
+``zero_variance``: groups whose rewards were all equal, dropped by dynamic sampling (``controller.dynamic``).
 ``books()`` adds the replay buffer's own counters and says whether the equation holds (``balanced``),
 at any moment, not only between steps. The controller is the only writer; a checkpoint keeps
 ``state_dict()`` and a resumed run loads it.
@@ -18,7 +19,8 @@ from typing import Any
 from forge_nb.rl import ReplayBuffer
 
 #: Where an accepted episode can end up, besides the buffer (which counts its own evictions).
-ENDS = ("quarantined", "rolled_back", "cleared", "trained", "skipped_step", "failed_step", "trainer_died")
+ENDS = ("quarantined", "zero_variance", "rolled_back", "cleared", "trained", "skipped_step", "failed_step",
+        "trainer_died")
 
 
 class Ledger:

@@ -56,6 +56,8 @@ class RLBatches:
     async def take(self) -> Batch | None:
         ctl, loop_cfg = self.ctl, self.ctl.config.loop
         sampled = ctl.buffer.sample(curr_policy_version=ctl.sync.version)
+        if sampled is None and ctl.gate.refill_expired(time.monotonic() - self._waited_since):
+            sampled = self._what_it_has()
         if sampled is not None:
             if loop_cfg.mode != "sync":
                 ctl.collect_allowed.set()  # a batch left the buffer: rollouts may refill it while we train
@@ -77,6 +79,24 @@ class RLBatches:
         ctl.batch_ready.clear()
         return None
 
+    def _what_it_has(self) -> Any:
+        """Dynamic sampling refilled for longer than ``rollout.refill_timeout_s``: the usable episodes the buffer
+        holds (a multiple of the trainer's procs), or None when there are none; a "refill_timeout" event says so."""
+        ctl = self.ctl
+        ctl.buffer.evict(ctl.sync.version)
+        procs = ctl.config.trainer.procs
+        n = len(ctl.buffer) // (procs * ctl.buffer.dp_size) * procs
+        if n == 0:
+            return None
+        waited = time.monotonic() - self._waited_since
+        limit = ctl.config.rollout.refill_timeout_s
+        ctl.metrics.event("refill_timeout", step=ctl.step + 1, episodes=n * ctl.buffer.dp_size,
+                          waited_s=round(waited, 1),
+                          message=f"dynamic sampling: after refilling for {waited:.0f} s (rollout.refill_timeout_s="
+                                  f"{limit}) the step trains on the {n} episodes it has of {ctl.config.batch_size}; "
+                                  "most groups have equal rewards (the task may be saturated: raise its difficulty)")
+        return ctl.buffer.sample(curr_policy_version=ctl.sync.version, batch_size=n)
+
     async def train(self, batch: Batch) -> dict[str, Any]:
         self.ctl.ledger.begin_step(batch.size)  # the ledger balances while the step runs, too
         results = await self.ctl.trainer.train_step.call(collate(batch.data))
@@ -88,6 +108,7 @@ class RLBatches:
     def row(self, batch: Batch) -> dict[str, Any]:
         ctl = self.ctl
         return {**batch.measured, "tokens_per_s/generate": ctl.generated_tokens_per_s(),
+                **ctl.gate.row(batch.size, ctl.config.group_size),
                 **{f"buffer/{name}": value for name, value in ctl.buffer.counters().items()}}
 
     def after(self) -> None:
