@@ -47,17 +47,22 @@ class ServerThread:
             self.loop.close()
 
     async def on_kernel(self, work: Callable[[], Awaitable[Any]]) -> Any:
-        """Run ``work()`` on the kernel's loop (from the thread's) and return what it returns; a kernel loop that does
-        not answer within ``BLOCKED_S`` fails the call."""
-        done = asyncio.run_coroutine_threadsafe(work(), self.kernel)  # type: ignore[arg-type]
-        alive = asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self.kernel)
-        try:
-            await asyncio.wait_for(asyncio.wrap_future(alive), BLOCKED_S)
-        except TimeoutError:
-            done.cancel()
+        """Run ``work()`` on the kernel's loop (from the thread's) and return what it returns; work that the kernel's
+        loop has not begun within ``BLOCKED_S`` is called off and fails the call (one hop there and one back: the
+        loop's answer to the work itself says it is alive)."""
+        started = threading.Event()
+
+        async def begin() -> Any:
+            started.set()
+            return await work()
+
+        done = asyncio.run_coroutine_threadsafe(begin(), self.kernel)
+        result = asyncio.wrap_future(done)
+        finished, _ = await asyncio.wait({result}, timeout=BLOCKED_S)
+        if not finished and not started.is_set() and done.cancel():
             raise TinkerRefusal(
                 f"the kernel's event loop did not answer for {BLOCKED_S:.0f} s: a cell is blocked, most likely on a "
                 "Tinker call's .result() in the kernel that serves it. In a cell, await the SDK's calls (`await "
                 "training.forward_backward(...)`); run synchronous client code in a thread (`await "
-                "asyncio.to_thread(fn)`)") from None
-        return await asyncio.wrap_future(done)
+                "asyncio.to_thread(fn)`)")
+        return await result
