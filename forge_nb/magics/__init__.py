@@ -22,6 +22,8 @@ Magic                                                  What it does
 %forge_status                                          services, replicas, loops, step, version, last values;
                                                        with several live runs, one line per run
 %forge_episodes [-n K] [--version V] [--min-reward R]  recent episodes as a table (--turns: turn by turn)
+%forge_eval [PROMPTS] [-k K] [-n N] [-o VAR]           k answers per held-out prompt from the current version's
+                                                       generators: avg@k and unbiased pass@k (run.evaluate)
 %forge_logs [SERVICE[i]] [-n N] [--level L]           what the processes wrote (vLLM, monarch, torch): to
                                                        files in the run directory, not to the cells
 %forge_dashboard [--side]                              the live dashboard (forge_nb.widgets); --side: in a
@@ -79,6 +81,7 @@ def load_ipython_extension(ipython: Any) -> None:
     from forge_nb.magics._await import await_forge_magics
     from forge_nb.magics._cluster import ClusterMagics
     from forge_nb.magics._control import ControlMagics
+    from forge_nb.magics._eval import EvalMagics
     from forge_nb.magics._runs import Runs
     from forge_nb.magics._serve import ServeMagics
     from forge_nb.magics._spawn import SpawnMagics
@@ -88,7 +91,7 @@ def load_ipython_extension(ipython: Any) -> None:
     runtime.ensure_started()
     runs = Runs.of(ipython)
     ipython.register_magics(SpawnMagics(ipython, runs), ControlMagics(ipython, runs, help_text()),
-                            ClusterMagics(ipython), ServeMagics(ipython, runs))
+                            ClusterMagics(ipython), ServeMagics(ipython, runs), EvalMagics(ipython, runs))
     if await_forge_magics not in ipython.input_transformers_post:
         ipython.input_transformers_post.append(await_forge_magics)
 

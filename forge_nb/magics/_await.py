@@ -20,7 +20,7 @@ import ast
 
 #: Magics that return a coroutine (they need the kernel's event loop); every other one is synchronous.
 AWAITED = frozenset({"forge_spawn", "forge_attach", "forge_run", "forge_resume", "forge_step", "forge_stop",
-                     "forge_set", "forge_shutdown", "forge_cluster", "forge_serve"})
+                     "forge_set", "forge_shutdown", "forge_cluster", "forge_serve", "forge_eval"})
 
 
 def await_forge_magics(lines: list[str]) -> list[str]:

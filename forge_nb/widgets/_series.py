@@ -6,7 +6,8 @@ per-trace columns and remembers which traces changed, and a view takes only thos
 the model is the trace order in a figure; traces for reward functions seen later go at the end.
 
 Layout: reward on top (mean, a min/max band, and markers for hot changes and failures on a hidden 0..1
-axis), then two columns of small panels, the first one a line per reward function (in the reward
+axis), then two columns of small panels, the last one a line per evaluation measure (from "eval" events, drawn at
+the step that trained the evaluated version), the first one a line per reward function (in the reward
 panel a single function's line lay on the mean's, which looked dashed). Every marked event
 also draws a dotted vertical line across each panel at its step.
 """
@@ -44,8 +45,15 @@ PANELS: tuple[Panel, ...] = (
     Panel("step time (s)", ("time/step_s", "time/step"), 6, 1),
     Panel("turns per episode", ("turns/mean",), 6, 2, "no values: single-turn episodes (see forge_nb.envs)"),
     Panel("tool-call success", ("tools/success",), 7, 1, "no values: no tool was called"),
+    Panel("mismatch KL (generator vs trainer)", ("mismatch/kl", "mismatch/kl_same_version"), 7, 2,
+          "no values: the generator gives no logprobs, or the loss is not one of forge_nb's"),
+    Panel("importance ratio p1 / p50 / p99", ("mismatch/ratio_p1", "mismatch/ratio_p50", "mismatch/ratio_p99"), 8, 1,
+          "no values: the generator gives no logprobs, or the loss is not one of forge_nb's"),
+    Panel("eval: avg@k, pass@k (by the step of the version)", (), 8, 2,
+          "no values: no evaluation yet (run.evaluate, %forge_eval, loop.eval_every)"),
 )
 REWARD_FUNCTIONS = 1  #: the panel of the per-function reward lines ("reward/<function>")
+EVALS = len(PANELS) - 1  #: the panel of the evaluations' lines ("eval/<measure>", from "eval" events)
 BAND = ("reward/max", "reward/min")  # upper first: the lower trace fills "tonexty" up to it
 REWARD_SUMMARIES = frozenset({"reward/mean", "reward/min", "reward/max", "reward/std"})
 MARKS = {"set": ("hot change", "#7b1fa2", "triangle-down", 0.92), "failure": ("failure", "#d62728", "x", 0.80)}
@@ -163,6 +171,15 @@ class CurveData:
             self.row_times.append(row["time"])
 
     def add_event(self, event: Row) -> None:
+        if event.get("kind") == "eval":  # a line per measure, a point per evaluated version at the step that made it
+            for key, value in event.items():
+                if key.startswith("eval/") and isinstance(value, int | float):
+                    i = self._index.get(key)
+                    if i is None:
+                        i = self._add(key, EVALS, "line")
+                        self.new_traces.append(i)
+                    self._append(i, event.get("step", 0), value)
+            return
         mark = mark_of(event)
         if mark is None:
             return
@@ -217,7 +234,7 @@ class CurveData:
         marks_axis = fig.get_subplot(1, 1, secondary_y=True).yaxis
         marks_axis.update(range=[0, 1], visible=False, fixedrange=True)
         fig.update_xaxes(matches="x")
-        fig.update_layout(height=1000, margin=dict(l=50, r=20, t=70, b=30), uirevision="keep",
+        fig.update_layout(height=1130, margin=dict(l=50, r=20, t=70, b=30), uirevision="keep",
                           legend=dict(orientation="h", y=1.03, yanchor="bottom", x=0), hovermode="closest")
         fig.layout.shapes = self.shapes(fig)
         return fig

@@ -45,8 +45,8 @@ import traitlets
 from forge_nb.widgets._series import REWARD_FUNCTIONS, CurveData, Row, Trace
 from forge_nb.widgets._throttle import Throttle
 
-#: The dashboard's seven rows of panels: ~88 px of plot each (the reward row 1.6x), what six rows had at 860 px.
-DASHBOARD_HEIGHT = 1000
+#: The dashboard's eight rows of panels: ~88 px of plot each (the reward row 1.6x), what six rows had at 860 px.
+DASHBOARD_HEIGHT = 1130
 CURVES_JS = pathlib.Path(__file__).with_name("curves.js")  #: the page half, in both hosts
 VENDOR = pathlib.Path(__file__).with_name("vendor")  #: uPlot 1.6.32 (npm ``uplot``), its LICENSE, our CSS
 #: seconds between the page's redraws for new points, in both hosts: at 1 s the uPlot curves cost 2-4% of

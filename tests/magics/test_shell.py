@@ -116,6 +116,8 @@ def test_help_prints_the_table(ip, capsys):
     ("%forge_attach /nonexistent/run", "is not a run directory (no config.json)"),
     ("%forge_meshes extra", "%forge_meshes takes no arguments"),
     ("%forge_shutdown --name nope", "no run named 'nope'"),
+    ("%forge_eval -k 0", "%forge_eval -k 0: k is the number of answers per prompt, an integer >= 1"),
+    ("%forge_eval nothing_here", "%forge_eval nothing_here: no variable of that name"),
 ])
 def test_misuse_raises_a_usage_error_that_says_what_to_do(ip, cell, says):
     assert says in usage_error(ip, cell)
