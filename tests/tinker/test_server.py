@@ -95,6 +95,27 @@ async def test_each_training_call_lands_on_a_run_of_its_own(served):
     assert after.metrics["loss:sum"] != forward.metrics["loss:sum"]  # the step changed the adapter
 
 
+async def test_calls_in_flight_at_once_run_in_the_order_they_were_made(served):
+    run, server, service = served
+    training = await client(service, server)
+    ids = training.get_tokenizer().encode("fghfgh")
+    batch = [datum(ids, weights=[1.0] * (len(ids) - 1))]
+    # submitted together, as the SDK pipelines them; awaited only afterwards
+    adam = types.AdamParams(learning_rate=5e-2)
+    calls = [training.forward(batch, "cross_entropy"), training.forward_backward(batch, "cross_entropy"),
+             training.optim_step(adam), training.forward(batch, "cross_entropy"),
+             training.forward_backward(batch, "cross_entropy"), training.optim_step(adam),
+             training.forward(batch, "cross_entropy")]
+    before, first, _, between, second, _, after = [await c for c in calls]
+    loss = {name: out.metrics["loss:sum"] for name, out in
+            {"before": before, "first": first, "between": between, "second": second, "after": after}.items()}
+    # each call saw the steps submitted before it, and only those
+    assert loss["first"] == pytest.approx(loss["before"], abs=1e-6)
+    assert loss["second"] == pytest.approx(loss["between"], abs=1e-6)
+    assert len({round(loss[k], 4) for k in ("before", "between", "after")}) == 3, loss
+    assert [r["step"] for r in model_of(server, training).run.metrics.rows] == [1, 2]
+
+
 async def test_the_sdk_and_the_trainer_agree_on_loss_and_gradient_norm(served):
     run, server, service = served
     training = await client(service, server)
