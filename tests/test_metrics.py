@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from forge_nb.metrics import MetricsStore, summarize
 
 
@@ -75,3 +77,37 @@ def test_events_are_bounded_in_memory_and_on_disk(tmp_path, monkeypatch):
     current, older = tmp_path / "events.jsonl", tmp_path / "events.jsonl.1"
     assert current.stat().st_size <= 20_000 + 200 and older.stat().st_size <= 20_000 + 200
     assert '"n": 999' in current.read_text()
+
+
+def test_rows_beyond_the_last_ones_leave_memory_and_read_back_from_the_file(tmp_path):
+    store = MetricsStore(tmp_path, keep_rows=50)
+    expected = [store.record(step, {"loss": step / 10, "nan": math.nan if step % 7 == 0 else step}) for step in
+                range(1, 1001)]
+    rows = store.rows
+    assert len(rows) == 1000 and rows.in_memory == 50  # the kernel holds 50 rows, not 1000
+    assert rows[0]["loss"] == 0.1 and rows[-1]["step"] == 1000 and rows[499]["step"] == 500
+    assert [r["step"] for r in rows[10:13]] == [11, 12, 13] and [r["step"] for r in rows[-3:]] == [998, 999, 1000]
+    assert [r["step"] for r in rows] == list(range(1, 1001)) and next(reversed(rows))["step"] == 1000
+    assert math.isnan(rows[6]["nan"]) and rows[7]["nan"] == 8  # NaN is kept as NaN, read back from the file too
+    assert [r["step"] for r in rows] == [r["step"] for r in expected]
+    assert store.series("loss")[1][:3] == [0.1, 0.2, 0.3] and store.frame().shape[0] == 1000
+    with pytest.raises(IndexError):
+        rows[1000]
+    again = MetricsStore(tmp_path, keep_rows=50)  # resumed: the same rows, the same 50 in memory
+    assert len(again.rows) == 1000 and again.rows.in_memory == 50 and again.rows[3]["step"] == 4
+    assert again.record(1001, {"loss": 0.0})["step"] == 1001 and again.rows[-2]["step"] == 1000
+
+
+def test_rows_a_full_disk_keeps_back_stay_in_memory_until_written(tmp_path, monkeypatch):
+    store = MetricsStore(tmp_path, keep_rows=5)
+    for step in range(1, 11):
+        store.record(step, {"loss": 1.0})
+    monkeypatch.setattr(store, "_write", lambda name, waiting: False)  # as a full disk answers
+    for step in range(11, 31):
+        store.record(step, {"loss": 2.0})
+    # the 20 rows the file lacks stay in memory, beyond the last 5
+    assert store.rows.in_memory == 20 and [r["step"] for r in store.rows][-21:] == list(range(10, 31))
+    monkeypatch.undo()
+    store.record(31, {"loss": 3.0})  # space is back: what waited goes to the file, then leaves memory
+    assert store.rows.in_memory == 5 and [r["step"] for r in store.rows] == list(range(1, 32))
+    assert [r["step"] for r in MetricsStore(tmp_path).rows] == list(range(1, 32))

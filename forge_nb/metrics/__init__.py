@@ -10,13 +10,15 @@ Rows are plain dicts ``{"step": int, "time": float, name: float, ...}``; events 
 evictions, skipped steps, quarantined episodes). Both append to JSON-lines files in the run
 directory when one is attached, so ``forge_nb.resume`` starts with the history intact. Events are
 bounded: at most ``MAX_EVENTS`` in memory and ``MAX_EVENTS_BYTES`` in ``events.jsonl`` (the older part
-moves to ``events.jsonl.1``); rows are one per step and stay whole. On a full disk, rows and events stay in
-memory (``unwritten``) and go to the files with the next write that fits: training goes on, nothing is lost
-unless the kernel dies before space returns.
+moves to ``events.jsonl.1``); rows are one per step and stay whole: the last ``rows.KEEP`` in memory, the
+older ones read back from ``metrics.jsonl`` when asked for (``forge_nb.metrics.rows``), so the kernel does not
+grow with the run's length. On a full disk, rows and events stay in memory (``unwritten``) and go to the files
+with the next write that fits: training goes on, nothing is lost unless the kernel dies before space returns.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -26,6 +28,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from forge_nb.metrics.rows import KEEP, Rows
 from forge_nb.system.diskspace import is_no_space
 
 logger = logging.getLogger(__name__)
@@ -40,8 +43,8 @@ Observer = Callable[[str, Row], None]  # ("step" | "event", row)
 class MetricsStore:
     """Per-step values and events of one run; ``subscribe`` to hear of each as it is recorded."""
 
-    def __init__(self, directory: str | Path | None = None):
-        self.rows: list[Row] = []
+    def __init__(self, directory: str | Path | None = None, keep_rows: int = KEEP):
+        self.rows = Rows()  # the last rows in memory, the older ones read back from metrics.jsonl (metrics.rows)
         self.events: list[Row] = []
         self.observer_errors: list[str] = []
         self._observers: list[Observer] = []
@@ -50,7 +53,7 @@ class MetricsStore:
         self.disk_full: str | None = None  #: why the last write failed for space, while it does
         if self._dir is not None:
             self._dir.mkdir(parents=True, exist_ok=True)
-            self.rows = _read_jsonl(self._dir / "metrics.jsonl")
+            self.rows = Rows(self._dir / "metrics.jsonl", keep=keep_rows)
             self.events = _read_jsonl(self._dir / "events.jsonl")
 
     # -- recording --------------------------------------------------------------------------------
@@ -162,7 +165,8 @@ class MetricsStore:
         try:
             start = os.fstat(fd).st_size
             try:
-                data = "".join(waiting).encode()
+                lines = [line.encode() for line in waiting]
+                data = b"".join(lines)
                 while data:
                     data = data[os.write(fd, data):]
             except OSError as e:
@@ -178,6 +182,8 @@ class MetricsStore:
         finally:
             os.close(fd)
         waiting.clear()
+        if name == "metrics.jsonl":  # where each row's line starts: the rows can leave memory (metrics.rows)
+            self.rows.written(list(itertools.accumulate((len(line) for line in lines[:-1]), initial=start)))
         if name == "events.jsonl" and size > MAX_EVENTS_BYTES:  # bounded: the older half moves to events.jsonl.1
             os.replace(path, path.with_name(name + ".1"))
         return True
