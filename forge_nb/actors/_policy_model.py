@@ -278,13 +278,17 @@ def all_ranks(flag: bool, world: int) -> bool:
 
 
 def reduce_metrics(values: dict[str, float], world: int) -> dict[str, float]:
-    """Mean over ranks ("tokens": sum), by name, so ranks need not report the same keys."""
+    """Mean over ranks ("tokens": sum; per-row lists concatenated in rank order), by name, so ranks need not report
+    the same keys."""
     if world == 1:
         return values
     gathered: list[dict[str, float]] = [{} for _ in range(world)]
     dist.all_gather_object(gathered, values)
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     for key in gathered[0]:
         xs = [g[key] for g in gathered if key in g]
-        out[key] = sum(xs) if key == "tokens" else sum(xs) / len(xs)
+        if isinstance(xs[0], list):
+            out[key] = [row for x in xs for row in x]
+        else:
+            out[key] = sum(xs) if key == "tokens" else sum(xs) / len(xs)
     return out

@@ -18,8 +18,10 @@ parameter names:
 ``target_ids``, ``target_weights`` as per-token advantages, no reference logprobs).
 
 A loss returns ``(loss, metrics)``, torchforge's ``LossOutput(loss, metrics)`` or a bare loss; its metrics
-(a dict, or torchforge's list of ``Metric(key, value)``) come back from ``train_step``. A batch without
-reference logprobs is refused for a loss with ``beta > 0`` rather than trained against zeros.
+(a dict, or torchforge's list of ``Metric(key, value)``) come back from ``train_step``. For a forge_nb-kind loss
+with the generator's logprobs, ``train_step``'s result also holds ``rows[TOKEN_RATIOS]``: each row's per-token ratio
+trainer / generator (float16 arrays, in the batch's row order), which the controller hands to the explorer. A batch
+without reference logprobs is refused for a loss with ``beta > 0`` rather than trained against zeros.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ import torch
 
 from forge_nb.rl import PolicyLoss, TrainBatch, compute_logprobs, entropy_from_logits
 from forge_nb.rl.loss.ops import CROSS_ENTROPY_IGNORE_IDX
+from forge_nb.rl.losses.mismatch import TOKEN_RATIOS, token_ratios
 from forge_nb.rl.types import TextTrainBatch
 from forge_nb.system.importpath import import_path
 
-__all__ = ["clip_and_step", "loss_function", "loss_kind", "mean_metrics", "rl_loss", "sft_loss", "text_loss"]
+__all__ = ["TOKEN_RATIOS", "clip_and_step", "loss_function", "loss_kind", "mean_metrics", "rl_loss", "sft_loss",
+           "text_loss"]
 
 LossFn = Callable[..., Any]
 
@@ -143,6 +147,9 @@ def _aligned_loss(
         if same_version is not None and gen is not None and _accepts(loss_fn, "same_version"):
             kwargs["same_version"] = same_version
         result = loss_fn(logprobs, ref, gen, advantages, mask, **kwargs)
+        if gen is not None:  # the explorer's per-token view: each row's ratios over its trained tokens
+            loss, metrics = _with_entropy_and_kl(_loss_and_metrics(loss_fn, result), logits, mask)
+            return loss, {**metrics, TOKEN_RATIOS: token_ratios(logprobs, gen, mask)}  # type: ignore[dict-item]
     return _with_entropy_and_kl(_loss_and_metrics(loss_fn, result), logits, mask)
 
 
@@ -235,10 +242,13 @@ def _label(fn: LossFn) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
-def mean_metrics(metrics: list[dict[str, float]]) -> dict[str, float]:
-    """Each metric's mean over the micro-batches that reported it."""
-    names = {k for m in metrics for k in m}
-    return {k: sum(m[k] for m in metrics if k in m) / sum(k in m for m in metrics) for k in sorted(names)}
+def mean_metrics(metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each metric's mean over the micro-batches that reported it; per-row lists (``TOKEN_RATIOS``) concatenated."""
+    out: dict[str, Any] = {}
+    for name in sorted({k for m in metrics for k in m}):
+        values = [m[name] for m in metrics if name in m]
+        out[name] = [row for v in values for row in v] if isinstance(values[0], list) else sum(values) / len(values)
+    return out
 
 
 def clip_and_step(optimizer: torch.optim.Optimizer, max_norm: float) -> float:

@@ -30,6 +30,7 @@ from typing import Any
 
 from forge_nb.controller.episodes import episode_metrics
 from forge_nb.rl import collate
+from forge_nb.rl.losses.mismatch import TOKEN_RATIOS
 
 __all__ = ["Batch", "RLBatches", "SFTBatches", "loads_overlap", "would_be_too_old"]
 
@@ -100,6 +101,12 @@ class RLBatches:
     async def train(self, batch: Batch) -> dict[str, Any]:
         self.ctl.ledger.begin_step(batch.size)  # the ledger balances while the step runs, too
         results = await self.ctl.trainer.train_step.call(collate(batch.data))
+        ratios = getattr(results[0], "rows", {}).get(TOKEN_RATIOS)
+        if ratios is not None and len(ratios) == len(batch.data):  # the explorer's per-token view of each episode
+            shown = {row["episode_id"]: row for row in self.ctl.recent}
+            for episode, row_ratios in zip(batch.data, ratios, strict=True):
+                if episode.episode_id in shown:
+                    shown[episode.episode_id]["token_ratios"] = [round(float(r), 3) for r in row_ratios]
         return dict(results[0].metrics)
 
     def settle(self, batch: Batch, how: str) -> None:

@@ -376,6 +376,13 @@ class ForwardBackwardResult:
     """The loss of the step, a Python float."""
     metrics: dict[str, float] = field(default_factory=dict)
     """Scalars the loss and trainer report, e.g. {"kl": 0.01, "grad_norm": 1.2}."""
+    rows: dict[str, list[Any]] = field(default_factory=dict)
+    """Values per row of the batch, in its row order: ``"mismatch/token_ratios"``, each row's per-token ratio
+    trainer / generator over its trained tokens (the explorer shows it). A list given among ``metrics`` moves here."""
+
+    def __post_init__(self) -> None:
+        for name in [k for k, v in self.metrics.items() if isinstance(v, list)]:
+            self.rows[name] = self.metrics.pop(name)  # type: ignore[arg-type]
 
     def __getitem__(self, name: str) -> float:
         """``result["kl"]``: one of the metrics (forge_nb's trainer returned the metrics dict itself)."""

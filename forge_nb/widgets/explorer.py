@@ -2,7 +2,8 @@
 
 Reads ``run.episodes(n=, version=, min_reward=, max_reward=)`` (dicts with prompt, response, target, reward,
 advantage, version, episode_id; a multi-turn episode's ``turns`` are shown turn by turn, an agent's
-``trajectory`` and ``segment`` under its id). The table shows
+``trajectory`` and ``segment`` under its id; a trained episode's ``token_ratios``, the trainer's per-token ratio
+to the generator, coloured where it leaves [0.8, 1.25] and [0.5, 2]). The table shows
 the filtered episodes; below it, one prompt's completions sit side by side, a column per policy version, so
 a change in behaviour between versions is visible at a glance. With *follow* on, both refresh when the run's
 version changes (checked on the dashboard's poll tick, only while the explorer is open: a collapsed one
@@ -40,7 +41,7 @@ def render_episodes(episodes: list[Episode]) -> str:
     if not episodes:
         return "<div class='forge-episodes'><i>no episodes match</i></div>"
     head = "".join(f"<th style='text-align:left;padding:2px 6px'>{h}</th>" for h in (
-        "id", "version", "reward", "advantage", "prompt", "response", "target"))
+        "id", "version", "reward", "advantage", "prompt", "response", "target", "ratio trainer / generator"))
     rows = []
     for e in episodes:
         response = _turns(e["turns"]) if "turns" in e else _text(e.get("response"))
@@ -49,11 +50,33 @@ def render_episodes(episodes: list[Episode]) -> str:
             ident += (f"<br><span style='color:#666' title='{html.escape(str(e['trajectory']))}'>trajectory "
                       f"{html.escape(str(e['trajectory'])[:8])}, segment {_num(e.get('segment'))}</span>")
         cells = [ident, _num(e.get("version")), _num(e.get("reward")),
-                 _num(e.get("advantage")), _text(e.get("prompt"), 200), response, _text(e.get("target"), 100)]
+                 _num(e.get("advantage")), _text(e.get("prompt"), 200), response, _text(e.get("target"), 100),
+                 _ratios(e.get("token_ratios"))]
         rows.append("<tr>" + "".join(f"<td style='vertical-align:top;padding:2px 6px'>{c}</td>"
                                      for c in cells) + "</tr>")
     return (f"<div class='forge-episodes' style='max-height:360px;overflow:auto'><table "
             f"style='border-collapse:collapse;font-size:12px'><tr>{head}</tr>{''.join(rows)}</table></div>")
+
+
+#: Per-token ratios outside these bands are drawn orange (mild) and red (far): where mismatch correction would act.
+RATIO_BANDS = ((0.8, 1.25), (0.5, 2.0))
+RATIOS_SHOWN = 48  #: tokens shown of a long answer's ratios (the tooltip has its min and max)
+
+
+def _ratios(values: list[float] | None) -> str:
+    """An episode's per-token ratio trainer / generator, as the trainer measured it when the episode trained
+    (``mismatch/token_ratios``); empty before then, or when the generator gave no logprobs."""
+    if not values:
+        return "<span style='color:#999'>-</span>"
+    (mild_lo, mild_hi), (far_lo, far_hi) = RATIO_BANDS
+
+    def color(v: float) -> str:
+        return "#d62728" if not far_lo <= v <= far_hi else "#ff7f0e" if not mild_lo <= v <= mild_hi else "#444"
+
+    spans = " ".join(f"<span style='color:{color(v)}'>{v:.2f}</span>" for v in values[:RATIOS_SHOWN])
+    more = f" ... ({len(values)} tokens)" if len(values) > RATIOS_SHOWN else ""
+    return (f"<span style='font-family:monospace' title='min {min(values):.3g}, max {max(values):.3g}'>"
+            f"{spans}{more}</span>")
 
 
 def _turns(turns: list[dict[str, Any]]) -> str:

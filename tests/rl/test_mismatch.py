@@ -137,3 +137,17 @@ def test_a_correction_is_hot_changeable_like_other_loss_fields() -> None:
     assert (loss.mismatch_correction, loss.mismatch_cap) == ("sequence_mask", 3.0)
     with pytest.raises(ValueError, match="mismatch_cap=0.5"):
         with_hparams(opt, train, loss, {"mismatch_cap": 0.5})
+
+
+def test_per_row_ratios_travel_apart_from_the_metrics_and_the_explorer_colours_them() -> None:
+    from forge_nb.rl.losses.mismatch import TOKEN_RATIOS, token_ratios
+    from forge_nb.rl.types import ForwardBackwardResult
+    from forge_nb.widgets.explorer import render_episodes
+
+    logp, gen, mask = _row()
+    rows = token_ratios(logp, gen, mask)
+    assert [float(v) for v in rows[0]] == pytest.approx(RATIOS, rel=1e-3)  # float16, trained tokens only
+    result = ForwardBackwardResult(loss=0.5, metrics={"loss": 0.5, TOKEN_RATIOS: rows})
+    assert result.metrics == {"loss": 0.5} and result.rows[TOKEN_RATIOS] is rows
+    html = render_episodes([{"episode_id": "e1", "token_ratios": RATIOS}])
+    assert "ratio trainer / generator" in html and html.count("#d62728") == 2  # 0.25 and 4 are far off

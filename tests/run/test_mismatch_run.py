@@ -65,6 +65,9 @@ async def test_mismatch_is_measured_and_small_when_engine_and_trainer_agree(run)
     same = [r["mismatch/kl_same_version"] for r in rows if "mismatch/kl_same_version" in r]
     assert same and max(same) < 1e-3  # the episodes of the weights being trained: the engine's numerics alone
     BASELINE["kl"] = statistics.fmean(same)
+    # the explorer's per-token view: trained episodes carry the trainer's ratio of each of their tokens
+    shown = [e for e in run.episodes(n=500) if "token_ratios" in e]
+    assert shown and all(0 < len(e["token_ratios"]) <= run.config.max_res_tokens for e in shown)
 
 
 class _Hotter:

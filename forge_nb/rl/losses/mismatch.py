@@ -29,14 +29,17 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 import torch
 
 from forge_nb.rl.losses.ops import MAX_LOG_RATIO, masked_mean
 
-__all__ = ["CORRECTIONS", "Correction", "check_mismatch", "importance_weights", "mismatch_metrics"]
+__all__ = ["CORRECTIONS", "TOKEN_RATIOS", "Correction", "check_mismatch", "importance_weights", "mismatch_metrics",
+           "token_ratios"]
 
 Correction = Literal["off", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 CORRECTIONS: tuple[str, ...] = ("off", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+TOKEN_RATIOS = "mismatch/token_ratios"  #: the trainer's per-row ratios, handed from the train step to the explorer
 _QUANTILES = ((0.01, "p1"), (0.5, "p50"), (0.99, "p99"))
 #: torch.quantile refuses inputs above 2**24 elements: a larger batch's tail is read from a strided sample
 _QUANTILE_LIMIT = 1 << 24
@@ -56,8 +59,10 @@ def check_mismatch(owner: str, correction: str, cap: float, floor: float) -> Non
                          "0 drops none, 0.5 is IcePop's lower bound)")
 
 
-def _log_ratio(logprobs: torch.Tensor, generator_logprobs: torch.Tensor) -> torch.Tensor:
-    return (logprobs.detach().float() - generator_logprobs.detach().float()).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+def _log_ratio(logprobs: torch.Tensor, generator_logprobs: torch.Tensor,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    log_r = logprobs.detach().to(dtype) - generator_logprobs.detach().to(dtype)
+    return log_r.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
 
 
 def importance_weights(
@@ -94,9 +99,9 @@ def mismatch_metrics(
     valid = mask.bool()
     if not valid.any():
         return {}
-    log_r = _log_ratio(logprobs, generator_logprobs)
-    k3 = torch.exp(log_r) - 1 - log_r
-    ratio = torch.exp(log_r[valid]).double()
+    log_r = _log_ratio(logprobs, generator_logprobs, torch.float64)
+    k3 = torch.expm1(log_r) - log_r  # in float64: float32's exp(x) - 1 - x cancels to noise (even < 0) at 1e-9
+    ratio = torch.exp(log_r[valid])
     sample = ratio if ratio.numel() <= _QUANTILE_LIMIT else ratio[:: ratio.numel() // _QUANTILE_LIMIT + 1]
     quantiles = torch.quantile(sample, torch.tensor([q for q, _ in _QUANTILES], dtype=torch.float64,
                                                     device=sample.device))
@@ -111,8 +116,9 @@ def mismatch_metrics(
     return out
 
 
-def token_ratios(logprobs: torch.Tensor, generator_logprobs: torch.Tensor, mask: torch.Tensor) -> list[list[float]]:
-    """Each row's per-token ratio ``pi_trainer / pi_generator`` over its trained tokens (the explorer's view)."""
-    ratio = torch.exp(_log_ratio(logprobs, generator_logprobs)).cpu()
-    valid = mask.bool().cpu()
-    return [[round(float(v), 4) for v in ratio[i][valid[i]]] for i in range(ratio.shape[0])]
+def token_ratios(logprobs: torch.Tensor, generator_logprobs: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:
+    """Each row's per-token ratio ``pi_trainer / pi_generator`` over its trained tokens, as float16 arrays (the
+    explorer's view; numpy, which pickles a row in a fraction of a tensor's time)."""
+    ratio = torch.exp(_log_ratio(logprobs, generator_logprobs)).cpu().numpy().astype(np.float16)
+    valid = mask.bool().cpu().numpy()
+    return [ratio[i][valid[i]] for i in range(ratio.shape[0])]
