@@ -77,5 +77,16 @@ print("per letter:", ", ".join(f"{p['prompt']} {p['mean_reward']:.2f}" for p in 
 print("letters not learned yet:", ", ".join(p["prompt"] for p in unsolved(episodes)) or "none")
 frame[["reward/mean", "loss", "entropy", "weight_sync_s"]].tail()
 
+# %% [markdown]
+# The generator (vLLM) and the trainer compute the same policy with different kernels, and in async mode the
+# trainer trains on episodes of older versions. The dashboard's *mismatch KL* and *importance ratio* panels show how
+# far apart they are each step: `mismatch/kl_same_version` is the engine's numerics alone (float32 both sides here:
+# ~1e-14), `mismatch/kl` adds the episodes' staleness. `%forge_eval` samples 4 answers to each held-out prompt from
+# the generators holding the current version: avg@4 and pass@k (docs: Async RL).
+
+# %%
+print(frame[["mismatch/kl", "mismatch/kl_same_version", "mismatch/ratio_p1", "mismatch/ratio_p99"]].mean())
+%forge_eval -k 4
+
 # %%
 %forge_shutdown
