@@ -85,7 +85,8 @@ frame[["reward/mean", "loss", "entropy", "weight_sync_s"]].tail()
 # the generators holding the current version: avg@4 and pass@k (docs: Async RL).
 
 # %%
-print(frame[["mismatch/kl", "mismatch/kl_same_version", "mismatch/ratio_p1", "mismatch/ratio_p99"]].mean())
+mismatch = ["mismatch/kl", "mismatch/kl_same_version", "mismatch/ratio_p1", "mismatch/ratio_p99"]
+print(frame.reindex(columns=mismatch).mean())
 %forge_eval -k 4
 
 # %%
