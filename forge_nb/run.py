@@ -333,17 +333,21 @@ class Run:
         return self._ctl.clear_buffer(reason)
 
     async def evaluate(self, prompts: Any = None, *, k: int = 1, version: int | None = None, n: int | None = None,
-                       temperature: float | None = None, correct_at: float = 1.0) -> dict[str, Any]:
+                       temperature: float | None = None, correct_at: float = 1.0,
+                       episode_fn: EpisodeFn | None = None) -> dict[str, Any]:
         """``k`` answers to each held-out prompt from generators that all hold one weight version, scored by the run's
         reward functions: avg@k and unbiased pass@1, 2, 4 .. k (an answer passes with reward >= ``correct_at``).
 
         ``prompts``: None (``n``, default ``loop.eval_prompts``, of the task's held-out prompts), a task, or a list of
         ``{"request", "target"}`` dicts or prompt strings. ``version``: the run's current one (None), the only one a run
         keeps; another is refused. k=1 answers greedily, k > 1 samples at the run's temperature (or ``temperature``).
+        ``episode_fn``: each prompt is a sample it plays as one group (k is the run's group size), scored as it scores;
+        ``episode_fn=verifiers_episode(env)`` with ``prompts=[{"vf_task": i} for i in range(16)]`` evaluates on a
+        verifiers environment's tasks.
         A running run parks at a step boundary for it and goes on after; an "eval" event keeps the values, which the
         dashboard draws over the step that trained the version (``forge_nb.controller.evaluate``)."""
         return await evaluate_run(self._ctl, prompts, k=k, version=version, n=n, temperature=temperature,
-                                  correct_at=correct_at)
+                                  correct_at=correct_at, episode_fn=episode_fn)
 
     async def checkpoint(self) -> str:
         """Trainer checkpoint, buffer snapshot and the run's counters, in the run directory."""

@@ -7,6 +7,11 @@ after), the version is loaded (``WeightSync.settle``), and every answer is check
 Completion carries ``generator_version``). A run keeps the weights of its current version only (older ones are
 dropped after each load), so ``version`` is that one: another is refused, with what to do instead.
 
+The answers come from the generators directly (``policy.generate``, scored by the run's reward functions), or from
+an episode function given as ``episode_fn`` (the held-out prompts are its samples, each played as one group of the
+run's group size, scored as it scores): ``verifiers_episode(env)`` makes a verifiers environment the eval set, with
+samples ``[{"vf_task": i} ...]`` naming its held-out tasks.
+
 An answer is correct when its reward reaches ``correct_at`` (1.0: the toy task's whole pattern, a verified math
 answer). For each prompt with ``c`` correct of ``k`` answers, pass@j is Chen et al. 2021's ("Evaluating Large
 Language Models Trained on Code", eq. 1) unbiased estimator ``1 - C(k - c, j) / C(k, j)``, averaged over prompts,
@@ -43,9 +48,10 @@ def _ks(k: int) -> list[int]:
     return sorted({2**i for i in range(k.bit_length()) if 2**i < k} | {k})
 
 
-def resolve_prompts(run: Any, prompts: Any, n: int | None) -> list[dict[str, Any]]:
+def resolve_prompts(run: Any, prompts: Any, n: int | None, *, samples: bool = False) -> list[dict[str, Any]]:
     """The held-out prompts as ``{"request", "target"}`` dicts: from the run's task (None), a task-like object
-    (``eval_prompts(n)``), or a list of such dicts or of plain prompt strings (no target)."""
+    (``eval_prompts(n)``), or a list of such dicts or of plain prompt strings (no target). ``samples``: the dicts are
+    an episode function's samples, which need no "request" (a verifiers env's ``{"vf_task": i}``)."""
     count = n if n is not None else run.config.loop.eval_prompts
     if prompts is None:
         prompts = run.task
@@ -55,7 +61,7 @@ def resolve_prompts(run: Any, prompts: Any, n: int | None) -> list[dict[str, Any
         raise ValueError(f"evaluate(prompts={prompts!r}): give a task (an object with eval_prompts(n)), a list of "
                          "{'request': ..., 'target': ...} dicts or of prompt strings, or None for the run's task")
     out = [{"request": p, "target": None} if isinstance(p, str) else dict(p) for p in prompts]
-    if not out or any("request" not in p for p in out):
+    if not out or (not samples and any("request" not in p for p in out)):
         raise ValueError("evaluate(prompts=[...]): every prompt needs a 'request' (and a 'target' for rewards that "
                          "compare with one); got " + repr(prompts)[:200])
     return out
@@ -72,10 +78,34 @@ def check_eval_args(k: Any, version: Any, current: int) -> None:
                          "the version you want in a run of its own (forge_nb.resume) and evaluate there")
 
 
+def _check_versions(versions: set[Any], version: int) -> None:
+    if others := versions - {version}:
+        raise RuntimeError(f"evaluate: answers came from version(s) {sorted(others, key=str)}, not the pinned "
+                           f"{version}; a weight load ran during the evaluation")
+
+
+async def _played(run: Any, episode_fn: Any, sample: dict[str, Any], version: int) -> list[float]:
+    """The rewards of one group an episode function plays for ``sample``: one per answer (an agent's trajectory
+    of several segments is one answer); a quarantined answer (its reward raised) counts 0."""
+    group = await episode_fn(run, sample)
+    _check_versions({e.completion.generator_version for e in group if e.completion is not None}, version)
+    answers: dict[str, float] = {}
+    for i, episode in enumerate(group):
+        metadata = (episode.completion.metadata if episode.completion is not None else None) or {}
+        reward = 0.0 if episode.quarantine or episode.reward is None else float(episode.reward)
+        answers.setdefault(str(metadata.get("trajectory", i)), reward)
+    return list(answers.values())
+
+
 async def evaluate_pinned(run: Any, prompts: list[dict[str, Any]], *, k: int, version: int,
-                          temperature: float | None = None, correct_at: float = 1.0) -> dict[str, float]:
+                          temperature: float | None = None, correct_at: float = 1.0,
+                          episode_fn: Any = None) -> dict[str, float]:
     """avg@k and pass@j of ``prompts`` on generators that hold ``version`` (the caller parked the run and
-    loaded it); a RuntimeError if any answer came from another version."""
+    loaded it); a RuntimeError if any answer came from another version. ``episode_fn``: each prompt is a sample
+    that episode function plays as a group (its answers are the k: the run's group size), scored as it scores."""
+    if episode_fn is not None:
+        rewards = await asyncio.gather(*(_played(run, episode_fn, s, version) for s in prompts))
+        return _measures(rewards, min(len(rs) for rs in rewards), correct_at)
     if temperature is None:
         temperature = 0.0 if k == 1 else run.sampling_overrides.get("temperature", run.config.sampling().temperature)
     if k > 1 and temperature == 0:
@@ -85,18 +115,22 @@ async def evaluate_pinned(run: Any, prompts: list[dict[str, Any]], *, k: int, ve
 
     async def one(sample: dict[str, Any]) -> list[float]:
         completions = await run.policy.generate.route(sample["request"], n=k, temperature=temperature)
-        others = {c.generator_version for c in completions} - {version}
-        if others:
-            raise RuntimeError(f"evaluate: answers came from version(s) {sorted(others, key=str)}, not the pinned "
-                               f"{version}; a weight load ran during the evaluation")
+        _check_versions({c.generator_version for c in completions}, version)
         results = [await score(reward_fns, sample["request"], c.text, sample.get("target")) for c in completions]
         return [r.total for r in results]
 
-    rewards = await asyncio.gather(*(one(s) for s in prompts))
+    return _measures(await asyncio.gather(*(one(s) for s in prompts)), k, correct_at)
+
+
+def _measures(rewards: list[list[float]], k: int, correct_at: float) -> dict[str, float]:
+    """avg@k over every answer and pass@j (j = 1, 2, 4 .. k) of each prompt's answers, averaged over prompts."""
+    if k < 1:
+        raise RuntimeError("evaluate: a prompt got no answer")
     flat = [r for rs in rewards for r in rs]
     out = {f"eval/avg@{k}": sum(flat) / max(len(flat), 1)}
     for j in _ks(k):
-        out[f"eval/pass@{j}"] = sum(pass_at_k(k, sum(r >= correct_at for r in rs), j) for rs in rewards) / len(rewards)
+        out[f"eval/pass@{j}"] = sum(pass_at_k(len(rs), sum(r >= correct_at for r in rs), j)
+                                    for rs in rewards) / len(rewards)
     if k == 1:
         out["eval/reward"] = out["eval/avg@1"]  # the periodic evaluation's name before avg@k
     return out
@@ -122,10 +156,17 @@ async def eval_step(ctl: Any, settle: Callable[[], Awaitable[None]]) -> None:
 
 
 async def evaluate_run(ctl: Any, prompts: Any, *, k: int, version: int | None, n: int | None,
-                       temperature: float | None, correct_at: float) -> dict[str, float]:
+                       temperature: float | None, correct_at: float, episode_fn: Any = None) -> dict[str, float]:
     """``run.evaluate``: park a running run at a step boundary, load its version, evaluate, resume it."""
     check_eval_args(k, version, ctl.sync.version)
-    samples = resolve_prompts(ctl.handle, prompts, n)
+    if episode_fn is not None:
+        group = ctl.config.group_size
+        if k not in (1, group) or not callable(episode_fn):
+            raise ValueError(f"evaluate(episode_fn={episode_fn!r}, k={k}): an episode function (async (run, sample) -> "
+                             f"group) plays the run's group_size={group} answers per sample; leave k out or give "
+                             f"k={group}")
+        k = group
+    samples = resolve_prompts(ctl.handle, prompts, n, samples=episode_fn is not None)
     was_running = ctl.running
     if was_running:
         ctl.pause()
@@ -134,7 +175,7 @@ async def evaluate_run(ctl: Any, prompts: Any, *, k: int, version: int | None, n
         await ctl.sync.settle()
         pinned = ctl.sync.version
         values = await evaluate_pinned(ctl.handle, samples, k=k, version=pinned, temperature=temperature,
-                                       correct_at=correct_at)
+                                       correct_at=correct_at, episode_fn=episode_fn)
     finally:
         if was_running:
             ctl.start()

@@ -23,7 +23,7 @@ Magic                                                  What it does
                                                        with several live runs, one line per run
 %forge_episodes [-n K] [--version V] [--min-reward R]  recent episodes as a table (--turns: turn by turn)
 %forge_eval [PROMPTS] [-k K] [-n N] [-o VAR]           k answers per held-out prompt from the current version's
-                                                       generators: avg@k and unbiased pass@k (run.evaluate)
+  [--episode-fn FN]                                    generators: avg@k and unbiased pass@k (run.evaluate)
 %forge_logs [SERVICE[i]] [-n N] [--level L]           what the processes wrote (vLLM, monarch, torch): to
                                                        files in the run directory, not to the cells
 %forge_dashboard [--side]                              the live dashboard (forge_nb.widgets); --side: in a

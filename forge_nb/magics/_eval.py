@@ -27,6 +27,8 @@ class EvalMagics(Magics):
     @argument("-n", type=int, default=None, help="held-out prompts of the task (default loop.eval_prompts)")
     @argument("--temperature", type=float, default=None, help="sampling temperature for k > 1 (default: the run's)")
     @argument("--correct-at", type=float, default=1.0, help="the reward at which an answer passes (default 1.0)")
+    @argument("--episode-fn", dest="episode_fn", default=None,
+              help="a variable holding an episode function that plays each prompt as a group (verifiers_episode(env))")
     @argument("--name", help="the run to evaluate (its name or a variable holding a Run); needed with several")
     @argument("-o", dest="output", help="also put the values (a dict) in this variable")
     @line_magic
@@ -35,18 +37,21 @@ class EvalMagics(Magics):
         args = parse_argstring(self.forge_eval, line)
         if args.k < 1:
             raise UsageError(f"%forge_eval -k {args.k}: k is the number of answers per prompt, an integer >= 1")
-        prompts = None
-        if args.prompts is not None:
-            if args.prompts not in self.shell.user_ns:
-                raise UsageError(f"%forge_eval {args.prompts}: no variable of that name; give a variable holding a "
-                                 "task or a list of prompts, or nothing for the run's task")
-            prompts = self.shell.user_ns[args.prompts]
-        return self._eval(self.runs.get(args.name), prompts, args)
+        prompts, episode_fn = (self._variable(name) for name in (args.prompts, args.episode_fn))
+        return self._eval(self.runs.get(args.name), prompts, episode_fn, args)
 
-    async def _eval(self, run: Any, prompts: Any, args: Any) -> None:
+    def _variable(self, name: str | None) -> Any:
+        if name is None:
+            return None
+        if name not in self.shell.user_ns:
+            raise UsageError(f"%forge_eval {name}: no variable of that name; give a variable holding a task or a list "
+                             "of prompts (or an episode function for --episode-fn), or nothing for the run's task")
+        return self.shell.user_ns[name]
+
+    async def _eval(self, run: Any, prompts: Any, episode_fn: Any, args: Any) -> None:
         try:
             values = await run.evaluate(prompts, k=args.k, n=args.n, temperature=args.temperature,
-                                        correct_at=args.correct_at)
+                                        correct_at=args.correct_at, episode_fn=episode_fn)
         except ValueError as error:
             raise UsageError(str(error)) from None
         if args.output:

@@ -157,6 +157,15 @@ async def test_a_group_plays_verifiers_rollouts_through_the_endpoint_with_verifi
     again = await play(served.run, {"request": "no vf_task: the env's own sampling"})
     assert len(again) == 3 and len({ep.completion.prompt for ep in again}) == 1  # one task per group
 
+    # the env as an eval set: its tasks are the held-out prompts, each played as a group on version 0
+    from forge_nb.controller.evaluate import evaluate_pinned
+
+    SCORED.clear()
+    values = await evaluate_pinned(served.run, [{"vf_task": 0}, {"vf_task": 1}], k=3, version=0, episode_fn=play)
+    assert len(SCORED) == 6 and {prompt for prompt, _, _ in SCORED} == {"ab", "cd"}
+    assert values["eval/avg@3"] == pytest.approx(sum(r for _, _, r in SCORED) / 6)
+    assert 0 <= values["eval/pass@1"] <= values["eval/pass@2"] <= values["eval/pass@3"] <= 1
+
 
 @on_module_loop
 @pytest.mark.heavy

@@ -148,6 +148,11 @@ async def test_evaluations_hold_one_version_and_report_pass_at_k(run):
         await run.evaluate(k=0)
     with pytest.raises(ValueError, match=r"no longer stored"):
         await run.evaluate(k=2, version=run.version - 1)
+    # an episode function as the answerer (how a verifiers env is evaluated): k is the run's group size
+    played = await run.evaluate(run.task.eval_prompts(4), episode_fn=generate_episode)
+    assert played["k"] == run.config.group_size == 4 and "eval/pass@4" in played and played["version"] == run.version
+    with pytest.raises(ValueError, match=r"group_size=4 answers per sample"):
+        await run.evaluate(k=3, episode_fn=generate_episode)
     run.start()  # from a running run: it parks for the evaluation and goes on
     values = await run.evaluate(["a", "b"], k=2)
     assert run.state == "running" and values["prompts"] == 2
