@@ -63,6 +63,11 @@ class GroupGate:
         """Whether a step waiting ``waited_s`` for a full batch should train on what it has."""
         return self.rollout.dynamic_sampling and waited_s > self.rollout.refill_timeout_s
 
+    def refill_left(self, waited_s: float) -> float | None:
+        """Seconds until ``refill_expired`` (None: no dynamic sampling, or already expired)."""
+        left = self.rollout.refill_timeout_s - waited_s
+        return left if self.rollout.dynamic_sampling and left > 0 else None
+
     def row(self, trained_episodes: int, group_size: int) -> dict[str, float]:
         """This step's counters (groups generated and dropped since the last step's row), then starts over."""
         out = {"groups/generated": float(self._generated), "groups/dropped": float(self._dropped),

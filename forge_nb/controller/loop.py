@@ -74,6 +74,8 @@ class RLBatches:
             self._starved_reported = True
         # wake up by the starvation deadline at the latest, so a trainer that waits forever says so
         patience = 1.0 if self._starved_reported else max(0.05, loop_cfg.starved_after_s - waited)
+        if (refill_left := ctl.gate.refill_left(waited)) is not None:  # and by dynamic sampling's bound
+            patience = min(patience, max(0.05, refill_left))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(patience):
                 await ctl.batch_ready.wait()

@@ -106,3 +106,31 @@ def test_rollout_settings_are_refused_with_the_field() -> None:
         from_dict({"use_reference": True, "loop": {"eval_k": 0}})
     cfg = from_dict({"use_reference": True, "rollout": {"dynamic_sampling": True, "overlong_buffer": 2}})
     assert cfg.rollout.dynamic_sampling and cfg.to_dict()["rollout"]["overlong_buffer"] == 2
+
+
+async def test_past_the_refill_bound_a_step_trains_on_what_the_buffer_holds_and_says_so() -> None:
+    """RLBatches.take with a real buffer, ledger, gate and metrics store (the controller's parts it reads)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from forge_nb.controller.loop import RLBatches
+    from forge_nb.metrics import MetricsStore
+
+    cfg = from_dict({"use_reference": True, "batch_size": 16, "group_size": 2,
+                     "rollout": {"dynamic_sampling": True, "refill_timeout_s": 0.05}})
+    buffer = ReplayBuffer(batch_size=16, max_policy_age=1)
+    for _ in range(3):
+        group = [_episode([1, 2], r) for r in (0.0, 1.0)]
+        assign_advantages(group)
+        for episode in group:
+            buffer.add(episode)
+    ctl = SimpleNamespace(config=cfg, buffer=buffer, sync=SimpleNamespace(version=0), metrics=MetricsStore(), step=0,
+                          gate=GroupGate(cfg.rollout, Ledger(buffer)), training_idle=asyncio.Event(),
+                          collect_allowed=asyncio.Event(), batch_ready=asyncio.Event())
+    source = RLBatches(ctl)
+    assert await source.take() is None  # short of a batch: it waited for more groups until the bound
+    batch = await source.take()
+    assert batch is not None and batch.size == 6 and len(buffer) == 0
+    (event,) = ctl.metrics.events_frame("refill_timeout").to_dict("records")
+    assert event["episodes"] == 6 and "trains on the 6 episodes it has of 16" in event["message"]
+    assert ctl.metrics.events_frame("starved").empty  # woken by the refill bound, long before starvation's
