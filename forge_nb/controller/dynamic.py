@@ -6,7 +6,8 @@
 - its rewards' spread is measured (``frac_reward_zero_std`` in each step's row, with or without dynamic sampling);
 - with ``dynamic_sampling``, a group whose rewards are all equal is dropped: its episodes are accepted and end as
   ``zero_variance`` in the ledger at once (nothing is dropped without being counted), and the rollout loops go on
-  making groups, which refills the batch;
+  making groups, which refills the batch; a group with a quarantined episode is never dropped here (the
+  controller's quarantine watch counts it);
 - with ``mask_truncated``, each answer the generator cut at its budget keeps its reward but none of its tokens
   trains (``Episode.policy_mask`` all false: zero gradient from every term of the loss).
 
@@ -44,7 +45,8 @@ class GroupGate:
         self.totals["groups_generated"] += 1
         flat = zero_variance(group)
         self._flat += flat
-        if flat and self.rollout.dynamic_sampling:
+        # a group with a quarantined episode goes on to accept(), whose quarantine watch must see every failure
+        if flat and self.rollout.dynamic_sampling and not any(e.quarantine for e in group):
             self._dropped += 1
             self.totals["groups_dropped"] += 1
             self.totals["episodes_dropped"] += len(group)

@@ -70,6 +70,9 @@ def test_the_gate_drops_flat_groups_into_the_ledger_and_the_counters_add_up() ->
     row = gate.row(trained_episodes=4, group_size=2)
     assert row == {"groups/generated": 4.0, "groups/dropped": 2.0, "groups/trained": 2.0, "frac_reward_zero_std": 0.5}
     assert gate.row(0, 2)["groups/generated"] == 0  # counted per step
+    failing = [_episode([1, 2], 1.0), _episode([1, 2], 1.0), _episode([3], 0.0)]
+    failing[2].quarantine, failing[2].reward = "reward_raised", None  # the others agree; the failure must be seen
+    assert gate.admit(failing) == failing
     plain = GroupGate(RolloutConfig(), Ledger(buffer))
     assert plain.admit(groups[0]) == groups[0] and plain.row(2, 2)["frac_reward_zero_std"] == 1.0
 
