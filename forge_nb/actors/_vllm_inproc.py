@@ -37,7 +37,8 @@ import itertools
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 #: What the thread is handed: a function to run on the engine, and the future that gets its result.
@@ -252,14 +253,69 @@ def inspect_models_here() -> Iterator[None]:
         registry._run_in_subprocess = in_subprocess
 
 
+class AloneGate:
+    """Lets requests that must have an engine to themselves wait for it to empty, and holds the others back
+    meanwhile; the others share it as before.
+
+    Why: vLLM 0.32 maps a LoRA batch's adapters to the logits one row a sequence, while prompt logprobs take a row
+    a prompt token, so a request with an adapter that asks for prompt logprobs, in an engine step with other
+    requests, fails the step and the engine with it (``einsum(): subscript b has size 33 ... does not broadcast``;
+    vllm#16668, #29955): a Tinker ``compute_logprobs`` while the served run's rollouts were in the engine killed
+    the generator. Alone, such a request is served. A request waiting to go alone holds new ones back, so the
+    rollouts that keep an engine busy cannot starve it."""
+
+    def __init__(self) -> None:
+        self._sharing = 0
+        self._alone = False
+        self._waiting_alone = 0
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def entered(self, alone: bool) -> AsyncIterator[None]:
+        async with self._changed:
+            if alone:
+                self._waiting_alone += 1
+                try:
+                    await self._changed.wait_for(lambda: not self._alone and not self._sharing)
+                finally:
+                    self._waiting_alone -= 1
+                self._alone = True
+            else:
+                await self._changed.wait_for(lambda: not self._alone and not self._waiting_alone)
+                self._sharing += 1
+        try:
+            yield
+        finally:
+            async with self._changed:
+                if alone:
+                    self._alone = False
+                else:
+                    self._sharing -= 1
+                self._changed.notify_all()
+
+
+_gates: weakref.WeakKeyDictionary[Any, AloneGate] = weakref.WeakKeyDictionary()
+
+
 async def final_outputs(engine: Any, requests: list[tuple[Any, Any, str, Any]]) -> list[Any]:
     """The final output of each ``(engine_input, params, request_id, lora_request)``, or its exception: added to
-    the engine in one go where the engine can (``InprocEngine.generate_many``), else one ``generate`` each."""
-    if isinstance(engine, InprocEngine):
-        return await engine.generate_many(requests)
+    the engine in one go where the engine can (``InprocEngine.generate_many``), else one ``generate`` each. A
+    request with an adapter that asks for prompt logprobs has the engine to itself (``AloneGate``), even apart
+    from the requests it came with, and is refused with n > 1: its samples are sequences of one step, which fails
+    as above."""
+    alone = [params.prompt_logprobs is not None and lora is not None for _, params, _, lora in requests]
+    if any(alone) and len(requests) > 1:
+        return [out for (out,) in await asyncio.gather(*(final_outputs(engine, [r]) for r in requests))]
+    if alone[0] and requests[0][1].n > 1:
+        return [ValueError(f"prompt_logprobs with n={requests[0][1].n}: with an adapter, vLLM 0.32 fails the engine "
+                           "over prompt logprobs of several sequences at once (vllm#16668); ask for them with n=1 "
+                           "and sample the others apart")]
+    async with _gates.setdefault(engine, AloneGate()).entered(alone[0]):
+        if isinstance(engine, InprocEngine):
+            return await engine.generate_many(requests)
 
-    async def final(engine_input: Any, params: Any, request_id: str, lora: Any) -> Any:
-        outputs = [output async for output in engine.generate(engine_input, params, request_id, lora_request=lora)]
-        return outputs[-1]  # FINAL_ONLY: the one output
+        async def final(engine_input: Any, params: Any, request_id: str, lora: Any) -> Any:
+            outputs = [o async for o in engine.generate(engine_input, params, request_id, lora_request=lora)]
+            return outputs[-1]  # FINAL_ONLY: the one output
 
-    return await asyncio.gather(*(final(*request) for request in requests), return_exceptions=True)
+        return await asyncio.gather(*(final(*request) for request in requests), return_exceptions=True)
