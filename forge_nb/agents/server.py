@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -359,6 +360,10 @@ class OpenAIEndpoint:
     async def _generate(self, req: Any, prompt: list[int], room: int | None, log: TrajectoryLog | None,
                         default_max: int | None = None) -> list[Any]:
         limit = self.max_model_len
+        vocab = _vocab_size(self.run)
+        if vocab is not None and prompt and not 0 <= min(prompt) <= max(prompt) < vocab:
+            raise ApiError(400, f"prompt: token ids go from 0 to {vocab - 1} for this model; the prompt holds "
+                           f"{min(prompt) if min(prompt) < 0 else max(prompt)}", param="prompt", code="invalid_value")
         if limit is not None and len(prompt) >= limit:
             raise ApiError(400, f"This model's maximum context length is {limit} tokens; the prompt has "
                            f"{len(prompt)}.", param="messages", code="context_length_exceeded")
@@ -385,8 +390,11 @@ class OpenAIEndpoint:
         except ActorFailure as e:
             raise ApiError(503, f"the policy service could not serve this request: {e}"[:1000],
                            code="policy_unavailable") from e
-        except ValueError as e:  # the generator refused a sampling value
-            raise ApiError(400, str(e)[:1000], code="invalid_value") from e
+        except Exception as e:  # the generator refused the prompt or a sampling value (its actor's ValueError)
+            refused = getattr(e, "exception", e)
+            if not isinstance(refused, ValueError):
+                raise
+            raise ApiError(400, str(refused)[:1000], code="invalid_value") from e
 
     async def _stream(self, request: web.Request, chunks: list[dict[str, Any]]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -415,14 +423,24 @@ def _shared_http(timeout_s: float) -> Any:
                              headers={KEEP_ALIVE_HEADER: "1"})
 
 
+@functools.cache
+def _model_config(path: str) -> dict[str, Any]:
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config.get("text_config", config)
+
+
+def _vocab_size(run: Any) -> int | None:
+    """The model's vocabulary (its config's ``vocab_size``): the token ids a prompt may hold lie below it."""
+    return _model_config(str(run.model)).get("vocab_size")
+
+
 def _max_model_len(run: Any) -> int | None:
     """The generators' context: what the run gives their engines (``RunConfig.engine_args``), else the model's
     ``max_position_embeddings``."""
     engine_args = run.config.engine_args() if hasattr(run.config, "engine_args") else {}
     if engine_args.get("max_model_len"):
         return int(engine_args["max_model_len"])
-    try:
-        config = json.loads((Path(run.model) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return config.get("max_position_embeddings")
+    return _model_config(str(run.model)).get("max_position_embeddings")

@@ -34,7 +34,7 @@ from typing import Any
 
 from forge_nb.controller.outside import publish_now, record_outside_step
 from forge_nb.tinker.futures import Lane
-from forge_nb.tinker.wire import TinkerRefusal
+from forge_nb.tinker.wire import TinkerRefusal, refusing
 
 __all__ = ["BaseLane", "SamplingSession", "TrainingModel", "lora_section", "sampler_path", "state_path"]
 
@@ -88,13 +88,8 @@ class TrainingModel:
 
     async def forward_backward(self, datums: list[dict[str, Any]], loss_fn: str, config: dict[str, float] | None,
                                backward: bool) -> dict[str, Any]:
-        try:
+        with refusing():  # the trainer's ValueError about these Datums is the caller's to fix
             result = await self.run.trainer.forward_backward.route(datums, loss_fn, config, backward=backward)
-        except Exception as e:  # the trainer's ValueError about these Datums is the caller's to fix
-            refusal = getattr(e, "exception", e)
-            if isinstance(refusal, ValueError):
-                raise TinkerRefusal(str(refusal)) from None
-            raise
         if backward:
             add = self.since_step
             add["loss/sum"] = add.get("loss/sum", 0.0) + result["metrics"]["loss:sum"]
@@ -108,13 +103,8 @@ class TrainingModel:
 
     async def optim_step(self, adam: dict[str, float]) -> dict[str, float]:
         t0 = time.perf_counter()
-        try:
+        with refusing():
             metrics = await self.run.trainer.optim_step.route(**adam)
-        except Exception as e:
-            refusal = getattr(e, "exception", e)
-            if isinstance(refusal, ValueError):
-                raise TinkerRefusal(str(refusal)) from None
-            raise
         done, self.since_step = self.since_step, {}
         row = {"loss": done.get("loss/sum", 0.0) / max(done.get("datums", 0.0), 1.0),
                "grad_norm": metrics["grad_norm:mean"], "lr": adam.get("learning_rate", 1e-4),
@@ -178,14 +168,15 @@ class SamplingSession:
         return self.model.run if self.model is not None else None
 
     async def sample(self, prompt: list[int], overrides: dict[str, Any], base: BaseLane) -> list[Any]:
-        if self.model is None:
-            return await base.generate(prompt, overrides)
-        if self.model.version != self.version:
+        if self.model is not None and self.model.version != self.version:
             raise TinkerRefusal(
                 f"this sampling client holds version {self.version} of {self.model.model_id}, and the generators "
                 f"now serve version {self.model.version}: forge_nb keeps each training client's newest weights "
                 "only; use the sampling client of the newest save_weights_for_sampler")
-        return await self.model.run.policy.generate.route(prompt, **overrides)
+        with refusing():  # the generator's ValueError about this prompt or these sampling values
+            if self.model is None:
+                return await base.generate(prompt, overrides)
+            return await self.model.run.policy.generate.route(prompt, **overrides)
 
 
 class BaseLane:
@@ -201,14 +192,9 @@ class BaseLane:
         generators = self.run.base.policy.service
         for attempt in range(2):
             if not self._added or attempt:
-                try:
+                with refusing("sampling the base model: "):
                     lora = dataclasses.asdict(self.run.config.trainer.lora)  # the served run's rank and targets
                     await generators.add_adapter.fanout(self.namespace, lora)
-                except Exception as e:
-                    refusal = getattr(e, "exception", e)
-                    if isinstance(refusal, ValueError):
-                        raise TinkerRefusal(f"sampling the base model: {refusal}") from None
-                    raise
                 self._added = True
             try:
                 return await generators.generate.route(prompt, adapter=self.namespace, **overrides)

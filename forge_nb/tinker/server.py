@@ -99,6 +99,7 @@ class TinkerServer:
         # AutoTokenizer (the SDK's get_tokenizer, the cookbook's) loads offline
         self.base_model: str = str(run.model) if run.config.model == "tiny" else run.config.model
         self._names: list[str] = []  # the clients' run names so far
+        self.limits = wire.Limits.of(run.model, run.config.engine_args().get("max_model_len"))  # what it takes
         self._base = BaseLane(run)
         self.futures = Futures(f"{run.name}-tinker")
         self.models: dict[str, TrainingModel] = {}
@@ -189,20 +190,28 @@ class TinkerServer:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """The token, then the handler; what goes wrong is answered in the SDK's error shape, never a 500."""
+        """The token, then the handler; what goes wrong is answered in the SDK's error shape: a 4xx for what the
+        request got wrong, a 500 (``category`` "server") for a fault of the server's."""
         self.requests += 1
         given = request.headers.get("X-API-Key", "")
         if not hmac.compare_digest(given.encode(), self.token.encode()):
             self.refused += 1
             return _refused("no valid api key: pass api_key=server.token (X-API-Key) to tinker.ServiceClient", 401)
         try:
-            return await handler(request)
+            response = await handler(request)
         except web.HTTPException as e:  # aiohttp's own: no such route, wrong method, body too large
             self.refused += 1
             return _refused(f"{request.method} {request.path}: {e.reason}", e.status)
         except (ValidationError, ValueError, TypeError, KeyError) as e:
             self.refused += 1
             return _refused(f"{request.path}: {_first_line(e)}")
+        except Exception as e:  # a fault of this server's own: still in the SDK's shape, its traceback in the log
+            logger.exception("Tinker API: %s %s failed", request.method, request.path)
+            return web.json_response({"error": f"{request.path}: {type(e).__name__}: {_first_line(e)}",
+                                      "category": "server"}, status=500)
+        if response.status >= 400:  # a handler's own refusal (an unknown request id or sampler)
+            self.refused += 1
+        return response
 
     async def _body(self, request: web.Request, model: type) -> Any:
         """The request's JSON body as the SDK's ``model``; a body that is not one is a 400 (via ``_guard``)."""
@@ -319,7 +328,7 @@ class TinkerServer:
         async def run() -> Outcome:
             if loss_fn not in TINKER_LOSSES:
                 raise wire.TinkerRefusal(f"loss_fn={loss_fn!r}: this server serves {sorted(TINKER_LOSSES)}")
-            datums = wire.datums_from_proto(message)
+            datums = wire.datums_from_proto(message, self.limits)
             result = await model.forward_backward(datums, loss_fn, wire.loss_config(message), backward)
             return Outcome(proto=wire.forward_backward_output(result))
 
@@ -392,8 +401,8 @@ class TinkerServer:
         return self._submit("load_weights", create_and_load)
 
     async def _unload(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        model = self._model(str(body.get("model_id")))
+        body = await self._body(request, types.UnloadModelRequest)
+        model = self._model(body.model_id)
 
         async def unload() -> Outcome:
             await self.close_client(model.model_id)
@@ -437,6 +446,7 @@ class TinkerServer:
         if session is None:
             raise KeyError(f"sampling_session_id={body.sampling_session_id!r}: no such sampling session")
         prompt = wire.tokens_of(body.prompt.chunks, "prompt")
+        self.limits.check(prompt, "prompt", prompt=True)
         overrides = wire.sample_overrides(body)
 
         request_id = self.futures.submit("sample", lambda: self._thread.on_kernel(sample))

@@ -14,19 +14,73 @@ SDK's reader (``response_conv``) takes apart.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 from tinker.proto.response_conv import _tensor_data_from_proto
 
-__all__ = ["TinkerRefusal", "datums_from_proto", "forward_backward_output", "loss_config", "sample_overrides",
+__all__ = ["Limits", "TinkerRefusal", "datums_from_proto", "forward_backward_output", "loss_config", "sample_overrides",
            "sample_response", "tokens_of"]
 
 
 class TinkerRefusal(ValueError):
     """A request the server refuses; answered in the SDK's error shape (``{"error", "category": "user"}``)."""
+
+
+@contextlib.contextmanager
+def refusing(prefix: str = "") -> Iterator[None]:
+    """A ValueError of what runs inside (an actor's arrives inside monarch's ActorError, as its ``exception``) is the
+    caller's to fix: raised as a TinkerRefusal, ``prefix`` before its message; other errors pass as they are."""
+    try:
+        yield
+    except Exception as e:
+        refusal = getattr(e, "exception", e)
+        if isinstance(refusal, ValueError):
+            raise TinkerRefusal(f"{prefix}{refusal}") from None
+        raise
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the served model takes (None where it is not known): token ids below ``vocab``, at most ``context``
+    tokens in a Datum (the model's ``max_position_embeddings``), and prompts shorter than the generators' context
+    ``engine_context`` (vLLM's ``max_model_len``: one token at least must fit). Checked before a call reaches the
+    trainer or the generators, which the served run shares: an id past the vocabulary fails the trainer's embedding,
+    an input far past the context holds the trainer for as long as it computes, and vLLM's refusals of a prompt are
+    no ValueError the server could tell from a failure of the run."""
+
+    vocab: int | None = None
+    context: int | None = None
+    engine_context: int | None = None
+
+    @classmethod
+    def of(cls, model_path: Any, engine_context: int | None = None) -> Limits:
+        try:
+            config = json.loads((Path(model_path) / "config.json").read_text())
+        except (OSError, TypeError, ValueError):
+            config = {}
+        config = config.get("text_config", config)
+        return cls(config.get("vocab_size"), config.get("max_position_embeddings"), engine_context)
+
+    def check(self, tokens: list[int], where: str, prompt: bool = False) -> None:
+        """A TinkerRefusal naming ``where`` unless the model takes ``tokens`` (a prompt to sample from: ``prompt``)."""
+        if prompt and self.engine_context is not None and len(tokens) >= self.engine_context:
+            raise TinkerRefusal(f"{where}: {len(tokens)} tokens; the generators' context is {self.engine_context} "
+                                "(their max_model_len), prompt and sampled tokens together")
+        if self.context is not None and len(tokens) > self.context:
+            raise TinkerRefusal(f"{where}: {len(tokens)} tokens; the model takes {self.context} at most "
+                                "(its max_position_embeddings)")
+        low, high = min(tokens), max(tokens)
+        if self.vocab is not None and (low < 0 or high >= self.vocab):
+            raise TinkerRefusal(f"{where}: token id {low if low < 0 else high} is outside the model's vocabulary "
+                                f"(0 to {self.vocab - 1})")
 
 
 def tokens_of(chunks: Any, where: str) -> list[int]:
@@ -39,7 +93,11 @@ def tokens_of(chunks: Any, where: str) -> list[int]:
             raise TinkerRefusal(f"{where}: a {kind or 'non-text'} chunk; this server's models take encoded text "
                                 "chunks only (ModelInput.from_ints)")
         if hasattr(chunk, "WhichOneof"):
-            tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
+            packed = chunk.encoded_text.tokens
+            if len(packed) % 4:
+                raise TinkerRefusal(f"{where}: an encoded text chunk of {len(packed)} bytes; its tokens are int32s, "
+                                    "4 bytes each (ModelInput.from_ints writes them)")
+            tokens.extend(np.frombuffer(packed, dtype=np.int32).tolist())
         else:
             tokens.extend(int(t) for t in chunk.tokens)
     if not tokens:
@@ -47,11 +105,13 @@ def tokens_of(chunks: Any, where: str) -> list[int]:
     return tokens
 
 
-def datums_from_proto(request: pb.ForwardBackwardRequest) -> list[dict[str, Any]]:
-    """The request's Datums as plain data; a Datum this server cannot read is a TinkerRefusal naming it."""
+def datums_from_proto(request: pb.ForwardBackwardRequest, limits: Limits = Limits()) -> list[dict[str, Any]]:
+    """The request's Datums as plain data; a Datum this server cannot read, or the model cannot take (``limits``),
+    is a TinkerRefusal naming it."""
     datums = []
     for i, datum in enumerate(request.data):
         tokens = tokens_of(datum.model_input, f"datum {i}")
+        limits.check(tokens, f"datum {i}")
         inputs = {}
         for name, tensor in datum.loss_fn_inputs.items():
             try:
