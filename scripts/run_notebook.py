@@ -4,9 +4,15 @@
 
 The notebook sources are percent-format Python (``# %%`` starts a code cell, ``# %% [markdown]`` a
 markdown cell), read with jupytext, as JupyterLab reads them. This script turns one into a notebook,
-runs it in a real kernel (nbclient) and writes to the outputs folder: the executed notebook, an HTML
-report with the training curves (self-contained: plotly is inlined), and the run directories. It prints
-where they are and the final reward.
+runs it in a real kernel (nbclient) and writes to the outputs folder: the executed notebook, the same as
+HTML (nbconvert), an HTML report with the training curves (self-contained: plotly is inlined), and the run
+directories. It prints where they are and the final reward.
+
+The executed notebook's dashboards show offline as their static snapshots (``forge_nb.widgets.snapshot``):
+the kernel replaced each one at the end of every cell, so it holds the curves and the run's state as the
+last cell left them. The widget state is kept too (with a network, nbconvert's page draws the live widgets
+from a CDN and their stylesheet hides the snapshots); serving a widget renderer from the package instead
+would mean shipping ipywidgets' HTML manager and every anywidget module inside each page.
 
 The notebooks carry no test plumbing. Their budget is a cell tagged ``parameters`` (``STEPS = 250``);
 ``--steps N`` adds a cell after it that sets ``STEPS = N``, as papermill does. The kernel works in a
@@ -91,6 +97,7 @@ def execute(path: Path, outputs: Path, steps: int | None, timeout: int = 1800) -
     finally:
         executed = outputs / f"{path.stem}.ipynb"
         nbformat.write(nb, executed)
+        to_html(nb, outputs / f"{path.stem}.html")
         if km.has_kernel:  # a manager handed to nbclient is ours to stop
             km.shutdown_kernel()
         shutil.rmtree(sockets, ignore_errors=True)
@@ -98,9 +105,19 @@ def execute(path: Path, outputs: Path, steps: int | None, timeout: int = 1800) -
     runs = sorted(d for d in found.iterdir() if d.is_dir()) if found.is_dir() else []  # <name>-<time>/
     run_dir = runs[0] if runs else None
     report = write_report(run_dir, outputs / f"{path.stem}-report.html", title=path.stem) if run_dir else None
-    return {"notebook": str(executed), "report": str(report) if report else None,
+    return {"notebook": str(executed), "html": str(outputs / f"{path.stem}.html"),
+            "report": str(report) if report else None,
             "run_dir": str(run_dir) if run_dir else None, "run_dirs": [str(d) for d in runs],
             "final_reward": _final_reward(run_dir) if run_dir else None, "seconds": round(time.time() - start, 1)}
+
+
+def to_html(nb: nbformat.NotebookNode, out: Path) -> Path:
+    """The executed notebook as one HTML page (nbconvert's lab template), as `jupyter nbconvert --to html` makes."""
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_notebook_node(nb)
+    out.write_text(body)
+    return out
 
 
 def _rows(run_dir: Path) -> list[dict[str, float]]:
@@ -146,7 +163,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None)
     args = ap.parse_args()
     result = execute(args.notebook, args.outputs, args.steps)
-    print(f"executed notebook: {result['notebook']}")
+    print(f"executed notebook: {result['notebook']} (as HTML: {result['html']})")
     print(f"report:            {result['report']}")
     print(f"run directories:   {', '.join(result['run_dirs']) or 'none'}")
     print(f"final reward:      {result['final_reward']} (mean of the last 50 steps) in {result['seconds']} s")

@@ -198,22 +198,26 @@ class ControlMagics(Magics):
     @magic_arguments()
     @argument("--side", action="store_true",
               help="open it in a JupyterLab panel beside the notebook (the sidecar package) that stays in view "
-                   "while cells run")
+                   "while cells run; in a front-end with no side panel it shows in the cell, saying why")
     @argument("--name", help=NAME_HELP)
     @line_magic
     def forge_dashboard(self, line: str) -> None:
-        """The live dashboard of the run (controls, replica health, curves, episodes).
+        """The live dashboard of the run (controls, replica health, curves, episodes), and its snapshot.
 
         ``--side`` puts it in a JupyterLab tab beside the notebook through the maintained ``sidecar``
         extension (an ipywidgets Output that the lab docks), rather than in the cell where later output
         would scroll it away. It splits the main area (sidecar's ``anchor="split-right"``): JupyterLab's
         right sidebar, sidecar's default, opens ~250 px wide, too narrow for the controls and curves.
-        Running it again for a run replaces that run's tab."""
+        Where the panel's view does not render (Notebook 7, VS Code, nbclassic), the page shows the
+        dashboard in the cell with a line saying why (``forge_nb.widgets.placement``). Running it again
+        for a run replaces that run's tab. Under it, the dashboard's static snapshot, kept current at the
+        end of every cell for a saved or exported notebook (hidden where the live dashboard renders)."""
         args = parse_argstring(self.forge_dashboard, line)
         sidecar = _sidecar_class() if args.side else None
         run = self.runs.get(args.name)
         try:
             from forge_nb.widgets import dashboard
+            from forge_nb.widgets.placement import place_beside
         except ImportError as e:
             raise UsageError(f"the dashboard is not installed ({e}); it needs forge_nb.widgets with ipywidgets, "
                              "anywidget and plotly (pip install 'forge-nb[notebook]')") from None
@@ -221,16 +225,19 @@ class ControlMagics(Magics):
         if sidecar is None:
             display(view)
             return
+        if getattr(self.shell, "kernel", None) is None:  # a terminal IPython: no page, no panel, no widgets
+            print(f"no side panel here: this IPython is not a Jupyter kernel, so the dashboard of run {run.name!r} "
+                  "is its snapshot below")
+            display(view)
+            return
         old = self._sidecars.pop(run.name, None)
         if old is not None:
             old.close()  # its tab closes in the lab
-        panel = sidecar(title=f"dashboard: {run.name}", anchor="split-right")
-        # Set as the panel's outputs, not captured with `with panel: display(...)`: nothing depends on the
-        # front end routing this cell's messages, and a headless run (nbclient) sees no output at all.
-        panel.append_display_data(view.widget)
+        tab = f"dashboard: {run.name}"
+        panel = sidecar(title=tab, anchor="split-right")
         self._sidecars[run.name] = panel
-        print(f"the dashboard of run {run.name!r} is beside the notebook (JupyterLab tab 'dashboard: {run.name}'; "
-              "drag its tab to move it); %forge_dashboard without --side shows it in the cell")
+        display(place_beside(panel, view.widget, run.name, tab))
+        view.snapshot.show()
 
     @line_magic
     def forge_help(self, line: str) -> None:

@@ -12,8 +12,10 @@ The dashboard owns one asyncio task, ``forge_nb.dashboard.poll.<run>``, on the k
 closes the widgets. The task ends by itself once it has drawn the run shut down (buttons disabled).
 It only *reads* the run (metrics and status) and calls its public control
 methods; it never imports the service or runtime layers. Every callback error is shown in the
-errors Output under the dashboard. Where widgets cannot render (nbconvert, a static viewer), the
-display falls back to ``to_html()``: a plain snapshot with the latest numbers.
+errors Output under the dashboard. Displayed, it shows the live widget and, as an output of its own,
+``to_html()``: a static snapshot (run state, health, latest numbers, the curves as SVG) that the kernel keeps
+current at the end of every cell (``snapshot.py``), for a saved or exported notebook; where the live
+dashboard renders, its stylesheet hides the snapshot.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from forge_nb.widgets.curves import Curves
 from forge_nb.widgets.explorer import Explorer
 from forge_nb.widgets.health import HealthGrid, render_health, sharing, snapshot
 from forge_nb.widgets.logs import LogsView
+from forge_nb.widgets.snapshot import SnapshotOutput, curves_svg
 
 _live: dict[int, Dashboard] = {}  # id(run) -> its open dashboard, for dashboard(run)
 
@@ -68,6 +71,7 @@ class Dashboard(LiveView):
         self._task: asyncio.Task[None] | None = None
         self._unsubscribe: Any = None
         self._seen = {"step": 0, "event": 0}  # rows and events drawn so far
+        self.snapshot = SnapshotOutput(self.to_html, lambda: run_summary(run)["state"] in FINAL_STATES)
         self._listen()
         self.tick()
         if start:
@@ -171,14 +175,25 @@ class Dashboard(LiveView):
     def close(self) -> None:
         """Stop refreshing and close every widget (their views in the page go blank)."""
         self.stop()
+        self.snapshot.close()
         self.health.close()
         self.curves.close()
         _close_tree(self.widget)
 
     # -- display ---------------------------------------------------------------------------------
 
+    def _ipython_display_(self) -> None:
+        """The live widget (its own HTML: one line), then the snapshot, kept current at each cell's end."""
+        from IPython.display import display
+
+        bundle = self.widget._repr_mimebundle_()
+        bundle["text/html"] = (f"<div class='forge-live-note'>the live dashboard of run "
+                               f"{html.escape(str(run_summary(self.run)['name']))!r}; its snapshot follows</div>")
+        display(bundle, raw=True)
+        self.snapshot.show()
+
     def to_html(self) -> str:
-        """A static HTML snapshot: run state, replica health, the latest value of every metric, events."""
+        """A static HTML snapshot: run state, replica health, the curves, the latest value of every metric, events."""
         run = self.run
         services = getattr(run, "services", None) or {}
         try:
@@ -188,7 +203,8 @@ class Dashboard(LiveView):
             health = f"<div>replica status unavailable: {html.escape(repr(e))}</div>"
         return "".join([
             "<div class='forge-dashboard-static'>", render_status(run_summary(run)), health,
-            metrics_table(run.metrics), events_list(run.metrics), self.errors.to_html(), "</div>"])
+            curves_svg(run.metrics), metrics_table(run.metrics), events_list(run.metrics), self.errors.to_html(),
+            "</div>"])
 
     def __repr__(self) -> str:
         s = run_summary(self.run)

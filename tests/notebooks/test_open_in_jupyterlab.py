@@ -17,6 +17,7 @@ across one chart zooms every panel, with no error in the browser console. It spa
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -58,9 +59,11 @@ def _get(url: str) -> dict:
         return json.loads(r.read())
 
 
-@pytest.fixture(scope="module")
-def lab() -> Iterator[tuple[str, Path, int]]:
-    """(url, root, pid): a JupyterLab serving a copy of example_notebooks/ (the user's settings left aside)."""
+@contextlib.contextmanager
+def serve(app: str = "lab", extra: tuple[str, ...] = (
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",)) -> Iterator[tuple[str, Path, int]]:
+    """(url, root, pid): ``jupyter <app>`` (JupyterLab, or Notebook 7: "notebook") serving a copy of
+    example_notebooks/ (the user's settings left aside)."""
     tmp = Path(tempfile.mkdtemp(prefix="forge-nb-open-"))
     root = tmp / "root"
     shutil.copytree(ROOT / "example_notebooks", root, ignore=shutil.ignore_patterns("runs", ".ipynb_checkpoints"))
@@ -71,12 +74,12 @@ def lab() -> Iterator[tuple[str, Path, int]]:
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"), "JUPYTER_CONFIG_DIR": str(tmp / "config"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "ws")}
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log = open(ARTIFACTS / "jupyterlab.log", "w")  # noqa: SIM115 - closed below
+    log = open(ARTIFACTS / f"jupyter{app}.log", "w")  # noqa: SIM115 - closed below
     # the README's command (`jupyter lab --no-browser --allow-root`), pinned to a port and a root
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
+        [str(Path(sys.executable).parent / "jupyter"), app, "--no-browser", "--allow-root", "--ip=127.0.0.1",
          f"--port={port}", "--ServerApp.port_retries=0", "--IdentityProvider.token=", "--ServerApp.password=",
-         f"--ServerApp.root_dir={root}", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+         f"--ServerApp.root_dir={root}", *extra,
          "--ServerApp.disable_check_xsrf=True"],  # the tests' own REST calls (DELETE a kernel) carry no cookie
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -88,7 +91,7 @@ def lab() -> Iterator[tuple[str, Path, int]]:
                 break
             except OSError:
                 if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"JupyterLab did not start; see {ARTIFACTS / 'jupyterlab.log'}") from None
+                    raise RuntimeError(f"jupyter {app} did not start; see {ARTIFACTS / f'jupyter{app}.log'}") from None
                 time.sleep(0.5)
         yield url, root, proc.pid
     finally:
@@ -99,6 +102,12 @@ def lab() -> Iterator[tuple[str, Path, int]]:
             proc.kill()
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[tuple[str, Path, int]]:
+    with serve("lab") as served:
+        yield served
 
 
 def test_the_contents_api_serves_every_example_source_as_a_notebook(lab) -> None:
@@ -333,6 +342,10 @@ def _run_all(page: Any, url: str, seen: dict[tuple[int, float | None], str], lab
     board = page.locator(f"{SIDE} .forge-dashboard")
     assert board.is_visible() and _in_view(page, STATUS)
     assert page.locator(".jp-NotebookPanel .forge-dashboard").count() == 0
+    # the cell's one line says so, as the page saw the panel render (forge_nb.widgets.placement)
+    note = page.locator(".jp-NotebookPanel .forge-side-note[data-where='side']")
+    assert note.count() == 1 and "is beside the notebook" in note.inner_text(), note.all_inner_texts()
+    assert not page.locator(".jp-NotebookPanel .forge-dashboard-static").first.is_visible()  # the snapshot: hidden
     status = board.locator(".forge-run-status")
     page.wait_for_selector(f"{SIDE} .forge-run-status[data-state='shut down']", timeout=30_000)
     assert status.inner_text().startswith("quickstart"), status.inner_text()
