@@ -57,7 +57,7 @@ from forge_nb.agents.recorder import TrajectoryLog
 from forge_nb.envs.chat import after_action_ids, render_ids
 from forge_nb.models import load_tokenizer
 from forge_nb.service import ActorFailure
-from forge_nb.system.proclogs import run_context
+from forge_nb.system.local_http import serve_local
 
 logger = logging.getLogger(__name__)
 
@@ -225,13 +225,7 @@ class OpenAIEndpoint:
             app.router.add_get(prefix + "/v1/models", self._models)
             app.router.add_post(prefix + "/v1/chat/completions", self._chat)
             app.router.add_post(prefix + "/v1/completions", self._completions)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, self.host, port, reuse_address=True)
-        # started in the run's context: the tasks that answer requests log as the run's (its kernel.log)
-        await asyncio.get_running_loop().create_task(site.start(), context=run_context(self.run.name))
-        self._runner = runner
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await serve_local(app, self.host, port, self.run.name)
         logger.info("OpenAI endpoint of run %s at %s", self.run.name, self.url)
 
     @web.middleware

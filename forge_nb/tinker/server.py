@@ -58,7 +58,7 @@ from tinker.proto import tinker_public_pb2 as pb
 from forge_nb.controller.outside import calls_allowed, drive_from_outside, record_outside_sample
 from forge_nb.models import load_tokenizer
 from forge_nb.rl.losses.tinker import TINKER_LOSSES
-from forge_nb.system.proclogs import run_context
+from forge_nb.system.local_http import serve_local
 from forge_nb.tinker import wire
 from forge_nb.tinker.futures import Futures, Outcome
 from forge_nb.tinker.models import (
@@ -180,12 +180,7 @@ class TinkerServer:
         app.router.add_get(f"{PREFIX}/get_server_capabilities", self._capabilities)
         app.router.add_get(f"{PREFIX}/healthz", self._healthz)
         app.router.add_get(f"{PREFIX}/samplers/{{sampler_id}}", self._get_sampler)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, self.host, port, reuse_address=True)
-        await asyncio.get_running_loop().create_task(site.start(), context=run_context(self.run.name))
-        self._runner = runner
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await serve_local(app, self.host, port, self.run.name)
         logger.info("Tinker API of run %s at %s", self.run.name, self.url)
 
     @web.middleware
