@@ -2,13 +2,15 @@
 
 Issue 20's targets: the mean reward of the last 50 steps is at least 0.9, no letter of the toy task is left
 unsolved, and all its cells together hold at most 40 lines of stream output (vLLM, monarch and torch write
-to the run directory's logs, not to the cells).
+to the run directory's logs, not to the cells). The executed notebook's HTML, opened in chromium with every
+request off the machine refused, shows the dashboard's curves and the run's final step (its snapshot).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -60,3 +62,43 @@ def test_the_quickstart_notebook_ends_well_with_quiet_cells(tmp_path, monkeypatc
     assert result["final_reward"] >= 0.9, result["final_reward"]  # the mean of the last 50 steps
     report = "\n".join(lines)
     assert "letters not learned yet: none" in report, report
+    assert_draws_offline(Path(result["html"]), steps)
+
+
+def assert_draws_offline(page_path: Path, steps: int) -> None:
+    """The executed notebook's HTML, with the network off: the last dashboard snapshot shows the run shut down
+    at ``steps``, and its reward chart draws a point per step."""
+    from tests.notebooks.test_open_in_jupyterlab import CHROMIUM, FLAGS
+
+    if not os.path.exists(CHROMIUM) or importlib.util.find_spec("playwright") is None:
+        return  # the page's HTML is still checked by the rest of the test
+    from playwright.sync_api import sync_playwright
+
+    refused: list[str] = []
+
+    def local_only(route) -> None:
+        if route.request.url.startswith("file:"):
+            route.continue_()
+        else:
+            refused.append(route.request.url)
+            route.abort("internetdisconnected")
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.route("**/*", local_only)
+            page.goto(page_path.as_uri(), wait_until="load")
+            snapshot = page.locator(".forge-dashboard-static").last
+            snapshot.scroll_into_view_if_needed()
+            status = snapshot.locator(".forge-run-status")
+            assert status.is_visible() and status.get_attribute("data-state") == "shut down", status.inner_text()
+            assert f"step {steps}" in status.inner_text(), status.inner_text()
+            reward = snapshot.locator("svg[data-title='reward'] polyline[data-key='reward/mean']")
+            drawn = reward.evaluate("el => el.points.numberOfItems")  # the points the browser drew
+            assert drawn == int(reward.get_attribute("data-points")) >= steps, drawn
+            assert reward.bounding_box()["width"] > 100
+            snapshot.screenshot(path=str(ROOT / "test-artifacts" / "notebooks" / "quickstart-html-offline.png"))
+        finally:
+            browser.close()
+    assert refused, "the page asked for nothing off the machine: was the network check a check?"
