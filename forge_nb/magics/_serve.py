@@ -45,7 +45,7 @@ class ServeMagics(Magics):
             raise UsageError(f"-o {args.var}: give a Python variable name")
         run = self.runs.get(args.name)
         if args.tinker:
-            return self._stop_tinker(run) if args.stop else self._serve_tinker(run, args)
+            return self._stop(run, tinker=True) if args.stop else self._serve_tinker(run, args)
         return self._stop(run) if args.stop else self._serve(run, args)
 
     async def _serve_tinker(self, run: Any, args: Any) -> None:
@@ -57,13 +57,6 @@ class ServeMagics(Magics):
         print(f"run {run.name!r} serves the Tinker API at {server.url} (base_model {server.base_model!r}); bound to "
               f"`{args.var}`.\n  service = tinker.ServiceClient(base_url={args.var}.url, api_key={args.var}.token)\n"
               "  In a cell, await the SDK's calls; run synchronous client code in a thread (asyncio.to_thread).")
-
-    async def _stop_tinker(self, run: Any) -> None:
-        if run.tinker is None or not run.tinker.serving:
-            print(f"run {run.name!r} serves no Tinker API")
-            return
-        await run.tinker.stop()
-        print(f"run {run.name!r}: the Tinker API stopped, and its training clients' runs with it")
 
     async def _serve(self, run: Any, args: Any) -> None:
         if run.state == "shut down":
@@ -77,9 +70,10 @@ class ServeMagics(Magics):
               f"base_url={args.var}.url, api_key={args.var}.token\n  run.episode_fn = "
               "forge_nb.agents.agent_episode(my_agent)   # trains `[async] def my_agent(client, sample) -> reward`")
 
-    async def _stop(self, run: Any) -> None:
-        if run.openai is None or not run.openai.serving:
-            print(f"run {run.name!r} serves no OpenAI endpoint")
+    async def _stop(self, run: Any, tinker: bool = False) -> None:
+        front, what = (run.tinker, "Tinker API") if tinker else (run.openai, "OpenAI endpoint")
+        if front is None or not front.serving:
+            print(f"run {run.name!r} serves no {what}")
             return
-        await run.openai.stop()
-        print(f"run {run.name!r}: the OpenAI endpoint stopped")
+        await front.stop()
+        print(f"run {run.name!r}: the {what} stopped" + (", and its training clients' runs with it" if tinker else ""))

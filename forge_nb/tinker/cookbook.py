@@ -109,9 +109,7 @@ class TaskDatasetBuilder(RLDatasetBuilder):
     seed: int = 0
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
-        task = ToyTask(alphabet=self.alphabet, response_chars=self.response_chars, difficulty=self.difficulty,
-                       seed=self.seed)
-        return TaskDataset(task, self.model_path, self.batch_size, self.group_size, self.n_batches), None
+        return TaskDataset(_toy_task(self), self.model_path, self.batch_size, self.group_size, self.n_batches), None
 
 
 class TaskExamples(SupervisedDataset):
@@ -156,6 +154,10 @@ class TaskExamplesBuilder(SupervisedDatasetBuilder):
     seed: int = 0
 
     def __call__(self) -> tuple[SupervisedDataset, SupervisedDataset | None]:
-        task = ToyTask(alphabet=self.alphabet, response_chars=self.response_chars, difficulty=self.difficulty,
-                       seed=self.seed)
-        return TaskExamples(task, self.model_path, self.batch_size, self.n_batches), None
+        return TaskExamples(_toy_task(self), self.model_path, self.batch_size, self.n_batches), None
+
+
+def _toy_task(builder: Any) -> ToyTask:
+    """The task a builder's fields name."""
+    return ToyTask(alphabet=builder.alphabet, response_chars=builder.response_chars, difficulty=builder.difficulty,
+                   seed=builder.seed)
