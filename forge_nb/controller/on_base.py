@@ -39,6 +39,13 @@ from forge_nb.service.shared import SharedService
 __all__ = ["SharedBase", "check_joinable", "generator_sampling", "join_base", "share_services"]
 
 
+#: what a run on a base takes from the base run's processes, whatever its own config says: a run that asks for
+#: other values is refused rather than silently given the base's
+SHARED_SETTINGS = (("generator", "num_replicas"), ("generator", "procs"), ("generator", "with_gpus"),
+                   ("generator", "hosts"), ("generator", "engine_args"), ("trainer", "procs"),
+                   ("trainer", "with_gpus"), ("trainer", "hosts"))
+
+
 @dataclass
 class SharedBase:
     """What the runs on one base share: the generator service, the trainer's processes, the model."""
@@ -77,6 +84,12 @@ def check_joinable(cfg: RunConfig, base: SharedBase) -> None:
         raise ValueError(f"base={base_name!r}: that run's base is {what}, and this run names model={ours.model!r}"
                          f"{' with other tiny settings' if ours.model == theirs.model else ''}: a run on a base "
                          "trains on the base's model")
+    pairs = {f"{part}.{name}": (getattr(getattr(ours, part), name), getattr(getattr(theirs, part), name))
+             for part, name in SHARED_SETTINGS}
+    differ = [f"{key}={mine!r} (the base's: {base!r})" for key, (mine, base) in pairs.items() if mine != base]
+    if differ:
+        raise ValueError(f"base={base_name!r}: {', '.join(differ)}: a run on a base uses the base's generator and "
+                         "trainer processes as they are; drop those settings, or spawn this run on its own")
     if theirs.trainer.procs > 1:
         raise ValueError(f"base={base_name!r}: its trainer has {theirs.trainer.procs} procs; runs share a base's "
                          "trainer when it has one")

@@ -53,7 +53,8 @@ async def test_two_runs_on_one_base_learn_their_own_and_outlive_each_other(tmp_p
         refused = [({}, LORA, "base='nope': no live run", "nope"),
                    ({}, {"generator.num_replicas": 1}, "trains LoRA adapters", a),
                    ({"tiny": TinyModelConfig(hidden_size=64)}, LORA, "with other tiny settings", a),
-                   ({}, {**LORA, "trainer.lora": {"rank": 16}}, "max_lora_rank", a)]
+                   ({}, {**LORA, "trainer.lora": {"rank": 16}}, "max_lora_rank", a),
+                   ({}, {**LORA, "generator.num_replicas": 2}, r"generator.num_replicas=2 \(the base's: 1\)", a)]
         for fields, overrides, message, on in refused:
             with pytest.raises(ValueError, match=message):
                 await forge_nb.spawn(forge_nb.quickstart(name="refused", run_dir=str(tmp_path / "refused"), **fields),
