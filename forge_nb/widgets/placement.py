@@ -3,11 +3,13 @@
 ``%forge_dashboard --side`` asks sidecar for a panel beside the notebook. Only JupyterLab's shell can dock one:
 Notebook 7 (its shell has no side area for it: sidecar's view throws), VS Code and nbclassic render the cell's
 widgets but never the panel, and say nothing back. The signal used here is the side view's own render result,
-read in the page itself: a tiny ``beacon`` view inside the panel marks its model when it renders, and the
-cell's ``note`` view (the same page, the same widget manager) waits a bounded time for that mark. If it
-comes, the note says the dashboard is beside the notebook; if not, the note puts the dashboard into a box in
-the cell (``holder.children``, set in the page and synced back) and says why in one line. A late mark moves
-it back beside the notebook. The note's text is what the page shows at that moment, never a promise.
+read in the page itself: a tiny ``beacon`` view inside the panel marks its model once its element is in the
+page (sidecar renders the panel's contents before docking it; where docking throws, as in Notebook 7, they
+stay detached, so "rendered" alone would lie), and the cell's ``note`` view (the same page, the same widget
+manager) waits a bounded time for that mark. If it comes, the note says the dashboard is beside the notebook;
+if not, the note puts the dashboard into a box in the cell (``holder.children``, set in the page and synced
+back) and says why in one line. A late mark moves it back beside the notebook. The note's text is what the
+page shows at that moment, never a promise.
 
 Why in the page and not in the kernel: while a cell runs ipykernel reads no comm message from the front-end
 (they wait on the shell channel behind the cells queued by Run All), so a kernel waiting for the render
@@ -32,7 +34,13 @@ _BEACON = """
 export default {
   render({ model, el }) {
     el.style.display = "none";
-    model.set("rendered", true);  // page-side only: it says where this page shows the dashboard
+    // page-side only (never saved): the panel holding this view is in the page, docked
+    const docked = () => el.isConnected && (model.set("rendered", true), true);
+    if (docked()) return;
+    const started = Date.now(), timer = setInterval(() => {
+      if (docked() || Date.now() - started > 60000) clearInterval(timer);
+    }, 100);
+    return () => clearInterval(timer);
   },
 };
 """
@@ -42,7 +50,7 @@ const id = ref => ref.slice("IPY_MODEL_".length);
 export default {
   async render({ model, el }) {
     el.className = "forge-side-note";
-    el.style.cssText = "font-size:13px;color:var(--jp-ui-font-color1, #333);padding:2px 0";
+    el.style.cssText = "font-size:13px;color:var(--jp-ui-font-color1, inherit);padding:2px 0";
     const run = model.get("run_name"), tab = model.get("tab"), wait = model.get("wait_ms");
     const say = (where, text) => {
       el.dataset.where = where;
