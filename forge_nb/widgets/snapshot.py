@@ -32,10 +32,15 @@ COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c")
 
 def curves_svg(store: Any) -> str:
     """One small SVG chart per dashboard panel that has values: its metrics' curves over the steps so far."""
+    series: dict[str, tuple[list[int], list[float]]] = {key: ([], []) for p in PANELS for key in p.metrics}
+    for row in store.rows:  # one pass: older rows may be read back from the run directory's file
+        for key, (steps, values) in series.items():
+            if key in row:
+                steps.append(row["step"])
+                values.append(row[key])
     charts = []
     for panel in PANELS:
-        traces = [(key, *store.series(key)) for key in panel.metrics]
-        traces = [(key, steps, values) for key, steps, values in traces if steps]
+        traces = [(key, *series[key]) for key in panel.metrics if series[key][0]]
         if traces:
             charts.append(_chart(panel.title, traces))
     if not charts:
@@ -44,7 +49,8 @@ def curves_svg(store: Any) -> str:
 
 
 def _chart(title: str, traces: list[tuple[str, list[int], list[float]]]) -> str:
-    finite = [(s, v) for _, steps, values in traces for s, v in zip(steps, values, strict=True) if v == v]
+    thinned = [(key, _thin(steps, values)) for key, steps, values in traces]
+    finite = [p for _, kept in thinned for p in kept]
     if not finite:
         return ""
     x0, x1 = min(s for s, _ in finite), max(s for s, _ in finite)
@@ -52,10 +58,7 @@ def _chart(title: str, traces: list[tuple[str, list[int], list[float]]]) -> str:
     sx = (WIDTH - 2 * PAD) / ((x1 - x0) or 1)
     sy = (HEIGHT - 2 * PAD) / ((y1 - y0) or 1)
     lines = []
-    for i, (key, steps, values) in enumerate(traces):
-        stride = max(1, -(-len(steps) // MAX_POINTS))
-        kept = [(s, v) for j, (s, v) in enumerate(zip(steps, values, strict=True))
-                if v == v and (j % stride == 0 or j == len(steps) - 1)]
+    for i, (key, kept) in enumerate(thinned):
         points = " ".join(f"{PAD + (s - x0) * sx:.1f},{HEIGHT - PAD - (v - y0) * sy:.1f}" for s, v in kept)
         lines.append(f"<polyline data-key='{html.escape(key)}' data-points='{len(kept)}' points='{points}' "
                      f"fill='none' stroke='{COLORS[i % len(COLORS)]}' stroke-width='1.2'/>")
@@ -63,6 +66,15 @@ def _chart(title: str, traces: list[tuple[str, list[int], list[float]]]) -> str:
     return (f"<figure style='margin:0'><svg data-title='{html.escape(title)}' width='{WIDTH}' height='{HEIGHT}' "
             f"viewBox='0 0 {WIDTH} {HEIGHT}' style='border:1px solid #ddd' role='img' aria-label='{label}'>"
             f"{''.join(lines)}</svg><figcaption style='font-size:11px'>{label}</figcaption></figure>")
+
+
+def _thin(steps: list[int], values: list[float]) -> list[tuple[int, float]]:
+    """At most ~MAX_POINTS (step, value) pairs: every k-th one and the last, NaNs left out."""
+    stride = max(1, -(-len(steps) // MAX_POINTS))
+    picked = list(range(0, len(steps), stride))
+    if picked[-1] != len(steps) - 1:
+        picked.append(len(steps) - 1)
+    return [(steps[j], values[j]) for j in picked if values[j] == values[j]]
 
 
 def _num(value: float) -> str:
