@@ -5,9 +5,11 @@ and load there; what the server cannot take is refused in the SDK's error shape,
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import signal
+from pathlib import Path
 
 import httpx
 import pytest
@@ -18,6 +20,7 @@ from tinker import types
 import forge_nb
 from forge_nb.magics._display import status_report
 from forge_nb.tinker import threads
+from tests.kernel_client import Kernel
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600), pytest.mark.asyncio(loop_scope="module")]
 
@@ -247,7 +250,7 @@ async def test_a_cell_blocked_on_a_call_gets_an_error_that_says_why_not_a_hang(s
         training.forward_backward([datum(ids, weights=[1.0] * 2)], "cross_entropy").result(timeout=120)
 
 
-async def test_a_saved_state_resumes_its_optimizer_on_a_new_server(served, tmp_path):
+async def test_a_saved_state_resumes_its_optimizer_in_a_fresh_kernel(served, tmp_path):
     run, server, service = served
     training = await client(service, server)
     ids = training.get_tokenizer().encode("cdecde")
@@ -259,20 +262,36 @@ async def test_a_saved_state_resumes_its_optimizer_on_a_new_server(served, tmp_p
     await training.forward_backward(batch, "cross_entropy")
     await training.optim_step(adam)
     expected = (await training.forward(batch, "cross_entropy")).metrics["loss:sum"]
-    await server.stop()  # a new server (and new clients) on the same runs' folder
-    fresh = await run.serve_tinker()
-    other = await asyncio.to_thread(tinker.ServiceClient, base_url=fresh.url, api_key=fresh.token)
-    losses = {}
-    for optimizer in (True, False):
-        make = other.create_training_client_from_state_with_optimizer if optimizer else \
-            other.create_training_client_from_state
-        resumed = await make(saved.path)
-        if optimizer:
-            with pytest.raises(tinker.RequestFailedError, match="still open"):
-                await make(saved.path)
-        await resumed.forward_backward(batch, "cross_entropy")
-        await resumed.optim_step(adam)
-        losses[optimizer] = (await resumed.forward(batch, "cross_entropy")).metrics["loss:sum"]
-        await fresh.close_client(resumed.model_id)
-    assert losses[True] == pytest.approx(expected, abs=1e-5)
-    assert abs(losses[False] - expected) > 1e-4  # a fresh optimizer steps differently
+    with pytest.raises(tinker.RequestFailedError, match="still open"):  # its adapter is that open client's
+        await service.create_training_client_from_state_with_optimizer(saved.path)
+    await server.close_client(training.model_id)
+    # another kernel, another served run in the same runs' folder: the state's path is all it is given
+    root = Path(run.dir.path).parent
+    kernel = Kernel(cwd=str(tmp_path))
+    try:
+        code = f"""
+import asyncio, forge_nb, tinker
+from tinker import types
+run = await forge_nb.spawn(forge_nb.quickstart(name="tk-fresh", run_dir={str(root / "tk-fresh")!r}),
+                           overrides={LORA!r}, progress=False)
+server = await run.serve_tinker()
+service = await asyncio.to_thread(tinker.ServiceClient, base_url=server.url, api_key=server.token)
+batch = [types.Datum(model_input=types.ModelInput.from_ints({ids[:-1]!r}),
+                     loss_fn_inputs={{"target_tokens": {ids[1:]!r}, "weights": {[1.0] * (len(ids) - 1)!r}}})]
+losses = []
+for make in (service.create_training_client_from_state_with_optimizer, service.create_training_client_from_state):
+    resumed = await make({saved.path!r})
+    await resumed.forward_backward(batch, "cross_entropy")
+    await resumed.optim_step(types.AdamParams(learning_rate=1e-2))
+    losses.append((await resumed.forward(batch, "cross_entropy")).metrics["loss:sum"])
+    await server.close_client(resumed.model_id)
+await run.shutdown()
+print("LOSSES", losses)
+"""
+        reply = await asyncio.to_thread(kernel.run, code, 300)
+        assert reply.status == "ok", reply.traceback or reply.streams
+        with_moments, without = json.loads(reply.stdout.split("LOSSES", 1)[1].strip())
+    finally:
+        await asyncio.to_thread(kernel.shutdown_runs_and_close)
+    assert with_moments == pytest.approx(expected, abs=1e-5)
+    assert abs(without - expected) > 1e-4  # load_state without the optimizer: a fresh optimizer steps differently
