@@ -344,7 +344,7 @@ def _run_all(page: Any, url: str, seen: dict[tuple[int, float | None], str], lab
     assert page.locator(".jp-NotebookPanel .forge-dashboard").count() == 0
     # the cell's one line says so, as the page saw the panel render (forge_nb.widgets.placement)
     note = page.locator(".jp-NotebookPanel .forge-side-note[data-where='side']")
-    assert note.count() == 1 and "is beside the notebook" in note.inner_text(), note.all_inner_texts()
+    assert note.count() == 1 and "is beside the notebook" in note.text_content(), note.all_text_contents()
     assert not page.locator(".jp-NotebookPanel .forge-dashboard-static").first.is_visible()  # the snapshot: hidden
     status = board.locator(".forge-run-status")
     page.wait_for_selector(f"{SIDE} .forge-run-status[data-state='shut down']", timeout=30_000)

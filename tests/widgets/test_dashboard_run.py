@@ -174,9 +174,10 @@ async def test_an_observer_error_is_shown_and_the_html_view_carries_the_numbers(
         shell = InteractiveShell.instance()
         bundles: list[dict] = []
         shell.display_pub.publish = lambda data, **kw: bundles.append(data)  # type: ignore[method-assign]
-        display(d)
-        assert "application/vnd.jupyter.widget-view+json" in bundles[-1]
-        assert "reward/mean" in bundles[-1]["text/html"]
+        display(d)  # the live widget, then its snapshot as an output of its own (replaced at each cell's end)
+        assert "application/vnd.jupyter.widget-view+json" in bundles[-2]
+        assert "widget-view+json" not in bundles[-1] and "reward/mean" in bundles[-1]["text/html"]
+        assert "data-title='reward'" in bundles[-1]["text/html"]  # its curves
     finally:
         d.close()
 
