@@ -119,3 +119,21 @@ def test_monarch_s_actor_prefix_stays_off_the_kernel_log_s_handler(runtime, tmp_
     finally:
         log.close()
         logging.getLogger("forge_nb.tests.prefix").removeHandler(plain)
+
+
+def test_two_runs_kernel_logs_hold_their_own_records_and_the_kernel_wide_ones(tmp_path):
+    """Both handlers sit on the kernel's shared loggers; each takes its run's records (those logged in its
+    run_context) and the kernel-wide ones, never the other run's."""
+    logs = {name: proclogs.KernelLog(tmp_path / name, name) for name in ("run-a", "run-b")}
+    logger = logging.getLogger("forge_nb.controller.core")
+    try:
+        proclogs.run_context("run-a").run(logger.warning, "only run-a's")
+        proclogs.run_context("run-b").run(logger.warning, "only run-b's")
+        logger.warning("the kernel's, for both")
+    finally:
+        for log in logs.values():
+            log.close()
+    text = {name: log.path.read_text() for name, log in logs.items()}
+    assert "only run-a's" in text["run-a"] and "only run-a's" not in text["run-b"]
+    assert "only run-b's" in text["run-b"] and "only run-b's" not in text["run-a"]
+    assert all("the kernel's, for both" in t for t in text.values())
