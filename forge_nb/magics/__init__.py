@@ -30,6 +30,8 @@ Magic                                                  What it does
                                                        JupyterLab panel beside the notebook, always in view
 %forge_serve [--tool-parser P] [--port N] [-o VAR]     the policy as an OpenAI-compatible endpoint on 127.0.0.1
   [--stop]                                             (token: VAR.token); agent code trains through it
+%forge_serve --tinker [--port N] [-o VAR] [--stop]     the Tinker API on a LoRA run (tinker.ServiceClient); each
+                                                       training client a LoRA run on its base
 %forge_meshes                                          every process mesh the kernel holds
 %forge_shutdown [--name N | --all]                     stop loops, services and meshes; check no process is left;
                                                        release the job's hosts (%forge_cluster)

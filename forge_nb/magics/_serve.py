@@ -38,7 +38,11 @@ class ServeMagics(Magics):
         Agent code then talks to the policy through ``endpoint.client()`` (an ``openai.AsyncOpenAI``),
         ``endpoint.sync_client()`` (an ``openai.OpenAI``, off the kernel's loop) or any OpenAI client given
         ``endpoint.url`` and ``endpoint.token``; ``forge_nb.agents.agent_episode(agent)`` trains such code. The
-        endpoint stops when the run shuts down."""
+        endpoint stops when the run shuts down.
+
+        ``--tinker``: the Tinker API instead (a LoRA run's), bound to ``tinker_server``:
+        ``tinker.ServiceClient(base_url=tinker_server.url, api_key=tinker_server.token)``; each training client
+        is a LoRA run on this run's base (``forge_nb.tinker``)."""
         args = parse_argstring(self.forge_serve, line)
         args.var = args.var or ("tinker_server" if args.tinker else "endpoint")
         if not args.var.isidentifier():
