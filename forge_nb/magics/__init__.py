@@ -28,6 +28,7 @@ Magic                                                  What it does
                                                        files in the run directory, not to the cells
 %forge_dashboard [--side]                              the live dashboard (forge_nb.widgets); --side: in a
                                                        JupyterLab panel beside the notebook, always in view
+                                                       (in the cell, saying so, where no panel can be made)
 %forge_serve [--tool-parser P] [--port N] [-o VAR]     the policy as an OpenAI-compatible endpoint on 127.0.0.1
   [--stop]                                             (token: VAR.token); agent code trains through it
 %forge_serve --tinker [--port N] [-o VAR] [--stop]     the Tinker API on a LoRA run (tinker.ServiceClient); each

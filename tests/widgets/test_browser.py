@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from forge_nb.widgets._series import PANELS
+
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run", "--disable-quic"]
@@ -52,6 +54,7 @@ REWARD_POINTS = """sel => {
   return view && view.forgeCurves ? view.forgeCurves.points('reward/mean') : -1;
 }"""
 CURVES = ".forge-dashboard .forge-curves"
+EVAL_PANEL = PANELS[-1].title  # the evaluations' panel
 KERNEL_POINTS = "from forge_nb.widgets import dashboard\nprint(len(dashboard(run).curves.trace('reward/mean').x))"
 
 
@@ -453,10 +456,13 @@ def test_jupyterlab_dashboard_renders_lists_replicas_grows_and_pauses(lab: Lab) 
     assert _points(page, CURVES) == settled, "the reopened page did not get the whole history"
     stats = page.evaluate(f"() => document.querySelector('{CURVES}').forgeCurves.stats")
     assert stats["syncs"] == 1 and stats["draws"] >= 1, stats
-    # once the history is drawn, only KL and the multi-turn panels are empty, and say why: the quickstart
-    # has no reference model, and its episodes are single turns without tools
-    page.wait_for_function(f"() => document.querySelector('{CURVES}').forgeCurves.stats.empty.join() === "
-                           "'KL,turns per episode,tool-call success'", timeout=10_000)
+    # once the history is drawn, only KL, the multi-turn panels and the evaluations' are empty, and say why: the
+    # quickstart has no reference model, its episodes are single turns without tools, and nothing evaluated
+    empty = f"() => document.querySelector('{CURVES}').forgeCurves.stats.empty.join()"
+    try:
+        page.wait_for_function(f"{empty} === 'KL,turns per episode,tool-call success,{EVAL_PANEL}'", timeout=10_000)
+    except Exception:
+        raise AssertionError(f"empty panels: {page.evaluate(empty)}") from None
 
 
 @pytest.mark.timeout(600)
