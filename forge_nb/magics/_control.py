@@ -221,13 +221,12 @@ class ControlMagics(Magics):
         except ImportError as e:
             raise UsageError(f"the dashboard is not installed ({e}); it needs forge_nb.widgets with ipywidgets, "
                              "anywidget and plotly (pip install 'forge-nb[notebook]')") from None
+        if sidecar is not None and getattr(self.shell, "kernel", None) is None:  # a terminal IPython
+            print(f"no side panel here: this IPython is not a Jupyter kernel, with no page to draw the dashboard "
+                  f"of run {run.name!r} in; %forge_status shows the run")
+            return
         view = dashboard(run)
         if sidecar is None:
-            display(view)
-            return
-        if getattr(self.shell, "kernel", None) is None:  # a terminal IPython: no page, no panel, no widgets
-            print(f"no side panel here: this IPython is not a Jupyter kernel, so the dashboard of run {run.name!r} "
-                  "is its snapshot below")
             display(view)
             return
         old = self._sidecars.pop(run.name, None)

@@ -46,3 +46,24 @@ def test_side_without_sidecar_says_how_to_install_it(ip: InteractiveShell, monke
     message = usage_error(ip, "%forge_dashboard --side")
     assert "pip install 'sidecar>=0.8'" in message and "without --side" in message, message
     assert "no run yet" in usage_error(ip, "%forge_dashboard")  # the in-cell dashboard does not need it
+
+
+def test_side_in_a_terminal_ipython_says_there_is_no_page_for_a_panel(ip: InteractiveShell, capsys) -> None:
+    from forge_nb.magics._runs import Runs
+
+    class Toy:  # only its name and state are read before the message
+        name, state = "toy", "running"
+
+    runs = Runs.of(ip)
+    run = Toy()
+    runs.add(run)
+    try:
+        result = ip.run_cell("%forge_dashboard --side")
+        assert result.success, result.error_in_exec
+        out = capsys.readouterr().out
+        assert out.startswith("no side panel here: this IPython is not a Jupyter kernel") and "'toy'" in out, out
+        assert "beside the notebook" not in out
+    finally:
+        runs.by_name.pop("toy", None)
+        runs.seen.pop(id(run), None)
+        runs.current = None
