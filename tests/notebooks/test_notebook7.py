@@ -81,13 +81,13 @@ def test_the_quickstart_runs_in_notebook_7_with_its_side_dashboard_in_the_cell_s
                     except Exception:
                         (ARTIFACTS / "notebook7-cell.html").write_text(cell.inner_html() + "\n".join(console))
                         raise
-                    text = note.inner_text()
+                    text = note.text_content()  # innerText is empty while the cell is scrolled away
                     assert text.startswith("no side panel in this front-end") and "here in the cell" in text, text
                     assert "beside the notebook" not in text
                     board = cell.locator(".forge-dashboard")
                     board.locator(".forge-run-status[data-state='shut down']").wait_for(timeout=30_000)
                     assert board.is_visible()
-                    assert board.locator(".forge-run-status").inner_text().startswith("quickstart")
+                    assert board.locator(".forge-run-status").text_content().startswith("quickstart")
                     assert board.locator(".forge-curves").first.evaluate(POINTS) >= STEPS
                     assert not cell.locator(".forge-dashboard-static").first.is_visible()  # the snapshot: hidden
                     cell.screenshot(path=str(ARTIFACTS / "quickstart-notebook7-dashboard-in-cell.png"))
