@@ -260,7 +260,7 @@ class AloneGate:
     Why: vLLM 0.32 maps a LoRA batch's adapters to the logits one row a sequence, while prompt logprobs take a row
     a prompt token, so a request with an adapter that asks for prompt logprobs, in an engine step with other
     requests, fails the step and the engine with it (``einsum(): subscript b has size 33 ... does not broadcast``;
-    vllm#16668, #29955): a Tinker ``compute_logprobs`` while the served run's rollouts were in the engine killed
+    vllm#16668 and vllm#29955): a Tinker ``compute_logprobs`` while the served run's rollouts were in the engine killed
     the generator. Alone, such a request is served. A request waiting to go alone holds new ones back, so the
     rollouts that keep an engine busy cannot starve it."""
 
