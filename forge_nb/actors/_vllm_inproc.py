@@ -303,6 +303,8 @@ async def final_outputs(engine: Any, requests: list[tuple[Any, Any, str, Any]]) 
     request with an adapter that asks for prompt logprobs has the engine to itself (``AloneGate``), even apart
     from the requests it came with, and is refused with n > 1: its samples are sequences of one step, which fails
     as above."""
+    if not requests:  # every prompt of the call failed before the engine (each answers its own error)
+        return []
     alone = [params.prompt_logprobs is not None and lora is not None for _, params, _, lora in requests]
     if any(alone) and len(requests) > 1:
         return [out for (out,) in await asyncio.gather(*(final_outputs(engine, [r]) for r in requests))]

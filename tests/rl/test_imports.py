@@ -1,4 +1,5 @@
-"""forge_nb.rl depends only on the standard library and torch; math_verify and datasets load lazily."""
+"""forge_nb.rl depends only on the standard library and torch; math_verify, datasets and numpy (what a tensor's
+``.numpy()`` needs anyway) load lazily, inside the functions that use them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import forge_nb.rl
 
 RL_DIR = Path(forge_nb.rl.__file__).parent
 ALLOWED_TOP_LEVEL = {"torch", "forge_nb"} | set(sys.stdlib_module_names)
-LAZY_ONLY = {"math_verify", "datasets"}
+LAZY_ONLY = {"math_verify", "datasets", "numpy"}
 
 
 def imports(tree: ast.AST, *, top_level_only: bool) -> list[str]:

@@ -27,9 +27,8 @@ already taken against the behaviour policy and bounded by their own clip (verl's
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-import numpy as np
 import torch
 
 from forge_nb.rl.losses.ops import MAX_LOG_RATIO, masked_mean
@@ -116,9 +115,11 @@ def mismatch_metrics(
     return out
 
 
-def token_ratios(logprobs: torch.Tensor, generator_logprobs: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:
+def token_ratios(logprobs: torch.Tensor, generator_logprobs: torch.Tensor, mask: torch.Tensor) -> list[Any]:
     """Each row's per-token ratio ``pi_trainer / pi_generator`` over its trained tokens, as float16 arrays (the
     explorer's view; numpy, which pickles a row in a fraction of a tensor's time)."""
+    import numpy as np  # forge_nb.rl's modules import only the standard library and torch at the top
+
     ratio = torch.exp(_log_ratio(logprobs, generator_logprobs)).cpu().numpy().astype(np.float16)
     valid = mask.bool().cpu().numpy()
     return [ratio[i][valid[i]] for i in range(ratio.shape[0])]
