@@ -83,7 +83,7 @@ class Rows(Sequence[Row]):
         if self._path is None:
             return
         oldest = min(self._n - self._keep, len(self._offsets))  # older than the last `keep`, and in the file
-        for i in [i for i in self._mem if i < oldest]:
+        for i in range(self._n - len(self._mem), oldest):  # the rows in memory are always the last ones, in a run
             del self._mem[i]
 
     @property

@@ -19,7 +19,6 @@ suite and the example notebook) and is not imported by ``forge_nb.tinker``.
 
 from __future__ import annotations
 
-import functools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,24 +29,18 @@ import tinker
 from tinker_cookbook.rl.types import Env, EnvGroupBuilder, RLDataset, RLDatasetBuilder, StepResult
 from tinker_cookbook.supervised.types import SupervisedDataset, SupervisedDatasetBuilder
 
+from forge_nb.models import load_tokenizer
 from forge_nb.rl import ToyTask
 
 __all__ = ["TaskDataset", "TaskDatasetBuilder", "TaskEnv", "TaskGroupBuilder", "TaskExamples",
            "TaskExamplesBuilder"]
 
 
-@functools.cache
-def _tokenizer(model_path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path)
-
-
 class TaskEnv(Env):
     """One episode: the request's tokens in, the task's reward for the answer out."""
 
     def __init__(self, task: ToyTask, example: dict[str, str], model_path: str) -> None:
-        self.task, self.example, self.tokenizer = task, example, _tokenizer(model_path)
+        self.task, self.example, self.tokenizer = task, example, load_tokenizer(model_path)
 
     async def initial_observation(self) -> tuple[tinker.ModelInput, list[int]]:
         tokens = self.tokenizer.encode(self.example["request"], add_special_tokens=False)
@@ -117,7 +110,7 @@ class TaskExamples(SupervisedDataset):
     request's predictions 0); batch ``i``'s examples are the same whenever it is asked for."""
 
     def __init__(self, task: ToyTask, model_path: str, batch_size: int, n_batches: int) -> None:
-        self.task, self.tokenizer = task, _tokenizer(model_path)
+        self.task, self.tokenizer = task, load_tokenizer(model_path)
         self.batch_size, self.n_batches = batch_size, n_batches
 
     def get_batch(self, index: int) -> list[tinker.Datum]:

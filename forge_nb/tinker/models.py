@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -37,8 +36,6 @@ from forge_nb.tinker.futures import Lane
 from forge_nb.tinker.wire import TinkerRefusal, refusing
 
 __all__ = ["BaseLane", "SamplingSession", "TrainingModel", "lora_section", "sampler_path", "state_path"]
-
-logger = logging.getLogger(__name__)
 
 
 def lora_section(lora: Any) -> dict[str, Any]:
@@ -76,11 +73,6 @@ class TrainingModel:
     lane: Lane = field(default_factory=Lane)
     since_step: dict[str, float] = field(default_factory=dict)
     samplers: dict[str, int] = field(default_factory=dict)  # sampler path -> the version it holds
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def namespace(self) -> str:
-        return self.run.weights_namespace
 
     @property
     def version(self) -> int:
@@ -125,10 +117,9 @@ class TrainingModel:
         folder = Path(self.run.dir.path) / "tinker" / "weights" / name
         checkpoint = await self.run.trainer.save_checkpoint.route(None, str(folder))
         path = state_path(self.model_id, name)
-        index = root / STATES
-        saved = json.loads(index.read_text()) if index.exists() else {}
+        saved = _states(root)
         saved[path] = {"checkpoint": checkpoint, "lora": self.lora, "run": self.run.name}
-        index.write_text(json.dumps(saved, indent=1))
+        (root / STATES).write_text(json.dumps(saved, indent=1))
         return path
 
     async def load_state(self, path: str, optimizer: bool, root: Path) -> None:
@@ -143,15 +134,20 @@ class TrainingModel:
 STATES = "tinker_states.json"
 
 
+def _states(root: Path) -> dict[str, Any]:
+    """``root``'s index of saved states (empty before the first)."""
+    index = root / STATES
+    return json.loads(index.read_text()) if index.exists() else {}
+
+
 def resolve_state(path: str, root: Path) -> dict[str, Any]:
     """What ``root``'s index says of the saved state ``path`` (``tinker://<model id>/weights/<name>``): its checkpoint
     folder and LoRA section; a TinkerRefusal when there is none (any more)."""
     if not path.startswith("tinker://") or "/weights/" not in path:
         raise TinkerRefusal(f"path {path!r}: a tinker://<model id>/weights/<name> path from save_state is needed")
-    index = root / STATES
-    saved = json.loads(index.read_text()) if index.exists() else {}
+    saved = _states(root)
     if path not in saved or not Path(saved[path]["checkpoint"]).exists():
-        raise TinkerRefusal(f"path {path!r}: no such saved state (the index is {index})")
+        raise TinkerRefusal(f"path {path!r}: no such saved state (the index is {root / STATES})")
     return saved[path]
 
 

@@ -98,7 +98,7 @@ class TinkerServer:
         # the name clients give as base_model: the hub id, or for a tiny model built here its folder, which
         # AutoTokenizer (the SDK's get_tokenizer, the cookbook's) loads offline
         self.base_model: str = str(run.model) if run.config.model == "tiny" else run.config.model
-        self._names: list[str] = []  # the clients' run names so far
+        self._clients = 0  # training clients made so far (their runs are numbered after it)
         self.limits = wire.Limits.of(run.model, run.config.engine_args().get("max_model_len"))  # what it takes
         self._base = BaseLane(run)
         self.futures = Futures(f"{run.name}-tinker")
@@ -291,8 +291,8 @@ class TinkerServer:
         if name is not None and any(m.run.name == name for m in self.models.values()):
             raise wire.TinkerRefusal(f"the training client that saved this state (run {name!r}) is still open: "
                                      "load_state on it, or close it first")
-        name = name or f"{self.run.name}-tinker-{len(self._names) + 1}"
-        self._names.append(name)
+        self._clients += 1
+        name = name or f"{self.run.name}-tinker-{self._clients}"
         config = dataclasses.replace(self.run.config, name=name, run_dir=str(self._runs_root / name), exporters={})
         try:
             run = await self._spawn(config, overrides={"trainer.lora": lora})
@@ -353,9 +353,8 @@ class TinkerServer:
                 path = sampler_path(model.model_id, body.path)
                 model.samplers[path] = version
                 return Outcome(json={"path": path, "type": "save_weights_for_sampler"})
-            session = SamplingSession(new_id("sampler"), model, version)
-            self.sessions[session.session_id] = session
-            return Outcome(json={"sampling_session_id": session.session_id, "type": "save_weights_for_sampler"})
+            return Outcome(json={"sampling_session_id": self._new_session(model, version),
+                                 "type": "save_weights_for_sampler"})
 
         return self._submit("save_weights_for_sampler", save, model)
 
@@ -418,16 +417,20 @@ class TinkerServer:
         body = await self._body(request, types.CreateSamplingSessionRequest)
         if body.model_path is None:  # the base model alone
             self._check_base(body.base_model)
-            session = SamplingSession(new_id("sampler"), None, 0)
-            self.sessions[session.session_id] = session
-            return _json(types.CreateSamplingSessionResponse(sampling_session_id=session.session_id))
-        model = next((m for m in self.models.values() if body.model_path in m.samplers), None)
-        if model is None:
-            raise wire.TinkerRefusal(f"model_path={body.model_path!r}: no sampler weights of that path on this "
-                                     "server (save_weights_for_sampler(name) makes them)")
-        session = SamplingSession(new_id("sampler"), model, model.samplers[body.model_path])
+            session_id = self._new_session(None, 0)
+        else:
+            model = next((m for m in self.models.values() if body.model_path in m.samplers), None)
+            if model is None:
+                raise wire.TinkerRefusal(f"model_path={body.model_path!r}: no sampler weights of that path on this "
+                                         "server (save_weights_for_sampler(name) makes them)")
+            session_id = self._new_session(model, model.samplers[body.model_path])
+        return _json(types.CreateSamplingSessionResponse(sampling_session_id=session_id))
+
+    def _new_session(self, model: TrainingModel | None, version: int) -> str:
+        """A sampling session on ``model``'s adapter at ``version`` (None: the base model); returns its id."""
+        session = SamplingSession(new_id("sampler"), model, version)
         self.sessions[session.session_id] = session
-        return _json(types.CreateSamplingSessionResponse(sampling_session_id=session.session_id))
+        return session.session_id
 
     async def _get_sampler(self, request: web.Request) -> web.Response:
         session = self.sessions.get(request.match_info["sampler_id"])
@@ -444,16 +447,16 @@ class TinkerServer:
         self.limits.check(prompt, "prompt", prompt=True)
         overrides = wire.sample_overrides(body)
 
-        request_id = self.futures.submit("sample", lambda: self._thread.on_kernel(sample))
-        ids = [f"{request_id}-{i}" for i in range(body.num_samples)]
-
-        async def sample() -> Outcome:
+        async def sample() -> Outcome:  # runs once this handler has answered: ``ids`` is set by then
             completions = list(await session.sample(prompt, overrides, self._base))
             run = session.run or self.run  # shown among that run's episodes, where the explorer reads them
             text = self._tokenizer().decode(prompt)
             for sample_id, completion in zip(ids, completions, strict=False):
                 record_outside_sample(run.controller, sample_id, text, completion, "tinker")
             return Outcome(proto=wire.sample_response(completions, body))
+
+        request_id = self.futures.submit("sample", lambda: self._thread.on_kernel(sample))
+        ids = [f"{request_id}-{i}" for i in range(body.num_samples)]
         return web.json_response({"request_id": request_id, "sample_sequence_ids": ids})
 
     # -- results ---------------------------------------------------------------------------------------
