@@ -20,7 +20,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from forge_nb.tinker.wire import TinkerRefusal
@@ -73,7 +73,6 @@ class Lane:
 class _Call:
     task: asyncio.Task[Outcome]
     kind: str
-    started: float = field(default_factory=time.monotonic)
     retrieved_at: float | None = None
 
 
