@@ -4,7 +4,9 @@
 ``LoraConfig.target_modules``; peft leaves only the adapters trainable, so the trainer's optimizer holds them alone
 and a checkpoint (``_checkpoint``, which leaves frozen parameters out) holds them alone. :func:`adapter_state_dict`
 is what a push moves: the adapters' tensors under peft's names (``model.layers.0.self_attn.q_proj.lora_A.weight``).
-:func:`adapters_off` runs a block on the base model (the KL term's reference, in the trainer's own process).
+:func:`adapters_off` runs a block on the base model (the KL term's reference, in the trainer's own process), and
+:func:`with_base_reference` gives a training batch that came without reference logprobs the base's: a LoRA run's
+episodes carry none, so the reference costs one forward of the batch at its step, not a call per group.
 :func:`save_adapter` writes an adapter folder in peft's format, which ``peft.PeftModel.from_pretrained`` and
 vLLM's ``LoRARequest`` load; :func:`save_merged` a whole model folder with the adapters merged into its weights.
 
@@ -23,6 +25,7 @@ in place and nothing else).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -35,7 +38,7 @@ from forge_nb.config.trainer_sections import VLLM_MAX_LORA_RANK, LoraConfig
 
 __all__ = ["active", "adapter_config", "adapter_names", "adapter_parameters", "adapter_state_dict", "adapters_off",
            "drop", "engine_lora_args", "inject", "merged_state_dict", "offer_base", "peft_config", "runs_served",
-           "save_adapter", "save_merged", "shared_base", "withdraw_base", "write_adapter"]
+           "save_adapter", "save_merged", "shared_base", "with_base_reference", "withdraw_base", "write_adapter"]
 
 #: The prefix peft's saved adapters carry (a PeftModel's own module path): vLLM's loader expects it.
 PEFT_PREFIX = "base_model.model."
@@ -156,6 +159,20 @@ def adapters_off(module: torch.nn.Module) -> Iterator[None]:
     finally:
         for layer in layers:
             layer.enable_adapters(True)
+
+
+def with_base_reference(policy: Any, batch: Any, temperature: float) -> Any:
+    """``batch`` (a TrainBatch) with the base model's logprobs of its responses as its reference logprobs, when it
+    came without them: one no-grad forward of the whole batch with every adapter off. The base never changes, so
+    these are the values a per-episode reference call at rollout time would have given."""
+    if batch.has_ref_logprobs:
+        return batch
+    from forge_nb.actors._policy_model import response_logprobs
+
+    with torch.no_grad(), adapters_off(policy.module):
+        logits = policy.logits(batch.tokens, batch.request_len)
+        ref = response_logprobs(logits, batch.tokens, batch.request_len, temperature).float()
+    return dataclasses.replace(batch, ref_logprobs=ref, has_ref_logprobs=True)
 
 
 def adapter_config(cfg: LoraConfig, base_model: str) -> dict[str, Any]:

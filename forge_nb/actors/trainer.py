@@ -19,8 +19,9 @@ run that a notebook is steering. Endpoints that touch the model are collective o
 With a ``lora`` section (``RLTrainer(..., lora={"rank": 8})``, ``TrainerConfig.lora``) the trainer trains LoRA
 adapters alone (``_lora``: peft's layers on the transformers engine): the optimizer holds them, ``push_weights``
 and ``state_dict`` carry them under peft's names, a checkpoint holds them (the base comes from the model's
-files), ``forward(..., adapters=False)`` is the base model (the KL term's reference, in this process) and
-``save_adapter(folder)`` writes them in peft's format, ``save_merged(folder)`` a whole model with them merged in.
+files), ``forward(..., adapters=False)`` is the base model (the KL term's reference, in this process: a step whose
+batch has no reference logprobs takes the base's), ``save_adapter(folder)`` writes them in peft's format and
+``save_merged(folder)`` a whole model with them merged in.
 Another run's LoRA trainer spawned into the same process with ``share_base=True`` trains its own adapter on that
 model (no second copy of the base): each trainer keeps its own optimizer, steps, hyperparameters, pushes and
 checkpoints, and its endpoints run with its adapter alone active (``_lora.active``); ``release()`` takes its
@@ -199,6 +200,8 @@ class RLTrainer(ForgeActor):
                 else:
                     tokens_kept, request_len = policy.without_shared_padding(micro.tokens, micro.request_len)
                     micro = dataclasses.replace(micro, tokens=tokens_kept, request_len=request_len)
+                    if self.lora is not None:  # its episodes carry no reference: the base's, for the whole batch
+                        micro = _lora.with_base_reference(policy, micro, self.train_cfg.logits_temperature)
                     logits = policy.logits(micro.tokens, micro.request_len)
                     loss, m = rl_loss(self.loss_fn, logits, micro, self.train_cfg.logits_temperature, self.step)
                     tokens += int(micro.response_mask.sum())
@@ -463,8 +466,6 @@ class RLTrainer(ForgeActor):
         if dist.is_initialized():
             dist.destroy_process_group()
 
-    # ------------------------------------------------------------------------------------------------
-
     def _weights(self) -> dict[str, torch.Tensor]:
         """What a push moves: the whole policy (HF names), or a LoRA trainer's adapters (peft's names); the live
         tensors, on their device (read them before the next optimizer step). Collective when sharded."""
@@ -476,9 +477,7 @@ class RLTrainer(ForgeActor):
 
     def _adapter(self) -> AbstractContextManager[Any]:
         """A LoRA trainer's block: this run's adapter the model's active one (other runs' may share the model)."""
-        if self.lora is None:
-            return nullcontext()
-        return _lora.active(self._policy().module, self.weights_namespace)
+        return nullcontext() if self.lora is None else _lora.active(self._policy().module, self.weights_namespace)
 
     def _policy(self) -> PolicyModel:
         if self.policy is None:

@@ -45,7 +45,9 @@ class BaseInTrainer:
     """A LoRA run's reference model when it spawned no ReferenceModel service: the trainer's base model, its
     adapters off (``RLTrainer.forward(..., adapters=False)``), in the trainer's own process. It answers
     ``forward.route(input_ids, request_len)`` as the service does, so ``run.ref_model`` reads the same either
-    way; no process nor copy of the model more."""
+    way; no process nor copy of the model more. The run's own episode functions leave it to the trainer: a
+    batch without reference logprobs gets the base's at its step, in one forward of the whole batch, instead of
+    a call from the kernel for each group (``_lora.with_base_reference``)."""
 
     def __init__(self, trainer: Any):
         self.trainer = trainer
@@ -59,8 +61,9 @@ class BaseInTrainer:
 
 
 async def add_ref_logprobs(run: Any, group: list[Episode]) -> None:
-    """The reference model's logprobs of each episode's response, when the run has a reference model."""
-    if run.ref_model is None:
+    """The reference model's logprobs of each episode's response, when the run has a ReferenceModel (a LoRA
+    run's base is its trainer's, which computes them at the step: ``BaseInTrainer``)."""
+    if run.ref_model is None or isinstance(run.ref_model, BaseInTrainer):
         return
     input_ids = torch.stack([torch.cat([e.request_tensor, e.response_tensor]) for e in group])
     ref = await run.ref_model.forward.route(input_ids, run.config.max_req_tokens)

@@ -3,6 +3,7 @@ KL term's reference in the same process; the adapter folder it writes is peft's 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,24 @@ async def test_the_adapters_alone_train_and_push_and_the_base_stays_the_referenc
     whole = sum(t.numel() * t.element_size() for t in load_file(Path(env.model) / "model.safetensors").values())
     assert pushed["mb"] * 2**20 == moved and moved < 0.15 * whole, (moved, whole)  # the adapters' bytes only
     assert first(await trainer.state_dict.call())["model"].keys() == stored.keys()
+
+
+async def test_a_batch_without_reference_logprobs_is_trained_against_the_base(env: Any) -> None:
+    # a LoRA run's episodes come without reference logprobs; two trainers alike (same seed, same adapters) train
+    # the same batches, one given the base's logprobs as the episodes' reference, the other left to find them
+    kl = {"loss": "grpo", "loss_config": {"beta": 0.5}}
+    given, left = await spawn(env, "ref-given", **kl), await spawn(env, "ref-left", **kl)
+    batch = make_batch()
+    base = await logprobs(given, batch, adapters=False)
+    with_base = dataclasses.replace(batch, ref_logprobs=base, has_ref_logprobs=True)
+    without = dataclasses.replace(batch, ref_logprobs=torch.zeros_like(base), has_ref_logprobs=False)
+    for step in range(3):
+        a = first(await given.train_step.call(with_base)).metrics
+        b = first(await left.train_step.call(without)).metrics
+        assert a["skipped"] == b["skipped"] == 0.0
+        for name in ("loss", "kl/k3", "grad_norm"):
+            assert b[name] == pytest.approx(a[name], rel=1e-4, abs=1e-7), (step, name)
+    assert a["kl/k3"] > 0  # the adapters moved the policy away from the base, and the KL term saw it
 
 
 async def test_a_lora_checkpoint_holds_the_adapters_and_resumes(env: Any) -> None:
