@@ -17,6 +17,9 @@ _runtime.ensure_started()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Each test's runs start from processes of their own, as tests that count, kill or time processes expect;
+# tests/run/test_warm.py keeps them warm between runs (forge_nb.system.warm), as a kernel does by default.
+os.environ.setdefault("FORGE_NB_KEEP_WARM_S", "0")
 # Actor classes defined under tests/ travel by reference: spawned procs must be able to import them.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [_ROOT, os.environ.get("PYTHONPATH")] if p)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -15,6 +15,9 @@ from IPython.display import display
 from forge_nb.controller.state import RunState
 from forge_nb.magics import _display, _parse
 from forge_nb.magics._runs import Runs
+
+if TYPE_CHECKING:
+    from forge_nb.run import Run
 
 NAME_HELP = ("the run to act on (a run's name or a variable holding a Run); needed when several runs are live, "
              "else the one live run")
@@ -48,7 +51,7 @@ class ControlMagics(Magics):
             raise UsageError(f"--steps {args.steps}: give a number of steps >= 1")
         return self._start(self._startable(args.name), args.steps)
 
-    async def _start(self, run: Any, steps: int | None, *, resume: bool = False) -> None:
+    async def _start(self, run: Run, steps: int | None, *, resume: bool = False) -> None:
         if steps is None:  # %forge_run: no budget (one pending returns with its steps); %forge_resume keeps it
             if resume:
                 run.resume()
@@ -90,7 +93,7 @@ class ControlMagics(Magics):
             raise UsageError(f"%forge_step {args.n}: give a number of steps >= 1")
         return self._step(self._startable(args.name), args.n)
 
-    async def _step(self, run: Any, n: int) -> None:
+    async def _step(self, run: Run, n: int) -> None:
         seen = len(run.metrics.events)  # a budget still pending (%forge_run --steps) returns: run.step's rule
         try:
             rows = await run.step(n)
@@ -110,7 +113,7 @@ class ControlMagics(Magics):
         run = self.runs.get(parse_argstring(self.forge_stop, line).name)
         return self._stop(run)
 
-    async def _stop(self, run: Any) -> None:
+    async def _stop(self, run: Run) -> None:
         self.runs.cancel_stepping(run.name)
         await run.stop()
         print(f"run {run.name!r} stopped at step {run.current_step}; services are up: %forge_run continues, "
@@ -126,7 +129,7 @@ class ControlMagics(Magics):
         changes = _parse.assignments(args.changes, example="lr=1e-4 temperature=0.7")
         return self._set(self.runs.get(args.name), changes)
 
-    async def _set(self, run: Any, changes: dict[str, Any]) -> None:
+    async def _set(self, run: Run, changes: dict[str, Any]) -> None:
         try:
             pending = run.set(**changes)
         except (ValueError, TypeError) as e:
@@ -141,14 +144,17 @@ class ControlMagics(Magics):
         """Services and replicas (state, pids, in flight, served, failures, restarts), loops, step, last values.
 
         With several live runs and no ``--name``: one line per run (``--name NAME`` shows one in full)."""
+        from forge_nb.system import warm
+
         name = parse_argstring(self.forge_status, line).name
         live = self.runs.live()
         if name is None and len(live) > 1:
             rows = [{**run.status(), "variables": self.runs.variables(run)} for run in live]
             display(_display.runs_table(rows))
-            return
-        run = self.runs.get(name)
-        display(_display.status_report(run.status()))
+        elif name is not None or live or not warm.summary():
+            display(_display.status_report(self.runs.get(name).status()))
+        if warm.summary():
+            print(warm.summary())
 
     @magic_arguments()
     @argument("-n", type=int, default=20, help="how many (default 20)")

@@ -7,7 +7,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -16,6 +16,9 @@ from IPython.display import display
 
 from forge_nb.magics import _display, _parse
 from forge_nb.magics._runs import Runs
+
+if TYPE_CHECKING:
+    from forge_nb.run import Run
 
 #: ``%forge_shutdown`` waits this long for every recorded process to exit.
 EXIT_WAIT_S = 15.0
@@ -140,7 +143,7 @@ class SpawnMagics(Magics):
         run = await _spawning().resume(path, progress=True)
         self._bind(run, var)
 
-    def _bind(self, run: Any, var: str) -> None:
+    def _bind(self, run: Run, var: str) -> None:
         """``var`` -> the run (checked free before spawning); each service -> its name where that name is
         free or held a shut-down run's service. Says truthfully what was bound and what was not."""
         free = {n: s for n, s in run.services.items() if self.runs.claimable(n, run)}
@@ -184,13 +187,15 @@ class SpawnMagics(Magics):
         """Every process mesh this kernel holds: name, procs, pids, state, GPUs, owner, failures."""
         if line.strip():
             raise UsageError("%forge_meshes takes no arguments")
-        from forge_nb.system import runtime
+        from forge_nb.system import runtime, warm
 
         infos = [m.info() for m in runtime.meshes()]
-        if not infos:
+        if infos:
+            display(_display.meshes_table(infos))
+        elif not warm.summary():
             print("no meshes: %forge_spawn quickstart starts a run, %forge_spawn --procs N -o NAME a bare mesh")
-            return
-        display(_display.meshes_table(infos))
+        if warm.summary():
+            print(warm.summary())
 
     @magic_arguments()
     @argument("--name", help="shut down only this run (a run's name or a variable holding a Run)")
@@ -259,7 +264,7 @@ def _require_gpus() -> None:
         raise UsageError("--gpus: this machine has no CUDA device; leave --gpus out to run on CPU")
 
 
-def _run_pids(run: Any) -> list[int]:
+def _run_pids(run: Run) -> list[int]:
     return [p for replicas in run.status()["services"].values() for r in replicas for p in r.pids]
 
 

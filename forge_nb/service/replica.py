@@ -35,7 +35,7 @@ from monarch.actor import ActorError
 
 from forge_nb.service.errors import ActorStartFailed, ReplicaDied
 from forge_nb.service.options import ActorClass, Options
-from forge_nb.system import runtime
+from forge_nb.system import runtime, warm
 from forge_nb.system.gpus import JobEnded
 from forge_nb.system.procs import kill_pids
 
@@ -114,8 +114,9 @@ class Replica:
                 raise ActorStartFailed(f"{self.name} cannot start on {self.host.name}: it is {self.host.state}",
                                        replica=self.name)
             self.mesh = self.host.mesh
-        else:
-            self.mesh = await runtime.spawn_mesh(
+        else:  # a process an earlier run of the kernel left warm, or new ones
+            self.mesh = await warm.take(self._warm_shape(), f"{base}-r{self.index}", self.owner,
+                                        self._options.log_dir) or await runtime.spawn_mesh(
                 f"{base}-r{self.index}", self._options.procs, self._options.with_gpus,
                 hosts=self._options.hosts, env=self._options.env, owner=self.owner, log_dir=self._options.log_dir,
             )
@@ -142,10 +143,20 @@ class Replica:
         self._set_state("healthy", "ready")
 
     async def stop(self) -> None:
+        """Stop serving; a healthy replica's processes are kept warm for the kernel's next run when they can be
+        (``forge_nb.system.warm``), else stopped."""
         if self._recovery is not None and self._recovery is not asyncio.current_task():
             self._recovery.cancel()
+        healthy = self.healthy
         self._set_state("stopped", "shut down")
+        if healthy and self.host is None and self.mesh is not None and await warm.park(
+                self.mesh, self.actor, self._warm_shape(), self._cls.__name__, self.owner):
+            return
         await self._stop_mesh()
+
+    def _warm_shape(self) -> tuple[Any, ...] | None:
+        o = self._options
+        return warm.shape(self._cls.__name__, o.procs, o.with_gpus, o.hosts, o.env)
 
     async def _stop_mesh(self) -> None:
         """Stop this replica's processes; a guest's are its host's, which stops them."""

@@ -61,6 +61,13 @@ class ProcInfo(Actor):
         return _end([(pid, group) for pid, group in _siblings() if pid in set(pids)], grace_s)
 
     @endpoint
+    async def relog(self, log_file: str) -> None:
+        """This process's output into ``log_file`` from now on (a kept process taken by another run)."""
+        from forge_nb.system.proclogs import output_to
+
+        output_to(log_file)
+
+    @endpoint
     async def parent(self) -> int:
         return os.getppid()
 

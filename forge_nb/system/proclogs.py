@@ -195,8 +195,13 @@ def bootstrap(env: dict[str, str], log_file: str | None) -> None:
     startup_gc.pause()
     os.environ.update(env)
     _thread_lock_for_progress_bars()
-    if log_file is None:
-        return
+    if log_file is not None:
+        output_to(log_file)
+
+
+def output_to(log_file: str) -> None:
+    """This process's descriptors 1 and 2 (and so ``sys.stdout`` and ``sys.stderr``) appended to ``log_file``,
+    line-buffered; left as they are when the file cannot be opened."""
     try:  # on another host of a job the folder may not exist yet; if it cannot be made, monarch keeps the output
         os.makedirs(os.path.dirname(log_file), mode=0o700, exist_ok=True)
         fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -52,15 +52,7 @@ from forge_nb.system.gpus import ResourceError  # noqa: F401  (runtime.ResourceE
 from forge_nb.system.leases import Shared
 from forge_nb.system.monarch_compat import await_maybe, private_log_dir
 from forge_nb.system.proclogs import bootstrap, default_log_dir, native_stderr_to
-from forge_nb.system.procs import (
-    StoppedWatch,
-    kill_groups,
-    kill_pids,
-    same_process,
-    start_reaper,
-    started,
-    stop_reaper,
-)
+from forge_nb.system.procs import StoppedWatch, kill_groups, kill_pids, same_process, start_reaper, started, stop_reaper
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +68,7 @@ MONARCH_ENV_DEFAULTS = {
     "HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT": "7d",
 }
 
-MeshState = str  # "running" | "failed" | "stopped"
+MeshState = str  # "running" | "failed" | "stopped" | "parked" (kept for a next run: forge_nb.system.warm)
 
 #: How often the watchdog looks at every recorded pid (a /proc read each).
 WATCHDOG_PERIOD_S = 0.25
@@ -252,18 +244,9 @@ class Mesh:
         return dict(zip(self.pgids, self.starts, strict=True))
 
     def info(self) -> MeshInfo:
-        return MeshInfo(
-            name=self.name,
-            procs=self.procs,
-            with_gpus=self.with_gpus,
-            gpu_ids=list(self.gpu_ids),
-            pids=list(self.pids),
-            state=self.state,
-            owner=self.owner,
-            failures=len(self.failures),
-            age_s=round(time.time() - self.created, 1),
-            host=self.host,
-        )
+        return MeshInfo(name=self.name, procs=self.procs, with_gpus=self.with_gpus, gpu_ids=list(self.gpu_ids),
+                        pids=list(self.pids), state=self.state, owner=self.owner, failures=len(self.failures),
+                        age_s=round(time.time() - self.created, 1), host=self.host)
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop the procs through monarch, then make sure: any pid still alive is killed."""
@@ -370,8 +353,19 @@ async def spawn_mesh(name: str, procs: int = 1, with_gpus: bool = False, *, host
 
 
 def meshes() -> list[Mesh]:
-    """Every mesh this kernel spawned and has not stopped, oldest first."""
-    return [m for m in _meshes.values() if m.state != "stopped"]
+    """Every mesh this kernel spawned and has not stopped, oldest first; not those kept for a next run
+    (``forge_nb.system.warm``), which are the kernel's still: :func:`stop_all` and its exit stop them."""
+    return [m for m in _meshes.values() if m.state not in ("stopped", "parked")]
+
+
+def adopt(mesh: Mesh, name: str, owner: str | None, log_dir: str | Path | None) -> None:
+    """A kept mesh (``forge_nb.system.warm``) running again, as ``name`` (or the next free name like it), for
+    ``owner``, its output to ``<log_dir>/<name>.log`` (the procs are told by the caller)."""
+    _meshes.pop(mesh.name, None)
+    mesh.name, mesh.owner, mesh.state, mesh.created = _unique_name(name), owner, "running", time.time()
+    mesh.log_path = Path(log_dir or default_log_dir()) / f"{mesh.name}.log"
+    _meshes[mesh.name] = mesh
+    _start_watchdog(asyncio.get_running_loop())
 
 
 def get_mesh(name: str) -> Mesh:
@@ -383,8 +377,8 @@ def get_mesh(name: str) -> Mesh:
 
 
 async def stop_all(timeout: float = 10.0) -> None:
-    """Stop every mesh this kernel holds (newest first)."""
-    for mesh in reversed(meshes()):
+    """Stop every mesh this kernel holds (newest first), kept ones included."""
+    for mesh in reversed([m for m in _meshes.values() if m.state != "stopped"]):
         await mesh.stop(timeout)
 
 

@@ -1,0 +1,179 @@
+"""Processes kept warm between runs of one kernel, so that a run's second spawn does not start from nothing.
+
+A run that shuts down leaves its replicas' processes here instead of stopping them: their actors stopped (a
+generator's engine shut down, a trainer's model dropped), their imports done (vLLM, torch, transformers: most
+of the 5-9 s from a spawn to the first step on two cores). The kernel's next replica of the same actor class
+and shape takes one: its spawn skips the process start and the imports, and builds only its engine or model
+(about 1 s for the quickstart). A kept process writes its output into the log of the run that took it.
+
+What is kept: a healthy replica's mesh on the kernel's host, without GPUs, holding nothing but that replica's
+actor (and the runtime's pid probe), that has served fewer than :data:`MAX_RUNS` runs; at most :data:`MAX_KEPT`
+meshes, the oldest stopped when another comes; each for ``FORGE_NB_KEEP_WARM_S`` seconds (default :data:`KEEP_S`;
+0 keeps nothing), then stopped.
+``forge_nb.shutdown_all()`` (``%forge_shutdown --all``) and the kernel's exit stop them with every other mesh;
+``%forge_status`` and ``%forge_meshes`` list them (:func:`kept`, :func:`summary`).
+
+Considered: starting processes when the extension loads, with the imports done before any spawn (a script or a
+notebook that spawns in its first cell gains little, and a kernel that never spawns pays the memory), and
+keeping a generator's engine itself for a next run of the same model (its weights, prefix cache and adapter
+slots would have to be reset for the new run; the build it saves is ~0.5 s of the ~1 s left).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from forge_nb.system import cluster, runtime
+
+__all__ = ["KEEP_S", "MAX_KEPT", "MAX_RUNS", "Kept", "keep_s", "kept", "park", "stop_kept", "summary", "take"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a kept mesh waits for a run to take it, unless ``FORGE_NB_KEEP_WARM_S`` says otherwise.
+KEEP_S = 600.0
+#: The most meshes kept at once (a quickstart leaves two: its generator's and its trainer's).
+MAX_KEPT = 4
+#: The most runs one process serves before it is stopped rather than kept: each leaves a few MB behind
+#: (measured with the quickstart: the trainer's process ~8 MB a run, the generator's ~3).
+MAX_RUNS = 8
+
+
+@dataclass
+class Kept:
+    """A mesh waiting for the next replica of ``role`` (its actor class) with the same shape."""
+
+    mesh: runtime.Mesh
+    key: tuple[Any, ...]
+    role: str
+    since: float
+    owner: str | None
+    timer: asyncio.TimerHandle | None = None
+
+
+_kept: list[Kept] = []
+#: A mesh taken warm -> how many of its actors are the runtime's (pid probes) or its earlier runs' (stopped).
+_before: weakref.WeakKeyDictionary[runtime.Mesh, int] = weakref.WeakKeyDictionary()
+#: A mesh taken warm -> how many runs it has served, this one included.
+_runs: weakref.WeakKeyDictionary[runtime.Mesh, int] = weakref.WeakKeyDictionary()
+
+
+def keep_s() -> float:
+    """How long a mesh is kept: ``FORGE_NB_KEEP_WARM_S`` (0: none), else :data:`KEEP_S`."""
+    value = os.environ.get("FORGE_NB_KEEP_WARM_S", "")
+    try:
+        return max(0.0, float(value)) if value else KEEP_S
+    except ValueError:
+        logger.warning("FORGE_NB_KEEP_WARM_S=%r is no number of seconds; keeping meshes %g s", value, KEEP_S)
+        return KEEP_S
+
+
+def shape(role: str, procs: int, with_gpus: bool, hosts: Any, env: dict[str, str]) -> tuple[Any, ...] | None:
+    """What a replica's mesh must match to be taken; None when such a mesh is never kept (GPUs, another
+    host, a job in use)."""
+    if with_gpus or hosts not in (None, 1, cluster.KERNEL) or cluster.current() is not None:
+        return None
+    return role, procs, tuple(sorted(env.items()))
+
+
+async def park(mesh: runtime.Mesh, actor: Any, key: tuple[Any, ...] | None, role: str, owner: str | None) -> bool:
+    """Keep ``mesh`` (``actor`` being the one actor of its replica) for a later replica of the same ``key``:
+    stops the actor, keeps the processes. False (and nothing done) when it cannot be kept: the caller then
+    stops the mesh as before."""
+    if key is None or keep_s() <= 0 or mesh.state != "running" or not mesh.local or mesh.with_gpus:
+        return False
+    if mesh.failures or len(mesh.alive_pids()) != mesh.procs or len(mesh._actor_names) - _before.get(mesh, 1) != 1:
+        return False  # a dead proc, or actors of another run besides the replica's (e.g. a guest's)
+    if _runs.get(mesh, 1) >= MAX_RUNS:
+        return False
+    try:
+        await asyncio.wait_for(actor.stop(), 10.0)
+    except Exception as e:  # an actor that will not stop: its process is no good to keep
+        logger.info("mesh %s not kept: its actor did not stop (%s)", mesh.name, e)
+        return False
+    mesh.state = "parked"  # not among runtime.meshes(); still among the kernel's, which its exit kills
+    mesh._listeners.clear()
+    entry = Kept(mesh, key, role, time.monotonic(), owner)
+    entry.timer = asyncio.get_running_loop().call_later(keep_s(), lambda: asyncio.ensure_future(_stop(entry)))
+    _kept.append(entry)
+    while len(_kept) > MAX_KEPT:
+        await _stop(_kept[0])
+    logger.info("mesh %s kept warm for %g s (pids %s)", mesh.name, keep_s(), mesh.pids)
+    return True
+
+
+async def take(key: tuple[Any, ...] | None, name: str, owner: str | None,
+               log_dir: str | Path | None) -> runtime.Mesh | None:
+    """A kept mesh of ``key``, renamed ``name`` (or the next free name like it), owned by ``owner``, its
+    processes' output going to ``<log_dir>/<name>.log`` from now on; None when none is kept."""
+    _prune()
+    for entry in [e for e in _kept if e.key == key]:
+        _kept.remove(entry)
+        if entry.timer is not None:
+            entry.timer.cancel()
+        mesh = entry.mesh
+        if len(mesh.alive_pids()) != mesh.procs:  # killed while it waited
+            await mesh.stop(timeout=2.0)
+            continue
+        runtime.adopt(mesh, name, owner, log_dir)
+        from forge_nb.system.procinfo import ProcInfo
+
+        try:
+            await mesh.spawn("procinfo", ProcInfo).relog.call(str(mesh.log_path))
+        except Exception as e:  # the proc is not answering: start afresh
+            logger.info("kept mesh %s not taken: %s", name, e)
+            await mesh.stop(timeout=2.0)
+            continue
+        _before[mesh], _runs[mesh] = len(mesh._actor_names), _runs.get(mesh, 1) + 1
+        logger.info("mesh %s taken warm (pids %s, kept %.0f s)", name, mesh.pids, time.monotonic() - entry.since)
+        return mesh
+    return None
+
+
+def kept() -> list[dict[str, Any]]:
+    """The meshes kept now: their role (actor class), pids, name and the seconds until they stop."""
+    _prune()
+    now, keep = time.monotonic(), keep_s()
+    return [{"role": e.role, "pids": list(e.mesh.pids), "mesh": e.mesh.name,
+             "stops_in_s": max(0.0, keep - (now - e.since))} for e in _kept]
+
+
+def summary() -> str:
+    """One line on the meshes kept now ("" when none), for ``%forge_status`` and ``%forge_meshes``."""
+    held = kept()
+    if not held:
+        return ""
+    what = ", ".join(f"{k['role']} (pid {', '.join(map(str, k['pids']))})" for k in held)
+    soonest = min(k["stops_in_s"] for k in held)
+    return (f"kept warm for the next run: {what}; the first stops in {soonest / 60:.0f} min "
+            "(%forge_shutdown --all stops them now; FORGE_NB_KEEP_WARM_S=0 keeps none)")
+
+
+def _prune() -> None:
+    """Forget the kept meshes something else stopped (``runtime.stop_all``, the kernel's teardown)."""
+    for entry in [e for e in _kept if e.mesh.state != "parked"]:
+        _kept.remove(entry)
+        if entry.timer is not None:
+            entry.timer.cancel()
+
+
+async def _stop(entry: Kept) -> None:
+    if entry in _kept:
+        _kept.remove(entry)
+    if entry.timer is not None:
+        entry.timer.cancel()
+    await entry.mesh.stop(timeout=5.0)
+
+
+async def stop_kept() -> int:
+    """Stop every kept mesh now; returns how many there were."""
+    entries = list(_kept)
+    for entry in entries:
+        await _stop(entry)
+    return len(entries)
