@@ -217,8 +217,10 @@ class SpawnMagics(Magics):
         return self._shutdown(None)
 
     async def _shutdown(self, only: Any) -> None:
-        """One run (``only``), or everything: ``forge_nb.shutdown_all()``."""
+        """One run (``only``; its processes kept warm for the kernel's next run where they can be), or everything:
+        ``forge_nb.shutdown_all()``, kept processes included."""
         from forge_nb.run import shutdown_all
+        from forge_nb.system import warm
 
         known = [only] if only is not None else self.runs.live()
         for run in known:
@@ -241,7 +243,14 @@ class SpawnMagics(Magics):
                 print(f"shut down run {only.name!r}: its adapter left the generators and trainer process it shared "
                       f"with {', '.join(map(repr, staying))}, which train on")
                 return
-            what, left = f"run {only.name!r}", await _wait_gone(pids, EXIT_WAIT_S)
+            kept = {p for k in warm.kept() for p in k["pids"]}
+            if kept & set(pids):  # forge_nb.system.warm: the next spawn of the kernel takes them
+                print(f"shut down run {only.name!r}: its process(es) {sorted(kept & set(pids))} are kept warm for "
+                      f"the next run for {warm.keep_s() / 60:.0f} min (%forge_shutdown --all stops them now)")
+            what, left = f"run {only.name!r}", await _wait_gone(sorted(set(pids) - kept), EXIT_WAIT_S)
+            pids = sorted(set(pids) - kept)
+            if not pids:
+                return
         if left:
             raise RuntimeError(f"shut down {what}, but process(es) {left} are still alive after {EXIT_WAIT_S:.0f} s; "
                                f"kill them (kill -9 {' '.join(map(str, left))}) or restart the kernel")

@@ -91,11 +91,12 @@ import forge_nb
 from forge_nb.system import warm
 run = await forge_nb.spawn(forge_nb.quickstart(name="warm-exit", run_dir={str(tmp_path / "r")!r}), progress=False)
 await run.step(1)
-await run.shutdown()
-print("KEPT", sorted(p for k in warm.kept() for p in k["pids"]))
 """
         reply = kernel.run(code, timeout=300)
         assert reply.status == "ok", reply.traceback or reply.streams
+        reply = kernel.run("%forge_shutdown --name warm-exit", timeout=120)
+        assert reply.status == "ok" and "are kept warm for the next run" in reply.stdout, reply.traceback or reply.text
+        reply = kernel.run('print("KEPT", sorted(p for k in warm.kept() for p in k["pids"]))')
         kept = [int(p) for p in reply.stdout.split("KEPT", 1)[1].strip(" []\n").split(",")]
         assert len(kept) == 2 and all(pid_alive(p) for p in kept)
         status = kernel.run("%forge_status")
