@@ -108,7 +108,8 @@ def summary(record: dict[str, Any], skip: int, last: int) -> dict[str, Any]:
             "first_step_s": times[0] - launch if times else math.inf,
             "spawn_to_first_step_s": times[0] - record.get("spawn_called", math.nan) if times else math.inf,
             "last10": statistics.mean(rewards[-WINDOW:]) if rewards else 0.0,
-            "peak_mb": record["peak_mb"], "peak_procs": record["peak_procs"]}
+            "peak_mb": record["peak_mb"], "peak_procs": record["peak_procs"],
+            "second_spawn_s": record.get("second_spawn_s", math.nan)}
 
 
 # -- the two sides, each in its own process ---------------------------------------------------------
@@ -373,7 +374,8 @@ def compare(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, list[dic
                           f"{record['threads']}, vLLM imported: {record['vllm_imported']}")
             if side == "forge_nb":
                 breakdowns.append(record["breakdown"])
-                extra += f"; spawn called +{record['spawn_called'] - record['launch']:.1f} s"
+                extra += (f"; spawn called +{record['spawn_called'] - record['launch']:.1f} s; a second run's spawn "
+                          f"to its first step {record['second_spawn_s']:.2f} s")
             print(f"seed {seed} {side:8}: {s['steps']:5d} steps, {s['rate']:6.2f} steps/s over steps {args.skip}-"
                   f"{args.forge_steps} ({s['rate_all']:.2f} over all), first step "
                   f"{s['first_step_s']:5.1f} s, last-10 reward {s['last10']:.2f}, reward {TARGET} at "

@@ -205,7 +205,10 @@ class SpawnMagics(Magics):
         """Stop loops, services and meshes, then check that every recorded process has exited (15 s).
 
         Without ``--name`` it stops the kernel's run and every mesh; with several live runs it refuses
-        (it never stops a run nobody named): ``--name NAME`` stops one, ``--all`` stops everything."""
+        (it never stops a run nobody named): ``--name NAME`` stops one, ``--all`` stops everything. A run
+        stopped by name leaves its processes warm, their imports done, for the kernel's next spawn (~1-2 s to its
+        first step instead of 6-9; ``FORGE_NB_KEEP_WARM_S``, default 600 s, 0 for none); without ``--name`` they
+        stop too."""
         args = parse_argstring(self.forge_shutdown, line)
         if args.name and args.everything:
             raise UsageError("give --name NAME (one run) or --all (every run and mesh), not both")
