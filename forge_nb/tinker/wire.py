@@ -5,11 +5,13 @@ for the ``ForwardBackwardOutput`` and ``SampleResponse`` results, which the SDK 
 What goes to forge_nb's actors is plain data: a Datum is ``{"tokens": [int, ...], "inputs": {name: [values]}}``
 (``forge_nb.actors._trainer_tinker``), a sample request the Generator's keyword arguments (vLLM's names).
 
-A tensor of a request (a Datum's ``loss_fn_inputs``) is decoded by the SDK's own reader
-(``tinker.proto.response_conv._tensor_data_from_proto``, dense or sparse CSR, then ``TensorData.to_numpy``), so
-this module never reads packed bytes by hand; the results' packed fields (``SampledSequence.tokens`` as int32,
-logprobs as float32, a ``BatchedTensor``'s data and offsets) are written with numpy's ``tobytes`` in the layout the
-SDK's reader (``response_conv``) takes apart.
+A tensor of a request (a Datum's ``loss_fn_inputs``) that the SDK writes dense in float32, int32 or int64 (its
+``request_conv._tensor_data_to_proto``: the array's bytes in that dtype, and its shape) is read back with numpy's
+``frombuffer`` in that dtype; any other (sparse CSR, bfloat16) by the SDK's own reader
+(``tinker.proto.response_conv._tensor_data_from_proto``, then ``TensorData.to_numpy``), which builds a pydantic
+``TensorData`` per tensor, a cost that was most of a small batch's conversion. The results' packed fields
+(``SampledSequence.tokens`` as int32, logprobs as float32, a ``BatchedTensor``'s data and offsets) are written with
+numpy's ``tobytes`` in the layout the SDK's reader (``response_conv``) takes apart.
 """
 
 from __future__ import annotations
@@ -105,28 +107,48 @@ def tokens_of(chunks: Any, where: str) -> list[int]:
     return tokens
 
 
+#: the dense tensors read here without the SDK's reader, and their dtypes (what its writer packs them as)
+_DENSE = {pb.DTYPE_FLOAT32: np.dtype(np.float32), pb.DTYPE_INT32: np.dtype(np.int32),
+          pb.DTYPE_INT64: np.dtype(np.int64)}
+
+
+def _tensor_values(tensor: pb.Tensor) -> np.ndarray:
+    """A request tensor's values as numpy (shaped as it says); a ValueError when they cannot be read."""
+    dtype = _DENSE.get(tensor.dtype)
+    if dtype is None or tensor.HasField("sparse_csr"):
+        return _tensor_data_from_proto(tensor).to_numpy()
+    values = np.frombuffer(tensor.dense, dtype=dtype)  # a ValueError when the bytes are not whole values
+    shape = list(tensor.shape)
+    return values.reshape(shape) if shape and list(values.shape) != shape else values
+
+
 def datums_from_proto(request: pb.ForwardBackwardRequest, limits: Limits = Limits()) -> list[dict[str, Any]]:
     """The request's Datums as plain data; a Datum this server cannot read, or the model cannot take (``limits``),
-    is a TinkerRefusal naming it."""
+    is a TinkerRefusal naming it. The float inputs are checked for NaNs and infinities all at once, after the
+    Datums are read (one numpy call instead of one per input)."""
     datums = []
+    floats: list[tuple[int, str, np.ndarray]] = []
     for i, datum in enumerate(request.data):
         tokens = tokens_of(datum.model_input, f"datum {i}")
         limits.check(tokens, f"datum {i}")
         inputs = {}
         for name, tensor in datum.loss_fn_inputs.items():
             try:
-                values = _tensor_data_from_proto(tensor).to_numpy()
+                values = _tensor_values(tensor)
             except Exception as e:
                 raise TinkerRefusal(f"datum {i}: loss_fn_inputs[{name!r}] cannot be read ({e})") from None
             if values.ndim != 1:
                 raise TinkerRefusal(f"datum {i}: loss_fn_inputs[{name!r}] has shape {list(values.shape)}; the losses "
                                     "served take one value per token")
-            if values.dtype.kind == "f" and not np.isfinite(values).all():
-                raise TinkerRefusal(f"datum {i}: loss_fn_inputs[{name!r}] holds a NaN or an infinity")
+            if values.dtype.kind == "f":
+                floats.append((i, name, values))
             inputs[name] = values.tolist()
         datums.append({"tokens": tokens, "inputs": inputs})
     if not datums:
         raise TinkerRefusal("forward_backward: no Datums")
+    if floats and not np.isfinite(np.concatenate([values for _, _, values in floats])).all():
+        i, name = next((i, name) for i, name, values in floats if not np.isfinite(values).all())
+        raise TinkerRefusal(f"datum {i}: loss_fn_inputs[{name!r}] holds a NaN or an infinity")
     return datums
 
 
