@@ -6,9 +6,10 @@ per-trace columns and remembers which traces changed, and a view takes only thos
 the model is the trace order in a figure; traces for reward functions seen later go at the end.
 
 Layout: reward on top (mean, a min/max band, and markers for hot changes and failures on a hidden 0..1
-axis), then two columns of small panels, the last one a line per evaluation measure (from "eval" events, drawn at
-the step that trained the evaluated version), the first one a line per reward function (in the reward
-panel a single function's line lay on the mean's, which looked dashed). Every marked event
+axis; a step taken through the Tinker API has no reward, and its Datums' mean advantage is drawn there), then
+two columns of small panels, the last one a line per evaluation measure (from "eval" events, drawn at the step
+that trained the evaluated version), the first one a line per reward function (in the reward panel a single
+function's line lay on the mean's, which looked dashed). Every marked event
 also draws a dotted vertical line across each panel at its step.
 """
 
@@ -33,7 +34,7 @@ class Panel:
 
 
 PANELS: tuple[Panel, ...] = (
-    Panel("reward", ("reward/mean",), 1, 1),
+    Panel("reward", ("reward/mean", "advantages/mean"), 1, 1),  # the latter: steps taken through the Tinker API
     Panel("reward per function", (), 2, 1, "no values: the reward functions report no separate scores"),
     Panel("KL", ("kl",), 2, 2, "no values: the loss reports KL with a reference model (beta > 0)"),
     Panel("entropy", ("entropy",), 3, 1),
@@ -254,6 +255,8 @@ class CurveData:
                          marker=dict(color=color, symbol=symbol, size=10))
         elif t.key == "reward/mean":
             style.update(line=dict(color="#1f77b4", width=3), name="reward mean")
+        elif t.key == "advantages/mean":  # Tinker's Datums carry advantages, not rewards
+            style.update(line=dict(color="#ff7f0e", width=2, dash="dash"), name="mean advantage (Tinker steps)")
         fig.add_scatter(**style, **self.arrays(i), row=panel.row, col=panel.col,
                         secondary_y=t.kind == "mark")
 

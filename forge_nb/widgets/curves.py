@@ -262,6 +262,8 @@ def _style(t: Trace, k: int) -> dict[str, Any]:
         style.update(name="reward min..max", color="rgba(31,119,180,0.2)")
     elif t.key == "reward/mean":
         style.update(name="reward mean", width=2)
+    elif t.key == "advantages/mean":
+        style.update(name="mean advantage (Tinker steps)", dash=True)
     elif t.panel == REWARD_FUNCTIONS:
         style.update(name=t.key.removeprefix("reward/"), color=PALETTE[(k + 1) % len(PALETTE)])
     return style

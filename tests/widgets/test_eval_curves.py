@@ -19,3 +19,16 @@ def test_mismatch_rows_and_eval_events_become_their_panels_lines() -> None:
     kl = data.traces[data._index["mismatch/kl"]]
     assert kl.y.view().tolist() == [0.01] and data._index["mismatch/kl"] in changed
     assert not data.marks  # an evaluation is a curve, not a mark
+
+
+def test_a_tinker_steps_mean_advantage_is_drawn_in_the_reward_panel() -> None:
+    # a step taken through the Tinker API has no reward; its row carries the Datums' mean advantage
+    from forge_nb.widgets.curves import _style
+
+    data = CurveData()
+    data.add_row({"step": 1, "reward/mean": 0.25, "loss": 0.5})
+    data.add_row({"step": 2, "source/tinker": 1.0, "advantages/mean": -0.125, "loss": 0.4})
+    trace = data.traces[data._index["advantages/mean"]]
+    assert trace.panel == 0 and PANELS[0].title == "reward"
+    assert trace.x.view().tolist() == [2] and trace.y.view().tolist() == [-0.125]
+    assert _style(trace, 1)["name"] == "mean advantage (Tinker steps)" and _style(trace, 1)["dash"]
