@@ -17,12 +17,14 @@ its loss in the caller's process over ``forward``'s logprobs, as the SDK does by
 are accepted and dropped.
 
 **Threads.** The server answers on a thread of its own (its own event loop), and hands the work on a run to the
-kernel's event loop, where the run's services live. So the SDK's synchronous calls that only talk to the server
-(``tinker.ServiceClient(...)``, ``get_info``, ``get_tokenizer``) work in a cell as they are; a call that trains or
-samples needs the kernel's loop, which a cell blocked on ``.result()`` holds: in a cell, ``await`` the SDK's calls
-(every one returns an awaitable), and run synchronous client code (a script, the cookbook's ``main``) in a thread
-(``await asyncio.to_thread(...)``). A call that finds the kernel's loop blocked for 30 s (``threads.BLOCKED_S``)
-fails with a message that says this, instead of hanging the kernel.
+kernel's event loop, where the run's services live: each call goes there while its request id is being answered,
+and its result comes back to the server's loop, where a waiting ``retrieve_future`` answers it, the moment it is
+done (one hop each way, ``forge_nb.tinker.threads``; a result is encoded on the server's thread). So the SDK's
+synchronous calls that only talk to the server (``tinker.ServiceClient(...)``, ``get_info``, ``get_tokenizer``) work
+in a cell as they are; a call that trains or samples needs the kernel's loop, which a cell blocked on ``.result()``
+holds: in a cell, ``await`` the SDK's calls (every one returns an awaitable), and run synchronous client code (a
+script, the cookbook's ``main``) in a thread (``await asyncio.to_thread(...)``). A call that finds the kernel's loop
+blocked for 30 s (``threads.BLOCKED_S``) fails with a message that says this, instead of hanging the kernel.
 
 **Who can reach it.** It binds 127.0.0.1 only, and every request must carry ``X-API-Key: <token>`` (the SDK's
 ``api_key``; a random ``tml-...`` token made for this server, compared in constant time), else 401. Whoever holds
@@ -101,12 +103,12 @@ class TinkerServer:
         self._clients = 0  # training clients made so far (their runs are numbered after it)
         self.limits = wire.Limits.of(run.model, run.config.engine_args().get("max_model_len"))  # what it takes
         self._base = BaseLane(run)
-        self.futures = Futures(f"{run.name}-tinker")
+        self._thread = ServerThread(f"forge_nb.{run.name}.tinker")  # where the server answers (runs: the kernel's)
+        self.futures = Futures(self._thread, f"{run.name}-tinker")
         self.models: dict[str, TrainingModel] = {}
         self.sessions: dict[str, SamplingSession] = {}
         self.requests = self.refused = 0
         self._runner: web.AppRunner | None = None
-        self._thread: ServerThread | None = None  # where the server answers (the runs live on the kernel's loop)
         self.host, self.port = "127.0.0.1", 0
 
     @classmethod
@@ -114,7 +116,7 @@ class TinkerServer:
         """Serve the Tinker API for ``run`` on 127.0.0.1:``port`` (0: a free one). ``spawn(cfg, overrides=)``
         spawns a run on ``run``'s base (``forge_nb.spawn`` with ``base=run``)."""
         server = cls(run, spawn, token=token or f"tml-{secrets.token_urlsafe(24)}")
-        thread = server._thread = ServerThread(f"forge_nb.{run.name}.tinker")
+        thread = server._thread
         try:
             await thread.call(server._serve(port))
         except BaseException:
@@ -138,10 +140,9 @@ class TinkerServer:
     async def stop(self) -> None:
         """Stop serving (from the kernel's loop); every training client's run shuts down (its adapter leaves the
         base)."""
-        if self._thread is not None and self._thread.running:
+        if self._thread.running:
             await self._thread.call(self._close_http())
-        if self._thread is not None:
-            await self._thread.stop()
+        await self._thread.stop()
         models, self.models = list(self.models.values()), {}
         self.sessions.clear()
         await asyncio.gather(*(m.run.shutdown() for m in models), return_exceptions=True)
@@ -230,8 +231,7 @@ class TinkerServer:
                 await calls_allowed(model.run.controller)  # %forge_pause holds the call here
             return await work()
 
-        request_id = self.futures.submit(kind, lambda: self._thread.on_kernel(on_kernel),
-                                         lane=model.lane if model is not None else None)
+        request_id = self.futures.submit(kind, on_kernel, lane=model.lane if model is not None else None)
         return web.json_response({"request_id": request_id, **({"model_id": model.model_id} if model else {})})
 
     # -- the session -----------------------------------------------------------------------------------
@@ -325,7 +325,7 @@ class TinkerServer:
                 raise wire.TinkerRefusal(f"loss_fn={loss_fn!r}: this server serves {sorted(TINKER_LOSSES)}")
             datums = wire.datums_from_proto(message, self.limits)
             result = await model.forward_backward(datums, loss_fn, wire.loss_config(message), backward)
-            return Outcome(proto=wire.forward_backward_output(result))
+            return Outcome(encode=lambda: wire.forward_backward_output(result))
 
         return self._submit("forward_backward" if backward else "forward", run, model)
 
@@ -447,16 +447,18 @@ class TinkerServer:
         self.limits.check(prompt, "prompt", prompt=True)
         overrides = wire.sample_overrides(body)
 
-        async def sample() -> Outcome:  # runs once this handler has answered: ``ids`` is set by then
+        request_id = self.futures.new_id()
+        ids = [f"{request_id}-{i}" for i in range(body.num_samples)]
+
+        async def sample() -> Outcome:
             completions = list(await session.sample(prompt, overrides, self._base))
             run = session.run or self.run  # shown among that run's episodes, where the explorer reads them
             text = self._tokenizer().decode(prompt)
             for sample_id, completion in zip(ids, completions, strict=False):
                 record_outside_sample(run.controller, sample_id, text, completion, "tinker")
-            return Outcome(proto=wire.sample_response(completions, body))
+            return Outcome(encode=lambda: wire.sample_response(completions, body))
 
-        request_id = self.futures.submit("sample", lambda: self._thread.on_kernel(sample))
-        ids = [f"{request_id}-{i}" for i in range(body.num_samples)]
+        self.futures.submit("sample", sample, request_id=request_id)
         return web.json_response({"request_id": request_id, "sample_sequence_ids": ids})
 
     # -- results ---------------------------------------------------------------------------------------
