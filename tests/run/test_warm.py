@@ -5,6 +5,8 @@ first run's generator and trainer processes, trains in them with its own logs, a
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -48,6 +50,16 @@ async def test_a_second_run_trains_in_the_first_runs_processes_until_shutdown_al
     finally:
         await second.shutdown()
     assert len(warm.kept()) == 2
+    # a kept process killed while it waits is not taken: its replica starts a new one
+    os.kill(used["policy"][0], signal.SIGKILL)
+    third = await forge_nb.spawn(forge_nb.quickstart(name="warm-c", run_dir=str(tmp_path / "c")), progress=False)
+    try:
+        now = pids_of(third)
+        assert now["trainer"] == used["trainer"] and now["policy"] != used["policy"]
+        assert len(await third.step(1)) == 1
+    finally:
+        await third.shutdown()
+    used["policy"] += now["policy"]
     await forge_nb.shutdown_all()
     assert warm.kept() == []
     deadline = time.monotonic() + 15
