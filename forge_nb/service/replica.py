@@ -150,7 +150,7 @@ class Replica:
         healthy = self.healthy
         self._set_state("stopped", "shut down")
         if healthy and self.host is None and self.mesh is not None and await warm.park(
-                self.mesh, self.actor, self._warm_shape(), self._cls.__name__, self.owner):
+                self.mesh, self.actor, self._warm_shape(), self._cls.__name__):
             return
         await self._stop_mesh()
 

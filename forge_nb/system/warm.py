@@ -32,7 +32,7 @@ from typing import Any
 
 from forge_nb.system import cluster, runtime
 
-__all__ = ["KEEP_S", "MAX_KEPT", "MAX_RUNS", "Kept", "keep_s", "kept", "park", "stop_kept", "summary", "take"]
+__all__ = ["KEEP_S", "MAX_KEPT", "MAX_RUNS", "Kept", "keep_s", "kept", "park", "shape", "summary", "take"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class Kept:
     key: tuple[Any, ...]
     role: str
     since: float
-    owner: str | None
+    stops_at: float
     timer: asyncio.TimerHandle | None = None
 
 
@@ -82,7 +82,7 @@ def shape(role: str, procs: int, with_gpus: bool, hosts: Any, env: dict[str, str
     return role, procs, tuple(sorted(env.items()))
 
 
-async def park(mesh: runtime.Mesh, actor: Any, key: tuple[Any, ...] | None, role: str, owner: str | None) -> bool:
+async def park(mesh: runtime.Mesh, actor: Any, key: tuple[Any, ...] | None, role: str) -> bool:
     """Keep ``mesh`` (``actor`` being the one actor of its replica) for a later replica of the same ``key``:
     stops the actor, keeps the processes. False (and nothing done) when it cannot be kept: the caller then
     stops the mesh as before."""
@@ -99,12 +99,13 @@ async def park(mesh: runtime.Mesh, actor: Any, key: tuple[Any, ...] | None, role
         return False
     mesh.state = "parked"  # not among runtime.meshes(); still among the kernel's, which its exit kills
     mesh._listeners.clear()
-    entry = Kept(mesh, key, role, time.monotonic(), owner)
-    entry.timer = asyncio.get_running_loop().call_later(keep_s(), lambda: asyncio.ensure_future(_stop(entry)))
+    now, keep = time.monotonic(), keep_s()
+    entry = Kept(mesh, key, role, now, now + keep)
+    entry.timer = asyncio.get_running_loop().call_later(keep, lambda: asyncio.ensure_future(_stop(entry)))
     _kept.append(entry)
     while len(_kept) > MAX_KEPT:
         await _stop(_kept[0])
-    logger.info("mesh %s kept warm for %g s (pids %s)", mesh.name, keep_s(), mesh.pids)
+    logger.info("mesh %s kept warm for %g s (pids %s)", mesh.name, keep, mesh.pids)
     return True
 
 
@@ -139,9 +140,9 @@ async def take(key: tuple[Any, ...] | None, name: str, owner: str | None,
 def kept() -> list[dict[str, Any]]:
     """The meshes kept now: their role (actor class), pids, name and the seconds until they stop."""
     _prune()
-    now, keep = time.monotonic(), keep_s()
+    now = time.monotonic()
     return [{"role": e.role, "pids": list(e.mesh.pids), "mesh": e.mesh.name,
-             "stops_in_s": max(0.0, keep - (now - e.since))} for e in _kept]
+             "stops_in_s": max(0.0, e.stops_at - now)} for e in _kept]
 
 
 def summary() -> str:
@@ -170,10 +171,3 @@ async def _stop(entry: Kept) -> None:
         entry.timer.cancel()
     await entry.mesh.stop(timeout=5.0)
 
-
-async def stop_kept() -> int:
-    """Stop every kept mesh now; returns how many there were."""
-    entries = list(_kept)
-    for entry in entries:
-        await _stop(entry)
-    return len(entries)
