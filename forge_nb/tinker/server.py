@@ -11,10 +11,12 @@ land on that run's trainer and the shared generators, while the notebook watches
 The routes are the SDK's (``tinker/resources``): calls that do work answer a request id at once and the SDK fetches
 the result with ``retrieve_future`` (``forge_nb.tinker.futures``); bodies are read and written with the SDK's own
 pydantic types and protobuf messages (``forge_nb.tinker.wire``). What the SDK asks of a server beyond that is
-answered as a server without those features answers: the client config turns off the SDK's optional transports
-(pyqwest, the batched ``retrieve_futures`` poller, server-side custom losses: ``forward_backward_custom`` then runs
-its loss in the caller's process over ``forward``'s logprobs, as the SDK does by default); heartbeats and telemetry
-are accepted and dropped.
+answered as a server without those features answers: the client config turns off the batched ``retrieve_futures``
+poller and server-side custom losses (``forward_backward_custom`` then runs its loss in the caller's process over
+``forward``'s logprobs, as the SDK does by default); heartbeats and telemetry are accepted and dropped. It leaves on
+the SDK's default HTTP transport, pyqwest (reqwest/hyper, in Rust): its requests cost the caller's process less
+Python than httpx's, Python that runs beside the trainer's work (``bench/tinker_api.py``'s quickstart step measured
+0.8 to 1.4 ms faster with it than with httpx, side by side on two cores).
 
 **Threads.** The server answers on a thread of its own (its own event loop), and hands the work on a run to the
 kernel's event loop, where the run's services live: each call goes there while its request id is being answered,
@@ -237,7 +239,7 @@ class TinkerServer:
     # -- the session -----------------------------------------------------------------------------------
 
     async def _client_config(self, request: web.Request) -> web.Response:
-        return _json(types.ClientConfigResponse(use_pyqwest_transport=False, sample_use_retrieve_futures=False,
+        return _json(types.ClientConfigResponse(use_pyqwest_transport=True, sample_use_retrieve_futures=False,
                                                 custom_loss_server_side=False, sample_join_sampling_session=False))
 
     async def _dynamic_config(self, request: web.Request) -> web.Response:
