@@ -12,7 +12,9 @@
 A Run is a front: ``forge_nb.controller.build`` makes every part of a run (``build_run``) and this class
 only delegates and validates. The loops, their events, counters and state belong to the run's
 ``Controller`` (``forge_nb.controller``); its weight versions to a ``WeightSync`` with a key namespace of
-its own, so several runs train side by side in one kernel; its books to a ``Ledger``.
+its own, so several runs train side by side in one kernel; its books to a ``Ledger``. Episode functions get the
+run's ``RolloutContext`` (``forge_nb.controller.context``), which reads the same as the Run for what a rollout
+uses (``run.policy``, ``run.reward_fns``, ``run.sampling_overrides``...); the Run itself stays on its floor.
 Shutdown order: loops (at a step boundary), then services (generators, reference, trainer), then
 the run's weights and its torchstore lease (the store stops when no run or service holds it).
 """
@@ -147,17 +149,17 @@ class Run:
     def __init__(self, parts: RunParts):
         ctl = parts.controller
         self._ctl, self._hot, self._sync, self._ledger = ctl, ctl.hot, ctl.sync, ctl.ledger
+        self._rollout = ctl.context  # what episode functions get: reward functions and endpoint live there
         self._kernel_log = parts.kernel_log
         self.config, self.name, self.dir, self.metrics = ctl.config, ctl.config.name, ctl.dir, ctl.metrics
         self.policy, self.trainer, self.ref_model = parts.policy, parts.trainer, parts.ref_model
         _LIVE[self.name] = self
-        self.task, self.reward_fns, self.pad_id = parts.task, list(parts.task.reward_fns), parts.pad_id
+        self.task, self.pad_id = parts.task, parts.pad_id
         self.model, self.replay_buffer = parts.model, ctl.buffer
         self.base = parts.base  # a LoRA run's: the generators and trainer process it shares with runs on it
         self.exporters: list[Any] = []
-        self.openai: Any = None  # the OpenAI-compatible endpoint, once serve_openai() started it
         self.tinker: Any = None  # the Tinker API, once serve_tinker() started it
-        ctl.handle = self  # what episode functions receive
+        self._rollout.serve_openai_with(self.serve_openai)  # an agent's episode starts the endpoint on first use
 
     # -- what cells, widgets and magics read -----------------------------------------------------
 
@@ -203,7 +205,9 @@ class Run:
 
     @property
     def episode_fn(self) -> EpisodeFn:
-        """``async def fn(run, sample) -> list[Episode]`` the rollout loops call; assign to replace it."""
+        """``async def fn(run, sample) -> list[Episode]`` the rollout loops call, ``run`` being the run's
+        ``RolloutContext`` (``forge_nb.controller.context``: the Run's policy, config, rewards... under the Run's
+        names); assign to replace it."""
         return self._ctl.episode_fn
 
     @episode_fn.setter
@@ -215,7 +219,22 @@ class Run:
     @property
     def sampling_overrides(self) -> dict[str, Any]:
         """Sampling parameters ``run.set`` changed (temperature, top_p, max_tokens), for ``generate``."""
-        return self._hot.sampling
+        return self._rollout.sampling_overrides
+
+    @property
+    def reward_fns(self) -> list[Any]:
+        """The reward functions the run's episodes score with; assign a list to replace them (the next group
+        scores with it)."""
+        return self._rollout.reward_fns
+
+    @reward_fns.setter
+    def reward_fns(self, fns: list[Any]) -> None:
+        self._rollout.reward_fns = list(fns)
+
+    @property
+    def openai(self) -> Any:
+        """The OpenAI-compatible endpoint, once ``serve_openai()`` started it; else None."""
+        return self._rollout.openai
 
     @property
     def hparams(self) -> dict[str, Any]:
@@ -374,9 +393,9 @@ class Run:
         if self.openai is None or not self.openai.serving:
             from forge_nb.agents import OpenAIEndpoint
 
-            self.openai = await OpenAIEndpoint.start(self, port=port, tool_parser=tool_parser,
-                                                     request_timeout_s=request_timeout_s,
-                                                     chat_template_kwargs=chat_template_kwargs)
+            self._rollout.openai = await OpenAIEndpoint.start(self._rollout, port=port, tool_parser=tool_parser,
+                                                              request_timeout_s=request_timeout_s,
+                                                              chat_template_kwargs=chat_template_kwargs)
             self.metrics.event("openai", url=self.openai.url, model=self.openai.model)
         return self.openai
 

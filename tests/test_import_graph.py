@@ -1,6 +1,6 @@
 """Dependencies point one way (magics -> run -> controller -> services/actors/rl -> weights -> system), with
-no import cycle anywhere in the package; the package root holds only its public front; modules stay under 500
-lines; imports have no side effects."""
+no import cycle anywhere in the package; the package root holds only its public front; no module below the Run
+takes or reads a Run; modules stay under 500 lines; imports have no side effects."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -177,14 +178,15 @@ def test_rl_imports_neither_monarch_nor_ipython():
 def _writes_of_a_run(path: Path) -> list[str]:
     """Where ``path`` writes a run's step, state or version: an assignment to ``<not self>.step|state|version``
     (``run._ctl.step = ...``) or a call of a ``set_state``. A class's own ``self.state`` (a mesh's, a
-    replica's, the trainer's ``self.step``) is its own business."""
+    replica's, the trainer's ``self.step``) is its own business, and so is a mesh's ``mesh.state`` that the
+    runtime sets from outside the class (a kept mesh parked or adopted again)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         targets = node.targets if isinstance(node, ast.Assign) else \
             [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
         for target in [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]:
             if isinstance(target, ast.Attribute) and target.attr in ("step", "state", "version") \
-                    and not (isinstance(target.value, ast.Name) and target.value.id == "self"):
+                    and not (isinstance(target.value, ast.Name) and target.value.id in ("self", "mesh")):
                 found.append(f"line {node.lineno}: {ast.unparse(target)} = ...")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "set_state":
             found.append(f"line {node.lineno}: {ast.unparse(node)}")
@@ -201,3 +203,57 @@ def test_only_the_controller_writes_a_run_s_step_state_and_version():
 
 def _example_of_what_the_check_above_refuses(run) -> None:  # never called: the check's own test reads it
     run._ctl.step = 0
+
+
+# -- the Run stays on its floor: episode functions and the code below get a RolloutContext, never the Run ---------
+
+#: the parts below the Run's front (``forge_nb/run.py``): they never hold the Run, whose floor is above theirs
+BELOW_THE_RUN = {part for part, layer in LAYERS.items() if layer < LAYERS["run"]}
+#: ``run: Any`` parameters the package may keep: a Run (or what stands for one) passed untyped hides a climb
+MAX_UNTYPED_RUNS = 5
+
+
+def _reaches_a_run(path: Path) -> list[str]:
+    """Where ``path`` reaches for a Run: a ``handle`` attribute read or written (a Controller's Run, handed to
+    episode functions), or a call of ``.serve_openai(...)`` (the Run's method that starts its endpoint). A method
+    called ``handle`` (logging's ``Logger.handle(record)``) is not a Run."""
+    tree = ast.parse(path.read_text())
+    called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "handle" and id(node) not in called:
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "serve_openai":
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def _untyped_runs(path: Path) -> list[str]:
+    """The parameters called ``run`` annotated ``Any`` in ``path``."""
+    return [f"line {node.lineno}" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.arg) and node.arg == "run" and node.annotation is not None
+            and ast.unparse(node.annotation) == "Any"]
+
+
+def test_no_module_below_the_run_reads_a_run():
+    planted = _reaches_a_run(Path(__file__))  # this file's own example below is found, logging's handle() is not
+    assert [w.split(": ", 1)[1] for w in planted] == ["ctl.handle", "run.serve_openai()"], planted
+    below = {str(p.relative_to(PACKAGE)): w for p in sorted(PACKAGE.rglob("*.py"))
+             if p.relative_to(PACKAGE).parts[0] in BELOW_THE_RUN and (w := _reaches_a_run(p))}
+    assert not below, (f"code below the Run reaches for it: {below}; read what a rollout needs off its "
+                       "RolloutContext (forge_nb.controller.context): the episode function's first argument")
+
+
+def test_at_most_a_few_untyped_run_parameters():
+    assert len(_untyped_runs(Path(__file__))) == 1  # this file's own example below
+    found = {str(p.relative_to(PACKAGE)): w for p in sorted(PACKAGE.rglob("*.py")) if (w := _untyped_runs(p))}
+    count = sum(map(len, found.values()))
+    assert count <= MAX_UNTYPED_RUNS, (f"{count} parameters `run: Any` (at most {MAX_UNTYPED_RUNS}): {found}; type "
+                                       "each as what it gets: a RolloutContext below the Run, the Run above it")
+
+
+async def _example_of_what_the_checks_above_refuse(ctl, log, run: Any) -> Any:  # never called: read by the checks
+    log.handle(None)
+    episode = ctl.handle
+    await run.serve_openai()
+    return episode

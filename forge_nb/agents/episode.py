@@ -46,6 +46,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from forge_nb.controller.context import EpisodeFn, RolloutContext
 from forge_nb.controller.episodes import add_ref_logprobs
 from forge_nb.rl import assign_advantages
 from forge_nb.rl.types import Episode
@@ -55,7 +56,6 @@ __all__ = ["Agent", "SYNC_THREADS", "agent_episode"]
 Agent = Callable[[Any, dict[str, Any]], Awaitable[float] | float]
 """``async def agent(client: openai.AsyncOpenAI, sample: dict) -> reward``, or a plain ``def`` taking an
 ``openai.OpenAI``."""
-EpisodeFn = Callable[[Any, dict[str, Any]], Awaitable[list[Episode]]]
 
 #: Synchronous agents of one ``agent_episode`` running at once (threads); more wait for a free thread. The
 #: recipes keep rollout_loops x group_size trajectories in flight (32 for the agent recipe).
@@ -81,9 +81,9 @@ def agent_episode(agent: Agent, *, max_tokens: int | None = None, timeout_s: flo
     # a plain def runs in these threads (started as needed, none before the first run)
     pool = None if _is_async(agent) else ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="forge_nb-agent")
 
-    async def episode(run: Any, sample: dict[str, Any]) -> list[Episode]:
+    async def episode(run: RolloutContext, sample: dict[str, Any]) -> list[Episode]:
         cfg = run.config
-        served = endpoint or getattr(run, "openai", None) or await run.serve_openai()
+        served = endpoint or run.openai or await run.openai_endpoint()
         budget = max_tokens or cfg.max_res_tokens
         logs = [served.open_trajectory(budget, request_len=cfg.max_req_tokens, later_request_len=later_prompt_tokens)
                 for _ in range(cfg.group_size)]

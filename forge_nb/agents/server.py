@@ -45,7 +45,7 @@ import statistics
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -76,10 +76,29 @@ KEEP_OPEN = 4
 KEEP_ALIVE_HEADER = "X-Forge-NB-Keep-Alive"
 
 
+class ServedRun(Protocol):
+    """What the endpoint reads of the run it serves: a run's ``RolloutContext`` (``forge_nb.controller.context``),
+    whose ``sampling_overrides`` and ``version`` are read at each request, as ``run.set`` and the weight loads change
+    them."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def config(self) -> Any: ...
+    @property
+    def policy(self) -> Any: ...
+    @property
+    def sampling_overrides(self) -> dict[str, Any]: ...
+    @property
+    def version(self) -> int: ...
+
+
 class OpenAIEndpoint:
     """See the module docstring. ``url`` (the ``/v1`` base), ``token``, ``model`` (the served name)."""
 
-    def __init__(self, run: Any, *, tokenizer: Any, token: str, tool_parser: ToolParser = "hermes",
+    def __init__(self, run: ServedRun, *, tokenizer: Any, token: str, tool_parser: ToolParser = "hermes",
                  request_timeout_s: float = 600.0, template_kwargs: dict[str, Any] | None = None,
                  max_model_len: int | None = None) -> None:
         if not callable(tool_parser) and tool_parser not in ("hermes", "simple"):
@@ -101,7 +120,7 @@ class OpenAIEndpoint:
         self.host, self.port = "127.0.0.1", 0
 
     @classmethod
-    async def start(cls, run: Any, *, port: int = 0, token: str | None = None, tool_parser: ToolParser = "hermes",
+    async def start(cls, run: ServedRun, *, port: int = 0, token: str | None = None, tool_parser: ToolParser = "hermes",
                     request_timeout_s: float = 600.0, chat_template_kwargs: dict[str, Any] | None = None
                     ) -> OpenAIEndpoint:
         """Serve ``run``'s policy on 127.0.0.1:``port`` (0: a free one)."""
@@ -426,12 +445,12 @@ def _model_config(path: str) -> dict[str, Any]:
     return config.get("text_config", config)
 
 
-def _vocab_size(run: Any) -> int | None:
+def _vocab_size(run: ServedRun) -> int | None:
     """The model's vocabulary (its config's ``vocab_size``): the token ids a prompt may hold lie below it."""
     return _model_config(str(run.model)).get("vocab_size")
 
 
-def _max_model_len(run: Any) -> int | None:
+def _max_model_len(run: ServedRun) -> int | None:
     """The generators' context: what the run gives their engines (``RunConfig.engine_args``), else the model's
     ``max_position_embeddings``."""
     engine_args = run.config.engine_args() if hasattr(run.config, "engine_args") else {}

@@ -84,11 +84,14 @@ import sys
 import types
 import weakref
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forge_nb.envs.tools import ToolCall, Tools
 from forge_nb.system.importpath import require
 from forge_nb.system.proclogs import drop_actor_prefix
+
+if TYPE_CHECKING:
+    from forge_nb.controller.context import RolloutContext
 
 __all__ = ["HARNESS_ID", "local_env", "verifiers_episode"]
 
@@ -166,13 +169,13 @@ def verifiers_episode(env: Any, *, tools: Tools | Mapping[str, Any] | None = Non
 
     play = agent_episode(agent, **options)
 
-    async def episode(run: Any, sample: dict[str, Any]) -> Any:
+    async def episode(run: RolloutContext, sample: dict[str, Any]) -> Any:
         index = sample.get("vf_task")
         if index is None:
             index = next(order)
         elif isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(tasks):
             raise ValueError(f"sample['vf_task']={index!r}: an index into the env's {len(tasks)} tasks")
-        token = _SERVED.set(options.get("endpoint") or getattr(run, "openai", None) or await run.serve_openai())
+        token = _SERVED.set(options.get("endpoint") or run.openai or await run.openai_endpoint())
         try:
             return await play(run, {**sample, "vf_task": index, "request": tasks[index].data.prompt_text})
         finally:

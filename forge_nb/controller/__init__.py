@@ -2,7 +2,10 @@
 hot changes (``HotChanges``) and the default episode function (``generate_episode``).
 
 ``forge_nb.Run`` is the user's handle over one Controller; nothing here imports the Run, the
-magics or the widgets. A run's loops (``forge_nb.controller.core``), one step's path through them:
+magics or the widgets, nor holds a Run: episode functions get the run's ``RolloutContext`` (its policy,
+reference, config, rewards and sampling, under the Run's names; ``forge_nb.controller.context``).
+
+A run's loops (``forge_nb.controller.core``), one step's path through them:
 
 ::
 
@@ -46,8 +49,8 @@ from typing import Any
 
 # Loaded when first used: ``forge_nb.controller.state`` (read by the widgets, which must not load torch or
 # monarch) imports this package first.
-_EXPORTS = {"Controller": "core", "EpisodeFn": "core", "evaluate_pinned": "evaluate", "generate_episode": "episodes",
-            "HotChanges": "hot", "Ledger": "ledger", "WeightSync": "weight_sync"}
+_EXPORTS = {"Controller": "core", "EpisodeFn": "context", "evaluate_pinned": "evaluate", "generate_episode": "episodes",
+            "HotChanges": "hot", "Ledger": "ledger", "RolloutContext": "context", "WeightSync": "weight_sync"}
 
 __all__ = sorted(_EXPORTS)
 

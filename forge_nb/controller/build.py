@@ -35,6 +35,7 @@ from forge_nb.config import (
     trainer_actor_kwargs,
     trainer_hparam_sections,
 )
+from forge_nb.controller.context import RolloutContext
 from forge_nb.controller.core import Controller, EpisodeFn
 from forge_nb.controller.episodes import BaseInTrainer, generate_episode
 from forge_nb.controller.hot import HotChanges
@@ -281,17 +282,18 @@ def _wire(cfg: RunConfig, directory: RunDir, services: dict[str, Any], *, task: 
                          refused=lambda made, reason: _change_refused(cfg.name, metrics, controller.step, made,
                                                                       reason))
     sync.attach(trainer, policy)
-    controller = Controller(config=cfg, trainer=trainer, policy=policy, task=task, buffer=buffer, ledger=ledger,
-                            sync=sync, hot=changes, metrics=metrics, directory=directory,
-                            episode_fn=episode_fn or generate_episode)
+    ref_model = services.get("ref_model")
+    if ref_model is None and cfg.trainer.lora is not None:  # the base model, in the trainer: its adapters off
+        ref_model = BaseInTrainer(trainer)
+    context = RolloutContext(config=cfg, task=task, policy=policy, ref_model=ref_model, model=model, pad_id=pad_id,
+                             hot=changes, sync=sync)
+    controller = Controller(context=context, trainer=trainer, buffer=buffer, ledger=ledger, sync=sync, hot=changes,
+                            metrics=metrics, directory=directory, episode_fn=episode_fn or generate_episode)
     if not sync.lane:  # a run on another's base set its own (on_base: its lane first, then its version)
         policy.set_catch_up(sync.catch_up)
     for name, service in services.items():
         service.subscribe(lambda e, name=name: metrics.event(
             "replica", service=name, replica=e.replica, old=e.old, new=e.new, reason=e.reason))
-    ref_model = services.get("ref_model")
-    if ref_model is None and cfg.trainer.lora is not None:  # the base model, in the trainer: its adapters off
-        ref_model = BaseInTrainer(trainer)
     return RunParts(controller=controller, policy=policy, trainer=trainer, ref_model=ref_model,
                     task=task, pad_id=pad_id, model=model, kernel_log=kernel_log)
 

@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from forge_nb.controller.context import EpisodeFn, RolloutContext
 from forge_nb.controller.dynamic import GroupGate
 from forge_nb.controller.episodes import episode_row
 from forge_nb.controller.evaluate import eval_step
@@ -39,24 +40,21 @@ from forge_nb.system.proclogs import run_context
 
 logger = logging.getLogger(__name__)
 
-EpisodeFn = Callable[[Any, dict[str, Any]], Awaitable[list[Episode]]]
-
 
 class Controller:
     """Loops, events and counters of one run (see the module docstring)."""
 
-    def __init__(self, *, config: Any, trainer: Any, policy: Any, task: Any, buffer: ReplayBuffer,
-                 ledger: Ledger, sync: WeightSync, hot: HotChanges, metrics: MetricsStore, directory: Any,
-                 episode_fn: EpisodeFn):
-        self.handle: Any = None  # what episode functions receive: the user's Run, which sets it
-        self.config, self.trainer, self.policy, self.task = config, trainer, policy, task
+    def __init__(self, *, context: RolloutContext, trainer: Any, buffer: ReplayBuffer, ledger: Ledger,
+                 sync: WeightSync, hot: HotChanges, metrics: MetricsStore, directory: Any, episode_fn: EpisodeFn):
+        self.context = context  # what episode functions receive: the run's config, policy, task, rewards, ...
+        self.config, self.trainer, self.policy, self.task = context.config, trainer, context.policy, context.task
         self.buffer, self.ledger, self.sync, self.hot = buffer, ledger, sync, hot
         self.metrics, self.dir, self.episode_fn = metrics, directory, episode_fn
-        self.name, self.state, self.error, self.mode, self.step = config.name, RunState.READY, None, "rl", 0
+        self.name, self.state, self.error, self.mode, self.step = context.name, RunState.READY, None, "rl", 0
         self.sft_data: Any = None
         self.recent: deque[dict[str, Any]] = deque(maxlen=2000)
-        self.quarantine = QuarantineWatch(window=max(32, 4 * config.batch_size))
-        self.gate = GroupGate(config.rollout, ledger)  # what a finished group passes (controller.dynamic)
+        self.quarantine = QuarantineWatch(window=max(32, 4 * self.config.batch_size))
+        self.gate = GroupGate(self.config.rollout, ledger)  # what a finished group passes (controller.dynamic)
         self._cleanup: asyncio.Task[None] | None = None  # stops the loops of a run that failed
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._running = asyncio.Event()
@@ -185,7 +183,7 @@ class Controller:
             rewinds = len(self._rewound_to)
             self._generating += self.config.group_size
             try:
-                group = await self.episode_fn(self.handle, sample)
+                group = await self.episode_fn(self.context, sample)
             finally:
                 self._generating -= self.config.group_size
             self.accept(self.gate.admit(group), rewinds_before=rewinds)

@@ -1,8 +1,9 @@
 """The default episode function (one GRPO group, as in the seeds) and a batch's episode metrics.
 
-An episode function is ``async def fn(run, sample) -> list[Episode]``; ``run`` is the user's handle
-(``forge_nb.Run``): it reads ``run.policy``, ``run.ref_model``, ``run.config``, ``run.pad_id``,
-``run.reward_fns`` and ``run.sampling_overrides``. Replace it with ``run.episode_fn = my_fn``.
+An episode function is ``async def fn(run, sample) -> list[Episode]``; ``run`` is the run's
+:class:`~forge_nb.controller.context.RolloutContext`, which has the Run's names for what a rollout reads:
+``run.policy``, ``run.ref_model``, ``run.config``, ``run.pad_id``, ``run.reward_fns`` and
+``run.sampling_overrides``. Replace it with ``run.episode_fn = my_fn``.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from typing import Any
 
 import torch
 
+from forge_nb.controller.context import RolloutContext
 from forge_nb.metrics import summarize
 from forge_nb.rl import Episode, assign_advantages, score
 from forge_nb.rl.overlong import add_overlong_penalty
 
 
-async def generate_episode(run: Any, sample: dict[str, Any]) -> list[Episode]:
+async def generate_episode(run: RolloutContext, sample: dict[str, Any]) -> list[Episode]:
     """One GRPO group: generate, score (with ``rollout.overlong_buffer``, DAPO's soft overlong penalty), reference
     logprobs, group advantages."""
     cfg = run.config
@@ -60,7 +62,7 @@ class BaseInTrainer:
         return "<the trainer's base model, its LoRA adapters off>"
 
 
-async def add_ref_logprobs(run: Any, group: list[Episode]) -> None:
+async def add_ref_logprobs(run: RolloutContext, group: list[Episode]) -> None:
     """The reference model's logprobs of each episode's response, when the run has a ReferenceModel (a LoRA
     run's base is its trainer's, which computes them at the step: ``BaseInTrainer``)."""
     if run.ref_model is None or isinstance(run.ref_model, BaseInTrainer):

@@ -29,6 +29,7 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from forge_nb.controller.context import RolloutContext
 from forge_nb.rl import score
 
 __all__ = ["eval_step", "evaluate_pinned", "pass_at_k", "resolve_prompts"]
@@ -48,7 +49,7 @@ def _ks(k: int) -> list[int]:
     return sorted({2**i for i in range(k.bit_length()) if 2**i < k} | {k})
 
 
-def resolve_prompts(run: Any, prompts: Any, n: int | None, *, samples: bool = False) -> list[dict[str, Any]]:
+def resolve_prompts(run: RolloutContext, prompts: Any, n: int | None, *, samples: bool = False) -> list[dict[str, Any]]:
     """The held-out prompts as ``{"request", "target"}`` dicts: from the run's task (None), a task-like object
     (``eval_prompts(n)``), or a list of such dicts or of plain prompt strings (no target). ``samples``: the dicts are
     an episode function's samples, which need no "request" (a verifiers env's ``{"vf_task": i}``)."""
@@ -84,7 +85,7 @@ def _check_versions(versions: set[Any], version: int) -> None:
                            f"{version}; a weight load ran during the evaluation")
 
 
-async def _played(run: Any, episode_fn: Any, sample: dict[str, Any], version: int) -> list[float]:
+async def _played(run: RolloutContext, episode_fn: Any, sample: dict[str, Any], version: int) -> list[float]:
     """The rewards of one group an episode function plays for ``sample``: one per answer (an agent's trajectory
     of several segments is one answer); a quarantined answer (its reward raised) counts 0."""
     group = await episode_fn(run, sample)
@@ -97,7 +98,7 @@ async def _played(run: Any, episode_fn: Any, sample: dict[str, Any], version: in
     return list(answers.values())
 
 
-async def evaluate_pinned(run: Any, prompts: list[dict[str, Any]], *, k: int, version: int,
+async def evaluate_pinned(run: RolloutContext, prompts: list[dict[str, Any]], *, k: int, version: int,
                           temperature: float | None = None, correct_at: float = 1.0,
                           episode_fn: Any = None) -> dict[str, float]:
     """avg@k and pass@j of ``prompts`` on generators that hold ``version`` (the caller parked the run and
@@ -149,8 +150,8 @@ async def eval_step(ctl: Any, settle: Callable[[], Awaitable[None]]) -> None:
     ``settle`` (the controller's, which leaves a trainer that died to the next step boundary)."""
     every = ctl.config.loop
     await settle()
-    prompts = resolve_prompts(ctl.handle, None, every.eval_prompts)
-    values = await evaluate_pinned(ctl.handle, prompts, k=every.eval_k, version=ctl.sync.version)
+    prompts = resolve_prompts(ctl.context, None, every.eval_prompts)
+    values = await evaluate_pinned(ctl.context, prompts, k=every.eval_k, version=ctl.sync.version)
     ctl.metrics.event("eval", step=ctl.step, version=ctl.sync.version, k=every.eval_k, prompts=len(prompts), **values)
     ctl.metrics.rows[-1].update(values)
 
@@ -166,7 +167,7 @@ async def evaluate_run(ctl: Any, prompts: Any, *, k: int, version: int | None, n
                              f"group) plays the run's group_size={group} answers per sample; leave k out or give "
                              f"k={group}")
         k = group
-    samples = resolve_prompts(ctl.handle, prompts, n, samples=episode_fn is not None)
+    samples = resolve_prompts(ctl.context, prompts, n, samples=episode_fn is not None)
     was_running = ctl.running
     if was_running:
         ctl.pause()
@@ -174,7 +175,7 @@ async def evaluate_run(ctl: Any, prompts: Any, *, k: int, version: int | None, n
     try:
         await ctl.sync.settle()
         pinned = ctl.sync.version
-        values = await evaluate_pinned(ctl.handle, samples, k=k, version=pinned, temperature=temperature,
+        values = await evaluate_pinned(ctl.context, samples, k=k, version=pinned, temperature=temperature,
                                        correct_at=correct_at, episode_fn=episode_fn)
     finally:
         if was_running:

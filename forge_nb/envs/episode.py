@@ -23,9 +23,9 @@ import asyncio
 import contextlib
 import random
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
+from forge_nb.controller.context import EpisodeFn, RolloutContext
 from forge_nb.controller.episodes import add_ref_logprobs
 from forge_nb.envs.chat import Framing
 from forge_nb.envs.tools import Tools
@@ -35,8 +35,6 @@ from forge_nb.rl.trajectory import Trajectory
 from forge_nb.rl.types import Episode
 
 __all__ = ["multi_turn_episode"]
-
-EpisodeFn = Callable[[Any, dict[str, Any]], Awaitable[list[Episode]]]
 
 
 def multi_turn_episode(env: Any, *, max_turns: int = 8, turn_tokens: int | None = None,
@@ -57,7 +55,7 @@ def multi_turn_episode(env: Any, *, max_turns: int = 8, turn_tokens: int | None 
         raise ValueError("multi_turn_episode(system_prompt=..., chat=False): a system prompt needs chat framing")
     framings: dict[str, Framing] = {}  # per model: the probe of its template runs once
 
-    async def episode(run: Any, sample: dict[str, Any]) -> list[Episode]:
+    async def episode(run: RolloutContext, sample: dict[str, Any]) -> list[Episode]:
         cfg = run.config
         seed = sample.get("seed", random.getrandbits(31))
         if run.model not in framings:
@@ -76,7 +74,7 @@ def multi_turn_episode(env: Any, *, max_turns: int = 8, turn_tokens: int | None 
     return episode
 
 
-async def play(env: Any, run: Any, seed: int, *, max_turns: int, turn_tokens: int,
+async def play(env: Any, run: RolloutContext, seed: int, *, max_turns: int, turn_tokens: int,
                tools: Tools | None = None, framing: Framing | None = None) -> Trajectory:
     """One trajectory: reset, then act and step until the environment is done, the turns are used up or
     the trajectory has no room left for another action."""

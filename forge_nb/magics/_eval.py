@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -12,6 +12,9 @@ from IPython.display import display
 
 from forge_nb.magics import _display
 from forge_nb.magics._runs import Runs
+
+if TYPE_CHECKING:
+    from forge_nb.run import Run
 
 
 @magics_class
@@ -48,7 +51,7 @@ class EvalMagics(Magics):
                              "of prompts (or an episode function for --episode-fn), or nothing for the run's task")
         return self.shell.user_ns[name]
 
-    async def _eval(self, run: Any, prompts: Any, episode_fn: Any, args: Any) -> None:
+    async def _eval(self, run: Run, prompts: Any, episode_fn: Any, args: Any) -> None:
         try:
             values = await run.evaluate(prompts, k=args.k, n=args.n, temperature=args.temperature,
                                         correct_at=args.correct_at, episode_fn=episode_fn)

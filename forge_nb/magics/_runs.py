@@ -14,9 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
+
+if TYPE_CHECKING:
+    from forge_nb.run import Run
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +49,7 @@ class Runs:
             _registries[id(shell)] = cls(shell.user_ns)
         return _registries[id(shell)]
 
-    def add(self, run: Any) -> None:
+    def add(self, run: Run) -> None:
         self.by_name[run.name] = run
         self.seen[id(run)] = run
         self.current = run.name
@@ -79,12 +82,12 @@ class Runs:
         return (f"{len(live)} runs are live: {', '.join(self.label(r) for r in live)}; say which with --name NAME "
                 f"(a run's name or a variable holding it), e.g. --name {first}{also}")
 
-    def label(self, run: Any) -> str:
+    def label(self, run: Run) -> str:
         """``'lr_hi' (run_b)``: the run's name and the variables that hold it."""
         names = self.variables(run)
         return f"{run.name!r}" + (f" ({', '.join(names)})" if names else "")
 
-    def variables(self, run: Any) -> list[str]:
+    def variables(self, run: Run) -> list[str]:
         return [k for k, v in list(self.user_ns.items()) if v is run and not k.startswith("_")]
 
     def _named(self, name: str) -> Any:
@@ -144,7 +147,7 @@ class Runs:
             raise UsageError(f"`{var}` holds {what}, which is still up; pick another variable with {flag} VAR "
                              f"(e.g. {flag} {var}_2), or %forge_shutdown --name {run.name} first")
 
-    def claimable(self, var: str, run: Any) -> bool:
+    def claimable(self, var: str, run: Run) -> bool:
         """May ``var`` be bound to one of ``run``'s services? Yes if it is free, or holds a service of
         ``run`` itself or of a shut-down run (or any service whose replicas have all stopped); never
         if it holds anything else (another live run's service, or a value of the user's own)."""
@@ -162,14 +165,14 @@ class Runs:
 
     # -- runs going away ----------------------------------------------------------------------------
 
-    def forget(self, run: Any) -> None:
+    def forget(self, run: Run) -> None:
         if self.by_name.get(run.name) is run:
             del self.by_name[run.name]
         if self.current == run.name:
             self.current = next(reversed(self.by_name), None)
         self.cancel_stepping(run.name)
 
-    def step_in_background(self, run: Any, n: int) -> None:
+    def step_in_background(self, run: Run, n: int) -> None:
         """``run.step(n)`` as a task: the run pauses after ``n`` steps; the cell does not wait. A budget still
         pending is replaced as ``run.step`` replaces one (its task ends with the steps it got)."""
         task = asyncio.get_running_loop().create_task(run.step(n), name=f"forge_nb.{run.name}.magic_steps")

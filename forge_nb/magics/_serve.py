@@ -4,13 +4,16 @@ with ``--tinker`` the Tinker API on the run's base (``Run.serve_tinker``, ``forg
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from forge_nb.magics._runs import Runs
+
+if TYPE_CHECKING:
+    from forge_nb.run import Run
 
 
 @magics_class
@@ -52,7 +55,7 @@ class ServeMagics(Magics):
             return self._stop(run, tinker=True) if args.stop else self._serve_tinker(run, args)
         return self._stop(run) if args.stop else self._serve(run, args)
 
-    async def _serve_tinker(self, run: Any, args: Any) -> None:
+    async def _serve_tinker(self, run: Run, args: Any) -> None:
         if run.base is None:
             raise UsageError(f"run {run.name!r} trains the whole model; the Tinker API trains LoRA adapters on a "
                              "run's base: spawn one with --lora (e.g. %forge_spawn quickstart --lora 8)")
@@ -62,7 +65,7 @@ class ServeMagics(Magics):
               f"`{args.var}`.\n  service = tinker.ServiceClient(base_url={args.var}.url, api_key={args.var}.token)\n"
               "  In a cell, await the SDK's calls; run synchronous client code in a thread (asyncio.to_thread).")
 
-    async def _serve(self, run: Any, args: Any) -> None:
+    async def _serve(self, run: Run, args: Any) -> None:
         if run.state == "shut down":
             raise UsageError(f"run {run.name!r} is shut down; spawn a new one (%forge_spawn) and serve that")
         served = run.openai is not None and run.openai.serving
@@ -74,7 +77,7 @@ class ServeMagics(Magics):
               f"base_url={args.var}.url, api_key={args.var}.token\n  run.episode_fn = "
               "forge_nb.agents.agent_episode(my_agent)   # trains `[async] def my_agent(client, sample) -> reward`")
 
-    async def _stop(self, run: Any, tinker: bool = False) -> None:
+    async def _stop(self, run: Run, tinker: bool = False) -> None:
         front, what = (run.tinker, "Tinker API") if tinker else (run.openai, "OpenAI endpoint")
         if front is None or not front.serving:
             print(f"run {run.name!r} serves no {what}")

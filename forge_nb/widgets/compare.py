@@ -238,7 +238,7 @@ def _last(store: Any, metric: str) -> str:
     return "<i>nothing recorded yet</i>"
 
 
-def _check_run(run: Any) -> str:
+def _check_run(run: object) -> str:
     store = getattr(run, "metrics", None)
     if not hasattr(store, "subscribe") or not hasattr(store, "rows"):
         raise TypeError(f"compare: {type(run).__name__} {run!r:.80} is not a run (it has no .metrics store); "

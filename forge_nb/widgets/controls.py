@@ -18,6 +18,7 @@ import ipywidgets as w
 from forge_nb.controller.state import RunState
 from forge_nb.widgets._calls import LoopCaller
 from forge_nb.widgets._errors import ErrorLog
+from forge_nb.widgets._run import RunView
 
 ACTIONS = ("start", "pause", "resume", "step", "stop")
 ICONS = {"start": "play", "pause": "pause", "resume": "play-circle", "step": "step-forward", "stop": "stop"}
@@ -29,14 +30,14 @@ _FIT = {"width": "auto", "flex": "0 0 auto"}  # a button's Layout: its label's w
 FINAL_STATES = (RunState.SHUT_DOWN,)
 
 
-def read_hparams(run: Any) -> dict[str, Any]:
+def read_hparams(run: RunView) -> dict[str, Any]:
     hparams = getattr(run, "hparams", None)
     if callable(hparams):
         hparams = hparams()
     return dict(hparams or {})
 
 
-def run_summary(run: Any) -> dict[str, Any]:
+def run_summary(run: RunView) -> dict[str, Any]:
     """name, state, step, version and error of a run (each None when the run lacks it)."""
     endpoint = getattr(run, "openai", None)
     return {"name": getattr(run, "name", None), "state": getattr(run, "state", None),
@@ -65,7 +66,7 @@ def render_status(s: dict[str, Any]) -> str:
 class Controls:
     """Buttons and hyperparameter inputs; ``refresh()`` re-reads the run's state and hparams."""
 
-    def __init__(self, run: Any, caller: LoopCaller, errors: ErrorLog):
+    def __init__(self, run: RunView, caller: LoopCaller, errors: ErrorLog):
         self.run = run
         self._caller = caller
         self._errors = errors

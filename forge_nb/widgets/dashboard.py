@@ -28,6 +28,7 @@ import ipywidgets as w
 
 from forge_nb.widgets._calls import LoopCaller, kernel_loop
 from forge_nb.widgets._errors import ErrorLog
+from forge_nb.widgets._run import RunView
 from forge_nb.widgets._view import LiveView
 from forge_nb.widgets.controls import FINAL_STATES, Controls, render_status, run_summary
 from forge_nb.widgets.curves import Curves
@@ -42,7 +43,7 @@ _live: dict[int, Dashboard] = {}  # id(run) -> its open dashboard, for dashboard
 class Dashboard(LiveView):
     """Live dashboard of ``run``; display it (last expression of a cell) or call ``display()``."""
 
-    def __init__(self, run: Any, *, poll_interval: float = 1.0, update_interval: float = 0.25,
+    def __init__(self, run: RunView, *, poll_interval: float = 1.0, update_interval: float = 0.25,
                  start: bool = True):
         if not hasattr(run, "metrics") or not hasattr(run.metrics, "subscribe"):
             raise TypeError(f"Dashboard(run): {type(run).__name__} has no .metrics store to subscribe to; "
@@ -248,7 +249,7 @@ def events_list(store: Any, limit: int = 10) -> str:
     return f"<div class='forge-events'><b>recent events</b><ul>{items}</ul></div>"
 
 
-def dashboard(run: Any, **kwargs: Any) -> Dashboard:
+def dashboard(run: RunView, **kwargs: Any) -> Dashboard:
     """The run's open dashboard, or a new one (re-running a cell does not stack pollers)."""
     live = _live.get(id(run))
     if live is not None and live.run is run and live.polling and not kwargs:

@@ -19,6 +19,7 @@ from typing import Any
 import ipywidgets as w
 
 from forge_nb.widgets._errors import ErrorLog
+from forge_nb.widgets._run import RunView
 
 Episode = dict[str, Any]
 #: The version dropdown's value for "every version". Not None: ipywidgets' Dropdown takes a None value
@@ -130,7 +131,7 @@ def _bound(text: str, name: str) -> float | None:
 class Explorer:
     """Filtered recent episodes and a prompt's completions across versions; ``refresh()`` re-reads."""
 
-    def __init__(self, run: Any, errors: ErrorLog, n: int = 50, pool: int = 500):
+    def __init__(self, run: RunView, errors: ErrorLog, n: int = 50, pool: int = 500):
         self.run = run
         self.pool = pool
         small = w.Layout(width="150px")

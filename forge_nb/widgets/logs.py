@@ -21,12 +21,12 @@ from __future__ import annotations
 import html
 import os
 import time
-from typing import Any
 
 import ipywidgets as w
 
 from forge_nb.system.proclogs import LEVELS
 from forge_nb.widgets._errors import ErrorLog
+from forge_nb.widgets._run import RunView
 
 ALL = "all"
 LEVEL_OPTIONS = ((ALL, None), ("warning", "warning"), ("error", "error"))
@@ -36,7 +36,7 @@ LINES_OPTIONS = (20, 40, 100, 200)
 class LogsView:
     """The last ``n`` log lines of the run's processes: a source (all, a service, a replica), a level and a count."""
 
-    def __init__(self, run: Any, errors: ErrorLog, *, n: int = 40, min_interval: float = 1.0):
+    def __init__(self, run: RunView, errors: ErrorLog, *, n: int = 40, min_interval: float = 1.0):
         if n not in LINES_OPTIONS:
             raise ValueError(f"LogsView(n={n!r}): choose one of {LINES_OPTIONS} lines")
         self.run = run

@@ -24,6 +24,7 @@ from collections import deque
 from typing import Any
 
 from forge_nb.widgets._calls import LoopCaller, kernel_loop
+from forge_nb.widgets._run import RunView
 from forge_nb.widgets.controls import (
     ACTIONS,
     FINAL_STATES,
@@ -41,7 +42,7 @@ from forge_nb.widgets.health import render_health, sharing, snapshot
 class PanelDashboard:
     """One view (one browser session, or one inline display) of a run, made of panel components."""
 
-    def __init__(self, run: Any, loop: Any = None, interval: float = 0.25):
+    def __init__(self, run: RunView, loop: Any = None, interval: float = 0.25):
         import panel as pn
 
         self.run = run
@@ -237,7 +238,7 @@ class PanelDashboard:
         self._callback.stop()
 
 
-def panel_app(run: Any, loop: Any = None) -> Any:
+def panel_app(run: RunView, loop: Any = None) -> Any:
     """The dashboard as a panel object (display it in a cell, or serve it); ``.dashboard`` is its view."""
     import panel as pn
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge_nb.widgets._calls import kernel_loop
+from forge_nb.widgets._run import RunView
 from forge_nb.widgets.controls import FINAL_STATES, run_summary
 from forge_nb.widgets.panel_app import panel_app
 
@@ -62,7 +63,7 @@ class PanelServer:
         return f"<a href='{self.url}' target='_blank'>{self.url}</a>"
 
 
-def serve(run: Any, port: int = 0, show: bool = False, timeout: float = 30.0) -> PanelServer:
+def serve(run: RunView, port: int = 0, show: bool = False, timeout: float = 30.0) -> PanelServer:
     """Serve the panel app of ``run`` on 127.0.0.1 (a free port when ``port=0``) from a thread; its ``url``
     holds the signed session id that lets a browser in (see the module docstring)."""
     import panel as pn
