@@ -236,6 +236,12 @@ class Run:
         """The OpenAI-compatible endpoint, once ``serve_openai()`` started it; else None."""
         return self._rollout.openai
 
+    async def openai_endpoint(self) -> Any:
+        """The endpoint an agent's episode talks to, started on first use with ``serve_openai()``'s defaults: as
+        on the ``RolloutContext``, so a package episode function (``agent_episode(agent)(run, sample)``) also
+        plays on the Run itself."""
+        return await self._rollout.openai_endpoint()
+
     @property
     def hparams(self) -> dict[str, Any]:
         """Current values of the hot-changeable hyperparameters (pending changes not yet applied)."""
