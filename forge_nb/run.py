@@ -449,8 +449,10 @@ class Run:
         self.metrics.event("mode", mode="rl")
 
     async def shutdown(self) -> None:
-        """Stop loops, then services, then this run's weights; afterwards no process of this run is left.
-        Other runs in the kernel go on: the torchstore they share stops only with its last user."""
+        """Stop loops, then services, then this run's weights; afterwards none of its processes serves it: each
+        is stopped, or kept warm for the kernel's next run (``forge_nb.system.warm``; ``shutdown_all`` and the
+        kernel's exit stop those). Other runs in the kernel go on: the torchstore they share stops only with its
+        last user."""
         if self.state == "shut down":
             return
         await self.stop()
