@@ -36,7 +36,6 @@ from forge_nb.controller.evaluate import evaluate_run
 from forge_nb.controller.state import RunState
 from forge_nb.data.sft import SftData
 from forge_nb.system import proclogs
-from forge_nb.system.leftovers import remove_leftovers
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +149,7 @@ class Run:
         ctl = parts.controller
         self._ctl, self._hot, self._sync, self._ledger = ctl, ctl.hot, ctl.sync, ctl.ledger
         self._rollout = ctl.context  # what episode functions get: reward functions and endpoint live there
-        self._kernel_log = parts.kernel_log
+        self._assembly = parts.assembly  # what closes each part of the run, in one order (shutdown)
         self.config, self.name, self.dir, self.metrics = ctl.config, ctl.config.name, ctl.dir, ctl.metrics
         self.policy, self.trainer, self.ref_model = parts.policy, parts.trainer, parts.ref_model
         _LIVE[self.name] = self
@@ -346,12 +345,12 @@ class Run:
         A wrong name or value raises and queues nothing. While no step runs, the boundary is now."""
         pending = self._hot.queue(changes)
         if not self._ctl.running:
-            asyncio.get_running_loop().create_task(self._hot.apply(), name=f"forge_nb.{self.name}.set")
+            asyncio.get_running_loop().create_task(self._hot.apply(self._ctl.step), name=f"forge_nb.{self.name}.set")
         return pending
 
     async def apply_changes(self) -> None:
         """Apply the queued changes now (the training loop does it between steps)."""
-        await self._hot.apply()
+        await self._hot.apply(self._ctl.step)
 
     def clear_buffer(self, reason: str) -> int:
         """Drop every buffered episode, counted in the ledger and recorded as an event."""
@@ -386,6 +385,7 @@ class Run:
         exporter = exporters.export(self.metrics, kind, run_dir=self.dir.path, run_name=self.name,
                                     config=self.config.to_dict(), **options)
         self.exporters.append(exporter)
+        self._assembly.add("records", f"{kind} exporter", exporter.close)
         return exporter
 
     async def serve_openai(self, *, port: int = 0, tool_parser: Any = "hermes", request_timeout_s: float = 600.0,
@@ -402,6 +402,7 @@ class Run:
             self._rollout.openai = await OpenAIEndpoint.start(self._rollout, port=port, tool_parser=tool_parser,
                                                               request_timeout_s=request_timeout_s,
                                                               chat_template_kwargs=chat_template_kwargs)
+            self._assembly.add("fronts", "OpenAI endpoint", self.openai.stop)  # nothing may reach the services after
             self.metrics.event("openai", url=self.openai.url, model=self.openai.model)
         return self.openai
 
@@ -415,6 +416,7 @@ class Run:
 
             self.tinker = await TinkerServer.start(
                 self, lambda cfg, overrides: spawn(cfg, overrides=overrides, base=self, progress=False), port=port)
+            self._assembly.add("fronts", "Tinker server", self.tinker.stop)  # its clients' runs leave the base first
             self.metrics.event("tinker", url=self.tinker.url, base_model=self.tinker.base_model)
         return self.tinker
 
@@ -449,30 +451,15 @@ class Run:
         self.metrics.event("mode", mode="rl")
 
     async def shutdown(self) -> None:
-        """Stop loops, then services, then this run's weights; afterwards none of its processes serves it: each
-        is stopped, or kept warm for the kernel's next run (``forge_nb.system.warm``; ``shutdown_all`` and the
-        kernel's exit stop those). Other runs in the kernel go on: the torchstore they share stops only with its
-        last user."""
+        """Stop loops, then fronts, then services, then this run's weights, then its records
+        (``forge_nb.controller.assembly``); afterwards none of its processes serves it: each is stopped, or kept
+        warm for the kernel's next run (``forge_nb.system.warm``; ``shutdown_all`` and the kernel's exit stop
+        those). Other runs in the kernel go on: the torchstore they share stops only with its last user."""
         if self.state == "shut down":
             return
-        await self.stop()
         try:
-            if self.openai is not None:  # nothing may reach the policy once its services stop
-                await self.openai.stop()
-            if self.tinker is not None:  # its clients' runs leave the base first
-                await self.tinker.stop()
-            for name in ("policy", "ref_model", "trainer"):
-                if (service := self.services.get(name)) is not None:
-                    await service.shutdown()
+            await self._assembly.close()
         finally:
-            await self._sync.close()
-            self._ctl.shut_down()
-            removed = remove_leftovers(min_age_s=5.0)  # what engines killed during the run could not clean
-            if any(removed.values()):
-                logger.info("run %s: removed what killed processes left: %s", self.name, removed)
-            for exporter in self.exporters:
-                exporter.close()
-            self._kernel_log.close()
             if _LIVE.get(self.name) is self:
                 del _LIVE[self.name]
 

@@ -17,7 +17,6 @@ import dataclasses
 import json
 import logging
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,6 @@ from forge_nb import weights
 from forge_nb.config import (
     RunConfig,
     apply_overrides,
-    check_change,
     from_dict,
     from_yaml,
     hot_fields,
@@ -35,6 +33,7 @@ from forge_nb.config import (
     trainer_actor_kwargs,
     trainer_hparam_sections,
 )
+from forge_nb.controller.assembly import RunAssembly
 from forge_nb.controller.context import RolloutContext
 from forge_nb.controller.core import Controller, EpisodeFn
 from forge_nb.controller.episodes import BaseInTrainer, generate_episode
@@ -66,7 +65,7 @@ class RunParts:
     task: Any
     pad_id: int
     model: str  # the policy's path (a hub id, a folder, or the tiny model written into the run directory)
-    kernel_log: proclogs.KernelLog  # forge_nb's own records of this run: to a file, not the cells
+    assembly: RunAssembly  # what closes each part (the kernel log among them), in one order: Run.shutdown closes it
     base: SharedBase | None = None  # a LoRA run's: the generators and trainer process it shares (on_base)
 
 
@@ -117,7 +116,12 @@ async def resume_parts(path: str | Path, *, episode_fn: EpisodeFn | None = None,
         parts.controller.metrics.event("checkpoint_skipped", path=what, reason=why,
                                        message=f"{Path(what).name} skipped ({why}); set aside as "
                                                f"{Path(what).name}.skipped")
-    await parts.controller.resume_from(state)  # the controller writes the step, the rewind and resume events
+    try:
+        await parts.controller.resume_from(state)  # the controller writes the step, the rewind and resume events
+    except BaseException:  # a resume that fails leaves nothing of itself running
+        with contextlib.suppress(Exception):
+            await parts.assembly.close()
+        raise
     return parts
 
 
@@ -155,6 +159,8 @@ async def build_run(cfg: RunConfig, directory: RunDir, *, episode_fn: EpisodeFn 
     remove_leftovers()  # of runs killed before (a kernel restart): engine segments, sockets, weight files
     sync = WeightSync(weights.namespace_for(cfg.name))
     sync.claim()  # this run's key namespace, before anything is spawned
+    assembly = RunAssembly(cfg.name)
+    assembly.add("weights", "weights", sync.close)
     # Three things start at once: the torchstore (its lease), a thread that writes the tiny model, and the
     # services' processes (the generators import vLLM meanwhile). The services' setup, which loads the model
     # and moves weights, waits for the first two. Started together, the model's build brings the first step ~1.3 s
@@ -164,12 +170,13 @@ async def build_run(cfg: RunConfig, directory: RunDir, *, episode_fn: EpisodeFn 
     ready = asyncio.gather(written, opening)  # the first error of the two, if any
     try:
         return await _start_services(cfg, directory, episode_fn, progress, task, model, pad_id, ready, sync,
-                                     actors)
-    except BaseException:  # nothing of a failed spawn stays behind (its started services are already down)
+                                     actors, assembly)
+    except BaseException:  # nothing of a failed spawn stays behind: what it made closes as a run's parts do
         for started in (opening, written, ready):
             with contextlib.suppress(BaseException):  # the error that stopped the spawn is the one to report
                 await started
-        await sync.close()
+        with contextlib.suppress(Exception):  # (each failure to close is logged)
+            await assembly.close()
         for cause in (written, opening):  # the model could not be written, the store not started: the cause
             if cause.done() and not cause.cancelled() and cause.exception() is not None:
                 raise cause.exception() from None
@@ -178,7 +185,7 @@ async def build_run(cfg: RunConfig, directory: RunDir, *, episode_fn: EpisodeFn 
 
 async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: EpisodeFn | None, progress: bool,
                           task: Any, model: str, pad_id: int, written: asyncio.Future[Any], sync: WeightSync,
-                          actors: dict[str, type]) -> RunParts:
+                          actors: dict[str, type], assembly: RunAssembly) -> RunParts:
     from forge_nb.actors.generator import Generator
     from forge_nb.actors.reference_model import ReferenceModel
     from forge_nb.actors.trainer import RLTrainer
@@ -224,16 +231,20 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
     base = None
     if cfg.trainer.lora is not None:  # its generators and trainer process can take other runs' adapters
         base, services = share_services(cfg, services, model=model, pad_id=pad_id)
-    try:
-        hot = await _hot_values(cfg, services["trainer"], task)
-        parts = _wire(cfg, directory, services, task=task, pad_id=pad_id, model=model, sync=sync, hot=hot,
-                      episode_fn=episode_fn)
-    except BaseException:
-        for service in services.values():
-            await service.shutdown()
-        raise
+    _add_services(assembly, services)
+    hot = await _hot_values(cfg, services["trainer"], task)
+    parts = _wire(cfg, directory, services, task=task, pad_id=pad_id, model=model, sync=sync, hot=hot,
+                  episode_fn=episode_fn, assembly=assembly)
     parts.base = base
     return parts
+
+
+def _add_services(assembly: RunAssembly, services: dict[str, Any]) -> None:
+    """The services close generators first, then the reference model, then the trainer (a LoRA run's shares
+    leave the base's processes instead)."""
+    for name in ("policy", "ref_model", "trainer"):
+        if name in services:
+            assembly.add("services", name, services[name].shutdown)
 
 
 async def build_on_base(cfg: RunConfig, directory: RunDir, base: SharedBase, *, episode_fn: EpisodeFn | None = None,
@@ -244,14 +255,16 @@ async def build_on_base(cfg: RunConfig, directory: RunDir, base: SharedBase, *, 
 
     task = make_task(cfg)
     services, sync = await join_base(cfg, directory, base, trainer_cls=(actors or {}).get("trainer", RLTrainer))
+    assembly = RunAssembly(cfg.name)
+    assembly.add("weights", "weights", sync.close)
+    _add_services(assembly, services)
     try:
         hot = await _hot_values(cfg, services["trainer"], task)
         parts = _wire(cfg, directory, services, task=task, pad_id=base.pad_id, model=base.model, sync=sync, hot=hot,
-                      episode_fn=episode_fn)
+                      episode_fn=episode_fn, assembly=assembly)
     except BaseException:
-        for service in services.values():
-            await service.shutdown()
-        await sync.close()
+        with contextlib.suppress(Exception):  # (each failure to close is logged)
+            await assembly.close()
         raise
     parts.base = base
     return parts
@@ -265,22 +278,19 @@ async def _hot_values(cfg: RunConfig, trainer: Any, task: Any) -> tuple[dict[str
 
 
 def _wire(cfg: RunConfig, directory: RunDir, services: dict[str, Any], *, task: Any, pad_id: int, model: str,
-          sync: WeightSync, hot: tuple[dict[str, str], dict[str, Any]], episode_fn: EpisodeFn | None) -> RunParts:
-    """The run's parts around its started services: log, metrics, buffer, books, hot changes, the controller."""
+          sync: WeightSync, hot: tuple[dict[str, str], dict[str, Any]], episode_fn: EpisodeFn | None,
+          assembly: RunAssembly) -> RunParts:
+    """The run's parts around its started services: log, metrics, buffer, books, hot changes, the controller,
+    each registered with ``assembly`` as it is made."""
     policy, trainer = services["policy"], services["trainer"]
     kernel_log = proclogs.KernelLog(directory.logs, cfg.name)  # forge_nb's own records: to a file, not the cells
+    assembly.add("log", "kernel log", kernel_log.close)
     metrics = MetricsStore(directory.path)
     buffer = ReplayBuffer(batch_size=cfg.batch_size, max_policy_age=cfg.max_policy_age, seed=cfg.seed)
     ledger = Ledger(buffer)
     routes, values = hot
-    # the hot changes' callbacks read `changes` and `controller` when a change comes, after both exist
-    changes = HotChanges(routes, values, trainer=trainer, buffer=buffer, task=task, policy=policy,
-                         check=lambda name, value: check_change(
-                             cfg, name, value, task=task, current=changes.values,
-                             loss_fields=[n for n, where in changes.routes.items() if where == "trainer"]),
-                         record=lambda made: metrics.event("set", step=controller.step, changes=made),
-                         refused=lambda made, reason: _change_refused(cfg.name, metrics, controller.step, made,
-                                                                      reason))
+    changes = HotChanges(cfg, routes, values, trainer=trainer, buffer=buffer, task=task, metrics=metrics,
+                         policy=policy)
     sync.attach(trainer, policy)
     ref_model = services.get("ref_model")
     if ref_model is None and cfg.trainer.lora is not None:  # the base model, in the trainer: its adapters off
@@ -289,22 +299,23 @@ def _wire(cfg: RunConfig, directory: RunDir, services: dict[str, Any], *, task: 
                              hot=changes, sync=sync)
     controller = Controller(context=context, trainer=trainer, buffer=buffer, ledger=ledger, sync=sync, hot=changes,
                             metrics=metrics, directory=directory, episode_fn=episode_fn or generate_episode)
+    assembly.add("loops", "loops", controller.stop)
+    assembly.add("records", "state", controller.shut_down)
+    assembly.add("records", "leftovers", lambda: _remove_leftovers(cfg.name))
     if not sync.lane:  # a run on another's base set its own (on_base: its lane first, then its version)
         policy.set_catch_up(sync.catch_up)
     for name, service in services.items():
         service.subscribe(lambda e, name=name: metrics.event(
             "replica", service=name, replica=e.replica, old=e.old, new=e.new, reason=e.reason))
     return RunParts(controller=controller, policy=policy, trainer=trainer, ref_model=ref_model,
-                    task=task, pad_id=pad_id, model=model, kernel_log=kernel_log)
+                    task=task, pad_id=pad_id, model=model, assembly=assembly)
 
 
-def _change_refused(run: str, metrics: MetricsStore, step: int, changes: dict[str, Any], reason: str) -> None:
-    logger.warning("run %s: run.set(%s) was refused and not applied: %s", run, changes, reason)
-    metrics.event("set_refused", step=step, changes=changes, reason=reason[:500])
-    # the cell that called run.set returned long ago: one line where the user looks, the run trains on
-    made = ", ".join(f"{k}={v!r}" for k, v in changes.items())
-    print(f"forge_nb: run {run!r}: run.set({made}) was refused and rolled back; the run trains on with the old "
-          f"values. Why: {reason[:300]}", file=sys.stderr)  # one line (HotChanges)
+def _remove_leftovers(run: str) -> None:
+    """What engines killed during the run could not clean (``forge_nb.system.leftovers``)."""
+    removed = remove_leftovers(min_age_s=5.0)
+    if any(removed.values()):
+        logger.info("run %s: removed what killed processes left: %s", run, removed)
 
 
 def _start(configured: Any, written: asyncio.Future[Any], kwargs: dict[str, Any], *, actor: bool = False) -> Any:

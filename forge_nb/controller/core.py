@@ -288,7 +288,7 @@ class Controller:
         if self._trainer_failures() != self._trainer_failures_seen:
             await self.recover_trainer("the trainer's process died between steps")
             return False
-        await self.hot.apply()
+        await self.hot.apply(self.step)
         return self._running.is_set()
 
     async def _train_one_step(self, source: RLBatches | SFTBatches, batch: Batch) -> bool:
@@ -422,7 +422,7 @@ class Controller:
         self.ledger.load_state_dict(state.get("ledger", {}))
         if state.get("hparams"):
             self.hot.queue(state["hparams"])
-            await self.hot.apply()
+            await self.hot.apply(self.step)
         await self.sync.publish(int(state["version"]))
 
     async def recover_trainer(self, reason: str) -> None:

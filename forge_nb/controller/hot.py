@@ -5,7 +5,8 @@ Which names can change, and where each applies, is declared once on the config's
 the loss's fields), "sampling" (the generators' request overrides: temperature, top_p, max_tokens)
 or "run" (the replay buffer's ``max_policy_age``, the task's ``difficulty``). ``queue`` validates
 and records the change as pending (a value the config refuses raises there, in the cell); the
-training loop calls ``apply`` between steps, and every applied change is recorded as a "set" event.
+training loop calls ``apply(step)`` between steps, and every applied change is recorded in the run's
+metrics as a "set" event at that step.
 
 A change the config allows may still be refused where it applies: by the trainer's ``set_hparams``, or
 by vLLM, which reads sampling values only when a request comes. So ``apply`` first sends one cheap
@@ -18,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import sys
 from typing import Any
 
-from forge_nb.config import trainer_changes
+from forge_nb.config import RunConfig, check_change, trainer_changes
+from forge_nb.metrics import MetricsStore
 from forge_nb.service import ActorFailure, ReplicaDied
 from forge_nb.service.errors import last_line
 
@@ -34,15 +36,19 @@ PROBE_PROMPT = "Hello"
 class HotChanges:
     """Pending and current values of the hot-changeable hyperparameters of one run."""
 
-    def __init__(self, routes: dict[str, str], values: dict[str, Any], *, check: Callable[[str, Any], None],
-                 trainer: Any, buffer: Any, task: Any, record: Callable[[dict[str, Any]], None],
-                 refused: Callable[[dict[str, Any], str], None], policy: Any = None):
+    def __init__(self, config: RunConfig, routes: dict[str, str], values: dict[str, Any], *, trainer: Any,
+                 buffer: Any, task: Any, metrics: MetricsStore, policy: Any = None):
         self.routes, self.values = dict(routes), dict(values)
         self.pending: dict[str, Any] = {}
         self.sampling: dict[str, Any] = {}  # what rollouts pass to generate(), on top of the config
-        self._check, self._trainer, self._buffer, self._task, self._record = check, trainer, buffer, task, record
-        self._refused, self._policy = refused, policy
+        self._config, self._trainer, self._buffer, self._task, self._metrics = config, trainer, buffer, task, metrics
+        self._policy = policy
         self._lock = asyncio.Lock()
+
+    def _check(self, name: str, value: Any) -> None:
+        """The config's verdict on ``run.set(name=value)``, a loss field checked with the loss's other fields."""
+        check_change(self._config, name, value, task=self._task, current=self.values,
+                     loss_fields=[n for n, where in self.routes.items() if where == "trainer"])
 
     def queue(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Validate ``changes`` (nothing is queued if one is wrong) and keep them for the next boundary."""
@@ -54,8 +60,9 @@ class HotChanges:
         self.pending.update(changes)
         return dict(self.pending)
 
-    async def apply(self) -> dict[str, Any]:
-        """Apply what is pending; serialized, so a step never starts while earlier changes are applied."""
+    async def apply(self, step: int) -> dict[str, Any]:
+        """Apply what is pending, recorded at ``step``; serialized, so a step never starts while earlier changes
+        are applied."""
         async with self._lock:
             if not self.pending:
                 return {}
@@ -70,7 +77,7 @@ class HotChanges:
                 self.pending = changes | self.pending
                 return {}
             except Exception as error:  # vLLM refused a value: nothing of the change applies, the run goes on
-                self._refused(changes, "generator: " + last_line(error))
+                self._refused(changes, "generator: " + last_line(error), step)
                 return {}
             trainer_part = trainer_changes(changes, self.routes)  # temperature too: its logprobs follow it
             if trainer_part:
@@ -79,7 +86,7 @@ class HotChanges:
                 except ReplicaDied:
                     raise  # the run's recovery handles a dead trainer; the change stays unapplied
                 except Exception as error:  # refused: nothing of the change applies, the run goes on
-                    self._refused(changes, "trainer: " + last_line(error))
+                    self._refused(changes, "trainer: " + last_line(error), step)
                     return {}
             self.sampling.update(sampling)
             for name, value in changes.items():
@@ -88,5 +95,14 @@ class HotChanges:
                 elif name == "difficulty":
                     self._task.difficulty = int(value)
             self.values.update(changes)
-            self._record(changes)
+            self._metrics.event("set", step=step, changes=changes)
             return changes
+
+    def _refused(self, changes: dict[str, Any], reason: str, step: int) -> None:
+        run = self._config.name
+        logger.warning("run %s: run.set(%s) was refused and not applied: %s", run, changes, reason)
+        self._metrics.event("set_refused", step=step, changes=changes, reason=reason[:500])
+        # the cell that called run.set returned long ago: one line where the user looks, the run trains on
+        made = ", ".join(f"{k}={v!r}" for k, v in changes.items())
+        print(f"forge_nb: run {run!r}: run.set({made}) was refused and rolled back; the run trains on with the old "
+              f"values. Why: {reason[:300]}", file=sys.stderr)

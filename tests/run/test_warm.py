@@ -17,7 +17,7 @@ from forge_nb.system import runtime, warm
 from forge_nb.system.procs import pid_alive
 from tests.kernel_client import Kernel
 
-pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600), pytest.mark.asyncio]
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600)]
 
 
 def pids_of(run: forge_nb.Run) -> dict[str, list[int]]:
@@ -25,6 +25,7 @@ def pids_of(run: forge_nb.Run) -> dict[str, list[int]]:
             for name, service in (("policy", run.policy), ("trainer", run.trainer))}
 
 
+@pytest.mark.asyncio
 async def test_a_second_run_trains_in_the_first_runs_processes_until_shutdown_all(tmp_path, monkeypatch):
     monkeypatch.setenv("FORGE_NB_KEEP_WARM_S", "300")
     first = await forge_nb.spawn(forge_nb.quickstart(name="warm-a", run_dir=str(tmp_path / "a")), progress=False)
@@ -68,6 +69,7 @@ async def test_a_second_run_trains_in_the_first_runs_processes_until_shutdown_al
     assert not [p for ps in used.values() for p in ps if pid_alive(p)]
 
 
+@pytest.mark.asyncio
 async def test_nothing_is_kept_with_keeping_off(tmp_path, monkeypatch):
     monkeypatch.setenv("FORGE_NB_KEEP_WARM_S", "0")
     run = await forge_nb.spawn(forge_nb.quickstart(name="warm-off", run_dir=str(tmp_path / "r")), progress=False)
