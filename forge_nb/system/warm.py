@@ -92,11 +92,16 @@ async def park(mesh: runtime.Mesh, actor: Any, key: tuple[Any, ...] | None, role
         return False  # a dead proc, or actors of another run besides the replica's (e.g. a guest's)
     if _runs.get(mesh, 1) >= MAX_RUNS:
         return False
+    from forge_nb.system.procinfo import ProcInfo
+
     try:
         await asyncio.wait_for(actor.stop(), 10.0)
+        # what the stopped actor held (an engine, a model) is freed now, not left to the next run's process
+        freed = await asyncio.wait_for(mesh.spawn("procinfo", ProcInfo).collect.call(), 30.0)
     except Exception as e:  # an actor that will not stop: its process is no good to keep
         logger.info("mesh %s not kept: its actor did not stop (%s)", mesh.name, e)
         return False
+    logger.debug("mesh %s: %d objects of its stopped actor collected", mesh.name, sum(n for _, n in freed.items()))
     mesh.state = "parked"  # not among runtime.meshes(); still among the kernel's, which its exit kills
     mesh._listeners.clear()
     now, keep = time.monotonic(), keep_s()
