@@ -33,9 +33,10 @@ Magic                                                  What it does
   [--stop]                                             (token: VAR.token); agent code trains through it
 %forge_serve --tinker [--port N] [-o VAR] [--stop]     the Tinker API on a LoRA run (tinker.ServiceClient); each
                                                        training client a LoRA run on its base
-%forge_meshes                                          every process mesh the kernel holds
+%forge_meshes                                          every process mesh the kernel holds, and those kept warm
 %forge_shutdown [--name N | --all]                     stop loops, services and meshes; check no process is left;
-                                                       release the job's hosts (%forge_cluster)
+                                                       release the job's hosts (%forge_cluster); --name N keeps
+                                                       its processes warm for the next spawn
 %forge_help                                            this table
 =====================================================  =========================================================
 

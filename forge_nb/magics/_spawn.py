@@ -184,7 +184,8 @@ class SpawnMagics(Magics):
 
     @line_magic
     def forge_meshes(self, line: str) -> None:
-        """Every process mesh this kernel holds: name, procs, pids, state, GPUs, owner, failures."""
+        """Every process mesh this kernel holds: name, procs, pids, state, GPUs, owner, failures; then the
+        processes kept warm for the next run, if any (``forge_nb.system.warm``)."""
         if line.strip():
             raise UsageError("%forge_meshes takes no arguments")
         from forge_nb.system import runtime, warm
