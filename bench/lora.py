@@ -15,6 +15,11 @@ loads adapter after adapter.
    training; memory is the peak, sampled every 0.5 s, of the summed PSS (proportional set size: shared pages
    split between the processes that map them) of every process the runs' meshes hold. The last run's join is
    timed from the spawn call to the end of its first trained step, the others idle.
+4. **One trainer pass over four runs' rows**, in this process on one thread: the tiny model with four adapters
+   (rank ``--rank``, the default targets) as a shared trainer holds them; a forward and backward of one run's
+   batch (the quickstart's 16 rows of 8 tokens) with its adapter, against one pass over the four runs' 64 rows,
+   each row through its own adapter (peft's mixed-adapter path: ``adapter_names`` on its LoRA layers), and 64
+   rows of one adapter. Whether a trainer shared by several runs could gain by batching their steps together.
 
     RESULT lora_sync_bytes_ratio <adapter bytes a push moves / the model's bytes>
     RESULT lora_quickstart_final_reward <mean reward of the last 25 steps> (target >= 0.9)
@@ -22,8 +27,10 @@ loads adapter after adapter.
     RESULT lora_shared_base_throughput_ratio <steps/s of four runs on one base / four runs apart> (target >= 2.0)
     RESULT lora_shared_base_memory_ratio <peak PSS on one base / apart> (target <= 0.5)
     RESULT lora_join_base_to_first_step_s <a run spawned onto a live base: the call to its first step> (target <= 2)
+    RESULT lora_mixed_pass_vs_four_passes <one pass over four runs' rows, each with its adapter / four passes>
 
     .venv/bin/python bench/lora.py [--steps 300] [--loads 200] [--rank 8] [--lr 2e-3] [--shared-steps 60]
+                                   [--only-shared | --only-passes]
 """
 
 from __future__ import annotations
@@ -206,11 +213,54 @@ async def shared_vs_apart(args: argparse.Namespace, workdir: str) -> dict[str, A
     return {"throughput": shared_rate / apart_rate, "memory": shared_mb / apart_mb, "join_s": join_s}
 
 
+def trainer_passes(args: argparse.Namespace, workdir: str, reps: int = 30) -> dict[str, float]:
+    """Median ms of a forward and backward of the quickstart's batch shape: one adapter's 16 rows, four adapters'
+    64 rows in one pass (each row its own adapter), one adapter's 64 rows (see the module docstring, part 4)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from forge_nb.actors import _lora
+    from forge_nb.config.trainer_sections import LoraConfig
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(f"{workdir}/passes"), dtype=torch.float32)
+    names = [f"run{i}" for i in range(4)]
+    for name in names:
+        _lora.inject(model, LoraConfig(rank=args.rank, alpha=2 * args.rank), name)
+    layers = _lora._tuner_layers(model)
+    cfg = forge_nb.quickstart()
+    rows, width = cfg.batch_size, cfg.max_req_tokens + cfg.max_res_tokens
+
+    def median_ms(runs: int, adapters: list[str]) -> float:
+        """``runs`` batches of rows in one pass; with several ``adapters`` each batch's rows go through its own."""
+        tokens = torch.randint(0, model.config.vocab_size, (rows * runs, width))
+        for layer in layers:
+            layer.set_adapter(adapters)  # trainable, as each run's step makes its own
+        per_row = [adapters[min(i // rows, len(adapters) - 1)] for i in range(rows * runs)]
+        hooks = [layer.register_forward_pre_hook(lambda _m, a, kw: (a, {**kw, "adapter_names": per_row}),
+                                                 with_kwargs=True) for layer in layers] if len(adapters) > 1 else []
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            model(input_ids=tokens).logits.float().logsumexp(-1).mean().backward()
+            times.append(time.perf_counter() - start)
+        for hook in hooks:
+            hook.remove()
+        return statistics.median(times) * 1000
+
+    return {"one": median_ms(1, names[:1]), "mixed": median_ms(4, names), "one_x4": median_ms(4, names[:1]),
+            "rows": rows, "width": width}
+
+
 async def main(args: argparse.Namespace) -> None:
     runtime.ensure_started()
     with tempfile.TemporaryDirectory(prefix="lora-bench-") as workdir:
         if args.only_shared:
             print_shared(await shared_vs_apart(args, workdir))
+            return
+        if args.only_passes:
+            print_passes(trainer_passes(args, workdir))
             return
         q = await quickstart(args, workdir)
         print(f"a push moved {q['pushed_bytes'] / 1e6:.3f} MB (the adapters) of the model's "
@@ -221,16 +271,26 @@ async def main(args: argparse.Namespace) -> None:
         print(f"four LoRA runs (rank {args.rank}, lr {', '.join(f'{lr:g}' for lr in LRS)}; the quickstart's recipe, "
               "one generator replica each), apart and on one base", flush=True)
         s = await shared_vs_apart(args, workdir)
+        p = trainer_passes(args, workdir)
     print(f"RESULT lora_sync_bytes_ratio {q['pushed_bytes'] / q['whole_bytes']:.3f}")
     print(f"RESULT lora_quickstart_final_reward {q['final']:.3f} (target >= 0.9)")
     print(f"RESULT lora_engine_rss_growth_mb_per_100_loads {l['growth_per_100']:.2f} (target <= 5)")
     print_shared(s)
+    print_passes(p)
 
 
 def print_shared(s: dict[str, Any]) -> None:
     print(f"RESULT lora_shared_base_throughput_ratio {s['throughput']:.2f} (target >= 2.0)")
     print(f"RESULT lora_shared_base_memory_ratio {s['memory']:.2f} (target <= 0.5)")
     print(f"RESULT lora_join_base_to_first_step_s {s['join_s']:.2f} (target <= 2)")
+
+
+def print_passes(p: dict[str, float]) -> None:
+    print(f"trainer passes (one thread, {p['rows']} rows of {p['width']} tokens a run): one run's rows with its "
+          f"adapter {p['one']:.1f} ms; four runs' rows in one pass, each with its own adapter (peft's mixed-adapter "
+          f"path) {p['mixed']:.1f} ms; four runs' rows with one adapter {p['one_x4']:.1f} ms", flush=True)
+    print(f"RESULT lora_mixed_pass_vs_four_passes {p['mixed'] / (4 * p['one']):.2f} (below 1: a shared trainer "
+          "could gain by stepping its runs together)")
 
 
 if __name__ == "__main__":
@@ -242,5 +302,6 @@ if __name__ == "__main__":
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--shared-steps", type=int, default=60)
     parser.add_argument("--only-shared", action="store_true", help="part 3 alone")
+    parser.add_argument("--only-passes", action="store_true", help="part 4 alone")
     asyncio.run(main(parser.parse_args()))
     forge_nb.end_process(0)
