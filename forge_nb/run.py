@@ -15,8 +15,9 @@ only delegates and validates. The loops, their events, counters and state belong
 its own, so several runs train side by side in one kernel; its books to a ``Ledger``. Episode functions get the
 run's ``RolloutContext`` (``forge_nb.controller.context``), which reads the same as the Run for what a rollout
 uses (``run.policy``, ``run.reward_fns``, ``run.sampling_overrides``...); the Run itself stays on its floor.
-Shutdown order: loops (at a step boundary), then services (generators, reference, trainer), then
-the run's weights and its torchstore lease (the store stops when no run or service holds it).
+Shutdown order (``forge_nb.controller.assembly``): loops (at a step boundary), endpoints, services (generators,
+reference, trainer), the run's weights and its torchstore lease (the store stops when no run or service holds
+it), its records, its kernel log.
 """
 
 from __future__ import annotations

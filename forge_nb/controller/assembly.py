@@ -24,6 +24,7 @@ order in which a cell happened to ask for things; phases say it once.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -77,3 +78,9 @@ class RunAssembly:
                     first = first or error
         if first is not None:
             raise first
+
+    async def close_after_failure(self) -> None:
+        """:meth:`close` for a build that failed part-way: every failure to close is logged, none raised, as the
+        error that stopped the build is the one to report."""
+        with contextlib.suppress(Exception):  # each was logged by close()
+            await self.close()

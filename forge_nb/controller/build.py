@@ -119,8 +119,7 @@ async def resume_parts(path: str | Path, *, episode_fn: EpisodeFn | None = None,
     try:
         await parts.controller.resume_from(state)  # the controller writes the step, the rewind and resume events
     except BaseException:  # a resume that fails leaves nothing of itself running
-        with contextlib.suppress(Exception):
-            await parts.assembly.close()
+        await parts.assembly.close_after_failure()
         raise
     return parts
 
@@ -175,8 +174,7 @@ async def build_run(cfg: RunConfig, directory: RunDir, *, episode_fn: EpisodeFn 
         for started in (opening, written, ready):
             with contextlib.suppress(BaseException):  # the error that stopped the spawn is the one to report
                 await started
-        with contextlib.suppress(Exception):  # (each failure to close is logged)
-            await assembly.close()
+        await assembly.close_after_failure()
         for cause in (written, opening):  # the model could not be written, the store not started: the cause
             if cause.done() and not cause.cancelled() and cause.exception() is not None:
                 raise cause.exception() from None
@@ -263,8 +261,7 @@ async def build_on_base(cfg: RunConfig, directory: RunDir, base: SharedBase, *, 
         parts = _wire(cfg, directory, services, task=task, pad_id=base.pad_id, model=base.model, sync=sync, hot=hot,
                       episode_fn=episode_fn, assembly=assembly)
     except BaseException:
-        with contextlib.suppress(Exception):  # (each failure to close is logged)
-            await assembly.close()
+        await assembly.close_after_failure()
         raise
     parts.base = base
     return parts

@@ -147,14 +147,14 @@ class ControlMagics(Magics):
         from forge_nb.system import warm
 
         name = parse_argstring(self.forge_status, line).name
-        live = self.runs.live()
+        live, kept = self.runs.live(), warm.summary()
         if name is None and len(live) > 1:
             rows = [{**run.status(), "variables": self.runs.variables(run)} for run in live]
             display(_display.runs_table(rows))
-        elif name is not None or live or not warm.summary():
+        elif name is not None or live or not kept:
             display(_display.status_report(self.runs.get(name).status()))
-        if warm.summary():
-            print(warm.summary())
+        if kept:
+            print(kept)
 
     @magic_arguments()
     @argument("-n", type=int, default=20, help="how many (default 20)")

@@ -190,13 +190,13 @@ class SpawnMagics(Magics):
             raise UsageError("%forge_meshes takes no arguments")
         from forge_nb.system import runtime, warm
 
-        infos = [m.info() for m in runtime.meshes()]
+        infos, kept = [m.info() for m in runtime.meshes()], warm.summary()
         if infos:
             display(_display.meshes_table(infos))
-        elif not warm.summary():
+        elif not kept:
             print("no meshes: %forge_spawn quickstart starts a run, %forge_spawn --procs N -o NAME a bare mesh")
-        if warm.summary():
-            print(warm.summary())
+        if kept:
+            print(kept)
 
     @magic_arguments()
     @argument("--name", help="shut down only this run (a run's name or a variable holding a Run)")
@@ -247,14 +247,14 @@ class SpawnMagics(Magics):
                 print(f"shut down run {only.name!r}: its adapter left the generators and trainer process it shared "
                       f"with {', '.join(map(repr, staying))}, which train on")
                 return
-            kept = {p for k in warm.kept() for p in k["pids"]}
-            if kept & set(pids):  # forge_nb.system.warm: the next spawn of the kernel takes them
-                print(f"shut down run {only.name!r}: its process(es) {sorted(kept & set(pids))} are kept warm for "
-                      f"the next run for {warm.keep_s() / 60:.0f} min (%forge_shutdown --all stops them now)")
-            what, left = f"run {only.name!r}", await _wait_gone(sorted(set(pids) - kept), EXIT_WAIT_S)
+            kept = {p for k in warm.kept() for p in k["pids"]} & set(pids)
+            if kept:  # forge_nb.system.warm: the next spawn of the kernel takes them
+                print(f"shut down run {only.name!r}: its process(es) {sorted(kept)} are kept warm for the next run "
+                      f"for {warm.keep_s() / 60:.0f} min (%forge_shutdown --all stops them now)")
             pids = sorted(set(pids) - kept)
             if not pids:
                 return
+            what, left = f"run {only.name!r}", await _wait_gone(pids, EXIT_WAIT_S)
         if left:
             raise RuntimeError(f"shut down {what}, but process(es) {left} are still alive after {EXIT_WAIT_S:.0f} s; "
                                f"kill them (kill -9 {' '.join(map(str, left))}) or restart the kernel")

@@ -115,11 +115,9 @@ class Replica:
                                        replica=self.name)
             self.mesh = self.host.mesh
         else:  # a process an earlier run of the kernel left warm, or new ones
-            self.mesh = await warm.take(self._warm_shape(), f"{base}-r{self.index}", self.owner,
-                                        self._options.log_dir) or await runtime.spawn_mesh(
-                f"{base}-r{self.index}", self._options.procs, self._options.with_gpus,
-                hosts=self._options.hosts, env=self._options.env, owner=self.owner, log_dir=self._options.log_dir,
-            )
+            name, o = f"{base}-r{self.index}", self._options
+            self.mesh = await warm.take(self._warm_shape(), name, self.owner, o.log_dir) or await runtime.spawn_mesh(
+                name, o.procs, o.with_gpus, hosts=o.hosts, env=o.env, owner=self.owner, log_dir=o.log_dir)
         self.mesh.on_failure(self._process_died)
         self.actor = self.mesh.spawn(self._cls.__name__.lower(), self._cls.spawn_class(),
                                      *self._args, **self._kwargs)
@@ -150,7 +148,7 @@ class Replica:
         healthy = self.healthy
         self._set_state("stopped", "shut down")
         if healthy and self.host is None and self.mesh is not None and await warm.park(
-                self.mesh, self.actor, self._warm_shape(), self._cls.__name__):
+                self.mesh, self.actor, self._warm_shape()):
             return
         await self._stop_mesh()
 
@@ -240,8 +238,8 @@ class Replica:
         calls a step for as long as the kernel lives."""
         if not self.healthy:
             raise ReplicaDied(f"{self.name} is {self.state}")
-        ep = getattr(self.actor, endpoint)
-        if self._options.procs == 1:
+        ep, one = getattr(self.actor, endpoint), self._options.procs == 1
+        if one:
             request = ep.choose(*args, **kwargs)
         else:
             request = ep.call(*args, **kwargs) if all_ranks else ep.call_one(*args, **kwargs)
@@ -254,8 +252,7 @@ class Replica:
         self._latencies.append(time.perf_counter() - start)
         self.served += 1
         if all_ranks:
-            result = [result] if self._options.procs == 1 else [v for _, v in sorted(result.items(),
-                                                                                        key=lambda kv: kv[0].rank)]
+            result = [result] if one else [v for _, v in sorted(result.items(), key=lambda kv: kv[0].rank)]
         return result
 
     async def _race(self, request: Awaitable[Any], timeout: float | None) -> Any:

@@ -289,6 +289,11 @@ _actor_mesh_owner: dict[str, Mesh] = {}
 unattributed_failures: list[str] = []
 
 
+def _log_path(name: str, log_dir: str | Path | None) -> Path:
+    """Where the procs of the mesh ``name`` write their output."""
+    return Path(log_dir or default_log_dir()) / f"{name}.log"
+
+
 def _unique_name(name: str) -> str:
     if name not in _meshes:
         return name
@@ -325,8 +330,8 @@ async def spawn_mesh(name: str, procs: int = 1, with_gpus: bool = False, *, host
     else:
         proc_env.setdefault("CUDA_VISIBLE_DEVICES", "")
     mesh = Mesh(name, procs, with_gpus, gpu_ids, owner, *((host.name, host.local) if host else ()))
-    Path(log_dir or default_log_dir()).mkdir(parents=True, exist_ok=True)
-    mesh.log_path = Path(log_dir or default_log_dir()) / f"{name}.log"  # the procs' output, not the cell
+    mesh.log_path = _log_path(name, log_dir)  # the procs' output, not the cell
+    mesh.log_path.parent.mkdir(parents=True, exist_ok=True)
     mesh._loop = asyncio.get_running_loop()
     _meshes[name] = mesh
     try:
@@ -363,7 +368,7 @@ def adopt(mesh: Mesh, name: str, owner: str | None, log_dir: str | Path | None) 
     ``owner``, its output to ``<log_dir>/<name>.log`` (the procs are told by the caller)."""
     _meshes.pop(mesh.name, None)
     mesh.name, mesh.owner, mesh.state, mesh.created = _unique_name(name), owner, "running", time.time()
-    mesh.log_path = Path(log_dir or default_log_dir()) / f"{mesh.name}.log"
+    mesh.log_path = _log_path(mesh.name, log_dir)
     _meshes[mesh.name] = mesh
     _start_watchdog(asyncio.get_running_loop())
 

@@ -47,14 +47,18 @@ MAX_RUNS = 8
 
 @dataclass
 class Kept:
-    """A mesh waiting for the next replica of ``role`` (its actor class) with the same shape."""
+    """A mesh waiting for the next replica with the same ``key`` (:func:`shape`: its actor class first)."""
 
     mesh: runtime.Mesh
     key: tuple[Any, ...]
-    role: str
     since: float
     stops_at: float
     timer: asyncio.TimerHandle | None = None
+
+    @property
+    def role(self) -> str:
+        """The actor class its replica ran."""
+        return self.key[0]
 
 
 _kept: list[Kept] = []
@@ -82,7 +86,7 @@ def shape(role: str, procs: int, with_gpus: bool, hosts: Any, env: dict[str, str
     return role, procs, tuple(sorted(env.items()))
 
 
-async def park(mesh: runtime.Mesh, actor: Any, key: tuple[Any, ...] | None, role: str) -> bool:
+async def park(mesh: runtime.Mesh, actor: Any, key: tuple[Any, ...] | None) -> bool:
     """Keep ``mesh`` (``actor`` being the one actor of its replica) for a later replica of the same ``key``:
     stops the actor, keeps the processes. False (and nothing done) when it cannot be kept: the caller then
     stops the mesh as before."""
@@ -98,14 +102,14 @@ async def park(mesh: runtime.Mesh, actor: Any, key: tuple[Any, ...] | None, role
         await asyncio.wait_for(actor.stop(), 10.0)
         # what the stopped actor held (an engine, a model) is freed now, not left to the next run's process
         freed = await asyncio.wait_for(mesh.spawn("procinfo", ProcInfo).collect.call(), 30.0)
-    except Exception as e:  # an actor that will not stop: its process is no good to keep
-        logger.info("mesh %s not kept: its actor did not stop (%s)", mesh.name, e)
+    except Exception as e:  # an actor that will not stop, or a process that does not answer: no good to keep
+        logger.info("mesh %s not kept: %s: %s", mesh.name, type(e).__name__, e)
         return False
     logger.debug("mesh %s: %d objects of its stopped actor collected", mesh.name, sum(n for _, n in freed.items()))
     mesh.state = "parked"  # not among runtime.meshes(); still among the kernel's, which its exit kills
     mesh._listeners.clear()
     now, keep = time.monotonic(), keep_s()
-    entry = Kept(mesh, key, role, now, now + keep)
+    entry = Kept(mesh, key, now, now + keep)
     entry.timer = asyncio.get_running_loop().call_later(keep, lambda: asyncio.ensure_future(_stop(entry)))
     _kept.append(entry)
     while len(_kept) > MAX_KEPT:
@@ -120,9 +124,7 @@ async def take(key: tuple[Any, ...] | None, name: str, owner: str | None,
     processes' output going to ``<log_dir>/<name>.log`` from now on; None when none is kept."""
     _prune()
     for entry in [e for e in _kept if e.key == key]:
-        _kept.remove(entry)
-        if entry.timer is not None:
-            entry.timer.cancel()
+        _forget(entry)
         mesh = entry.mesh
         if len(mesh.alive_pids()) != mesh.procs:  # killed while it waited
             await mesh.stop(timeout=2.0)
@@ -164,15 +166,18 @@ def summary() -> str:
 def _prune() -> None:
     """Forget the kept meshes something else stopped (``runtime.stop_all``, the kernel's teardown)."""
     for entry in [e for e in _kept if e.mesh.state != "parked"]:
-        _kept.remove(entry)
-        if entry.timer is not None:
-            entry.timer.cancel()
+        _forget(entry)
 
 
-async def _stop(entry: Kept) -> None:
+def _forget(entry: Kept) -> None:
+    """``entry`` is no longer kept (taken, stopped, or stopped by someone else): out of the list, its timer off."""
     if entry in _kept:
         _kept.remove(entry)
     if entry.timer is not None:
         entry.timer.cancel()
+
+
+async def _stop(entry: Kept) -> None:
+    _forget(entry)
     await entry.mesh.stop(timeout=5.0)
 

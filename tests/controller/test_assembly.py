@@ -35,3 +35,16 @@ async def test_parts_close_phase_by_phase_and_a_failure_leaves_the_rest_closing(
     with pytest.raises(ValueError, match="one of"):
         RunAssembly("r").add("nowhere", "x", lambda: None)
     assert PHASES[0] == "loops" and PHASES[-1] == "log"
+
+
+async def test_a_failed_build_closes_what_it_made_and_raises_nothing_of_its_own() -> None:
+    closed: list[str] = []
+
+    async def trainer() -> None:
+        raise RuntimeError("the trainer would not stop")
+
+    assembly = RunAssembly("r")
+    assembly.add("services", "trainer", trainer)
+    assembly.add("weights", "weights", lambda: closed.append("weights"))
+    await assembly.close_after_failure()  # the build's own error is the one its caller raises
+    assert closed == ["weights"] and assembly.closed
