@@ -1,6 +1,6 @@
 """The Generator's vLLM engine on CPU: its thread's CPU per quickstart batch, sampling variants side by side.
 
-The engine is built as the Generator builds it for the quickstart (``forge_nb.actors._vllm_inproc``: in this
+The engine is built as the Generator builds it for the quickstart (``forge_nb.actors.engine.inproc``: in this
 process, the tiny model's plain weights, ``max_model_len`` 16 and the KV cache the Generator gives it), then
 fed the quickstart's batch: 4 prompts x 4 samples x 4 tokens in one hand-over, followed by the prefix-cache
 reset a weight load makes. The variants (``--variant NAME='{sampling params}'``, the first one the baseline)
@@ -45,16 +45,16 @@ def variant(text: str) -> tuple[str, dict]:
 async def measure(args: argparse.Namespace, folder: Path) -> tuple[dict[str, list[float]], list[float]]:
     from vllm.inputs import TokensPrompt
 
-    from forge_nb.actors import _vllm_plain
-    from forge_nb.actors._vllm_inproc import InprocEngine
-    from forge_nb.actors._vllm_worker import generator_engine_args, make_sampling_params
+    from forge_nb.actors.engine import plain
+    from forge_nb.actors.engine.inproc import InprocEngine
+    from forge_nb.actors.engine.worker import generator_engine_args, make_sampling_params
     from forge_nb.models import TinyModelConfig, build_tiny_model
 
     model = str(build_tiny_model(folder / "tiny", TinyModelConfig(alphabet="abcdefgh")))
     values = {"dtype": "float32", "max_model_len": 16, **args.engine_args}
     engine_args = generator_engine_args(values, model, cuda=False)
     kv = engine_args.kv_cache_memory_bytes
-    print(f"engine: the tiny model, {_vllm_plain.choose(model, 'auto')} weights, float32, max_model_len 16, KV cache "
+    print(f"engine: the tiny model, {plain.choose(model, 'auto')} weights, float32, max_model_len 16, KV cache "
           f"{f'{kv >> 20} MiB' if kv else 'of VLLM_CPU_KVCACHE_SPACE'}, eager, in this process; "
           f"variants: {dict(args.variant)}, engine arguments over the Generator's: {args.engine_args}")
     built = time.monotonic()

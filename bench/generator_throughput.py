@@ -2,7 +2,7 @@
 
 The raw side is vLLM's ``AsyncLLM`` in this process (its EngineCore and worker in processes of their own).
 On GPUs the Generator runs the same; on CPU it runs vLLM's engine inside its own process
-(``forge_nb.actors._vllm_inproc``), so there the ratio also compares those two ways of running vLLM.
+(``forge_nb.actors.engine.inproc``), so there the ratio also compares those two ways of running vLLM.
 Both sides build their engine with the Generator's own helpers (``make_engine_args``,
 ``make_sampling_params``), on the locally built tiny Qwen3, and serve the same wave of concurrent
 requests: ``PROMPTS`` prompts, ``n`` samples each, exactly ``MAX_TOKENS`` tokens per sample

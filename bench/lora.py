@@ -219,7 +219,7 @@ def trainer_passes(args: argparse.Namespace, workdir: str, reps: int = 30) -> di
     import torch
     from transformers import AutoModelForCausalLM
 
-    from forge_nb.actors import _lora
+    from forge_nb.actors.training import lora
     from forge_nb.config.trainer_sections import LoraConfig
 
     torch.set_num_threads(1)
@@ -227,8 +227,8 @@ def trainer_passes(args: argparse.Namespace, workdir: str, reps: int = 30) -> di
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model(f"{workdir}/passes"), dtype=torch.float32)
     names = [f"run{i}" for i in range(4)]
     for name in names:
-        _lora.inject(model, LoraConfig(rank=args.rank, alpha=2 * args.rank), name)
-    layers = _lora._tuner_layers(model)
+        lora.inject(model, LoraConfig(rank=args.rank, alpha=2 * args.rank), name)
+    layers = lora._tuner_layers(model)
     cfg = forge_nb.quickstart()
     rows, width = cfg.batch_size, cfg.max_req_tokens + cfg.max_res_tokens
 

@@ -48,8 +48,8 @@ A run that never reaches 0.8 in its budget counts as infinitely slow for that me
 at the same priority, run through the whole comparison (started before the first seed, killed after the last),
 as another user's job would. The RESULT lines keep their names; the first lines of the output say N.
 TRL runs with torch's default intra-op threads (one a core), as its users do, unless ``--trl-threads N``;
-forge_nb's trainer and generator take one each on two cores (``forge_nb.actors._policy_model``,
-``forge_nb.actors._vllm_inproc``). Each TRL seed's line says how many it had. On a quiet machine TRL's default
+forge_nb's trainer and generator take one each on two cores (``forge_nb.actors.training.policy_model``,
+``forge_nb.actors.engine.inproc``). Each TRL seed's line says how many it had. On a quiet machine TRL's default
 is its faster setting; beside other work its two threads wait on each other and one is faster by far, so a
 busy comparison is fair only when run both ways (``bench/HISTORY.md``, "A busier machine, TRL's threads, and the
 trainer compiled").

@@ -140,7 +140,7 @@ def _hot_fields_of_every_config_class() -> dict[str, str]:
 
 
 def test_the_run_gets_exactly_the_fields_declared_hot_and_the_trainer_the_same_names():
-    from forge_nb.actors._trainer_config import hparams
+    from forge_nb.actors.training.config import hparams
     from forge_nb.config import hot_fields, trainer_changes
     from forge_nb.config.trainer_sections import OptimizerConfig, TrainingConfig
     from forge_nb.rl import LOSSES, make_loss

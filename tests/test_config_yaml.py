@@ -329,7 +329,7 @@ def test_forge_config_cell_uses_the_same_loader():
 
 
 def test_a_yaml_trainer_reaches_the_actor_sections_as_configured():
-    from forge_nb.actors import _trainer_config as tc
+    from forge_nb.actors.training import config as tc
     from forge_nb.config import trainer_actor_kwargs
     from forge_nb.config import trainer_sections as ts
 

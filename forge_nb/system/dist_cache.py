@@ -4,7 +4,8 @@ once per environment and kept in this machine's cache folder.
 transformers calls ``packages_distributions()`` when it is imported (``transformers/utils/import_utils.py``), and
 the call reads the metadata of every installed distribution, and the RECORD of each one that has no
 ``top_level.txt``: 0.5-0.9 s of CPU on the project's 2-core machine in a venv of ~360 distributions. A generator's
-process pays it in the serial chain of imports that a run's first step waits for (:mod:`forge_nb.actors._vllm_import`).
+process pays it in the serial chain of imports that a run's first step waits for
+(:mod:`forge_nb.actors.engine.preimport`).
 
 The answer depends only on what is installed where the interpreter looks, so :func:`cached_packages_distributions`
 keys a JSON file on the Python version, ``sys.path``, and the metadata folders (``*.dist-info``, ``*.egg-info``) in

@@ -3,7 +3,7 @@ JSON routes, and its protobuf messages (``tinker.proto.tinker_public_pb2``) for 
 for the ``ForwardBackwardOutput`` and ``SampleResponse`` results, which the SDK (0.38) accepts as protobuf only.
 
 What goes to forge_nb's actors is plain data: a Datum is ``{"tokens": [int, ...], "inputs": {name: [values]}}``
-(``forge_nb.actors._trainer_tinker``), a sample request the Generator's keyword arguments (vLLM's names).
+(``forge_nb.actors.training.tinker``), a sample request the Generator's keyword arguments (vLLM's names).
 
 A tensor of a request (a Datum's ``loss_fn_inputs``) that the SDK writes dense in float32, int32 or int64 (its
 ``request_conv._tensor_data_to_proto``: the array's bytes in that dtype, and its shape) is read back with numpy's

@@ -1,4 +1,4 @@
-"""A request with an adapter that asks for prompt logprobs has the engine to itself (``_vllm_inproc.final_outputs``):
+"""A request with an adapter that asks for prompt logprobs has the engine to itself (``engine.inproc.final_outputs``):
 beside other requests it failed vLLM 0.32's engine step and killed the generator (found by tests/fronts' fuzz).
 Here a stand-in engine records which requests it served at the same time."""
 
@@ -8,7 +8,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from forge_nb.actors._vllm_inproc import final_outputs
+from forge_nb.actors.engine.inproc import final_outputs
 
 
 class Engine:

@@ -95,11 +95,11 @@ def other_run_model(model: str) -> Any:
     """The tiny model with OTHER's adapters, loaded here with peft: random (not zero) lora_B, so they change it."""
     from transformers import AutoModelForCausalLM
 
-    from forge_nb.actors import _lora
+    from forge_nb.actors.training import lora
     from forge_nb.config.trainer_sections import LoraConfig
 
     module = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-    _lora.inject(module, LoraConfig(**OTHER_LORA))
+    lora.inject(module, LoraConfig(**OTHER_LORA))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in module.named_parameters():
@@ -125,7 +125,7 @@ async def gap_to(model: Any, completions: list[Any]) -> float:
 async def test_a_second_run_on_the_base_is_served_its_own_adapter_beside_the_first(pair: Any) -> None:
     import asyncio
 
-    from forge_nb.actors import _lora
+    from forge_nb.actors.training import lora
 
     gen = pair.generator
     with pytest.raises(Exception, match="add_adapter"):  # a namespace the generator was never given
@@ -143,7 +143,7 @@ async def test_a_second_run_on_the_base_is_served_its_own_adapter_beside_the_fir
         assert c.generator_version == 0
 
     model = other_run_model(pair.model)
-    await weights.push_state_dict(_lora.adapter_state_dict(model), 3, namespace=OTHER)
+    await weights.push_state_dict(lora.adapter_state_dict(model), 3, namespace=OTHER)
     assert await gen.update_weights.call_one(3, namespace=OTHER) == 3
     assert await gen.adapters.call_one() == {NAMESPACE: ours, OTHER: 3}  # the first run's version is untouched
     # the two runs' requests together, in one engine batch: each sampled with its own adapter

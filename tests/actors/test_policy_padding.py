@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from forge_nb.actors._policy_model import PolicyModel, response_logprobs
+from forge_nb.actors.training.policy_model import PolicyModel, response_logprobs
 from forge_nb.models import build_tiny_model
 
 pytestmark = pytest.mark.timeout(120)

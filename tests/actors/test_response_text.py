@@ -1,6 +1,6 @@
 """The Generator's own decode of a finished sample gives vLLM's text: vLLM's real detokenizer is the reference.
 
-The Generator asks vLLM not to detokenize (``_vllm_worker.decodes_here``) and decodes each finished sample
+The Generator asks vLLM not to detokenize (``engine.worker.decodes_here``) and decodes each finished sample
 once (``response_text``). Here both decode the same tokens with BPE tokenizers trained on the spot, a
 byte-level one (characters split across tokens) and a sentencepiece-like one (a word's leading space is
 text only after the prompt's tokens, not at the start of a string); vLLM's ``IncrementalDetokenizer`` is
@@ -13,7 +13,7 @@ import random
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from forge_nb.actors._vllm_worker import decodes_here, make_sampling_params, response_text
+from forge_nb.actors.engine.worker import decodes_here, make_sampling_params, response_text
 
 CORPUS = ["héllo wörld 😀 naïve café, the quick brown fox", "日本語のテキスト 🎉 and  spaces\tand tabs"] * 40
 

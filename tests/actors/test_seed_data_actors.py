@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from forge_nb.actors._trainer_batch import as_train_batch
 from forge_nb.actors.replay_buffer import ReplayBuffer
+from forge_nb.actors.training.batch import as_train_batch
 from forge_nb.apps.grpo import ComputeAdvantages, DatasetActor, Episode, RewardActor
 from forge_nb.data.rewards import MathReward, ThinkingReward
 from forge_nb.models import build_tiny_model

@@ -1,7 +1,7 @@
 """torchtitan's Qwen3, loaded from the HF tiny model through Qwen3StateDictAdapter, matches transformers.
 
 In-process and CPU-only: torchtitan's forward runs on CPU (its backward does not, see
-``forge_nb/actors/_titan.py``), which is enough to check the architecture mapping, the weight names both
+``forge_nb/actors/training/titan.py``), which is enough to check the architecture mapping, the weight names both
 ways, and the padding-aware forward the trainer's torchtitan path uses on CUDA.
 """
 
@@ -43,7 +43,7 @@ def eager_flex_attention() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object]:
-    from forge_nb.actors._policy_model import PolicyModel
+    from forge_nb.actors.training.policy_model import PolicyModel
 
     path = str(build_tiny_model(tmp_path_factory.mktemp("titan") / "tiny"))
     cpu = torch.device("cpu")
@@ -55,7 +55,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object]:
 
 
 def test_titan_logprobs_match_transformers(models: tuple) -> None:
-    from forge_nb.actors._policy_model import response_logprobs
+    from forge_nb.actors.training.policy_model import response_logprobs
 
     titan, hf = models
     g = torch.Generator().manual_seed(0)
@@ -68,7 +68,7 @@ def test_titan_logprobs_match_transformers(models: tuple) -> None:
 
 
 def test_titan_masks_left_padding_like_transformers(models: tuple) -> None:
-    from forge_nb.actors._policy_model import response_logprobs
+    from forge_nb.actors.training.policy_model import response_logprobs
 
     titan, hf = models
     g = torch.Generator().manual_seed(1)
@@ -103,7 +103,7 @@ def test_titan_weights_map_back_to_hf_names(models: tuple) -> None:
 
 
 def test_torchtitan_cannot_train_on_cpu_and_auto_falls_back() -> None:
-    from forge_nb.actors._policy_model import choose_engine
+    from forge_nb.actors.training.policy_model import choose_engine
 
     engine, reason = choose_engine("auto", torch.device("cpu"), "qwen3")
     assert engine == "transformers" and "FlexAttention" in reason

@@ -218,7 +218,7 @@ async def test_a_trainer_built_from_the_run_config_trains_as_configured_and_push
     await trainer.setup.call()
     info = first(await trainer.info.call())
     hp = info["hparams"]
-    if not torch.cuda.is_available():  # the CPU is shared with vLLM's busy-waiting engines (_policy_model)
+    if not torch.cuda.is_available():  # the CPU is shared with vLLM's busy-waiting engines (training.policy_model)
         assert info["cpu_threads"] == int(os.environ.get("OMP_NUM_THREADS", "1"))
     assert {k: hp[k] for k in ("lr", "max_norm", "weight_decay", "temperature", "clip_high")} == {
         "lr": 1e-3, "max_norm": 0.5, "weight_decay": 0.01, "temperature": 0.8, "clip_high": 0.28}
@@ -392,7 +392,7 @@ async def test_fsdp_over_two_procs_matches_one_proc(env: Any) -> None:
 
 
 def test_torchforge_trainer_sections_load_and_mistakes_name_the_fix() -> None:
-    from forge_nb.actors._trainer_config import model_source
+    from forge_nb.actors.training.config import model_source
     from forge_nb.config.trainer_sections import (
         CheckpointConfig,
         OptimizerConfig,

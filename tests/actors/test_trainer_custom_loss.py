@@ -94,7 +94,7 @@ async def test_dapo_adaptive_kl_adapts_inside_the_trainer(env: Any) -> None:
 def test_text_train_batch_loss_in_process() -> None:
     """text_loss (the skill card's TextTrainBatch): whole-sequence logits aligned with target_ids, target_weights
     as per-token advantages, no reference logprobs."""
-    from forge_nb.actors._trainer_loss import text_loss
+    from forge_nb.actors.training.loss import text_loss
     from forge_nb.rl.types import TextTrainBatch
 
     g = torch.Generator().manual_seed(0)

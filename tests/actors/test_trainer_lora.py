@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from forge_nb import weights
-from forge_nb.actors._policy_model import real_token_mask
+from forge_nb.actors.training.policy_model import real_token_mask
 from forge_nb.rl import compute_logprobs
 from tests.actors import test_trainer as shared
 from tests.actors.test_trainer import first, make_batch

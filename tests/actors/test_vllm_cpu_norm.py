@@ -1,4 +1,4 @@
-"""vLLM's CPU C kernels for RMS norm offered to the eager CPU engine (``forge_nb.actors._vllm_cpu_norm``):
+"""vLLM's CPU C kernels for RMS norm offered to the eager CPU engine (``forge_nb.actors.engine.cpu_norm``):
 they agree with vLLM's native norms where they are chosen (strided heads too), and a priority the user set
 is kept. The engine that uses them generates in tests/actors/test_generator*.py."""
 
@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from forge_nb.actors import _vllm_cpu_norm
+from forge_nb.actors.engine import cpu_norm
 from forge_nb.models import build_tiny_model
 
 
 @pytest.fixture(scope="module")
 def ops():
-    assert _vllm_cpu_norm.register(), "this vLLM's CPU build should have the rms_norm kernels"
+    assert cpu_norm.register(), "this vLLM's CPU build should have the rms_norm kernels"
     from vllm import ir
 
     yield ir.ops
@@ -32,8 +32,8 @@ def test_the_kernels_agree_with_vllms_native_norms(ops):
     _use(ops, ["native"])
     want = ops.rms_norm(x, weight, 1e-6, None)
     want_norm, want_sum = ops.fused_add_rms_norm(x.clone(), residual.clone(), weight, 1e-6, None)
-    _use(ops, [_vllm_cpu_norm.PROVIDER, "native"])
-    assert ops.rms_norm.dispatch(x, weight, 1e-6, None).provider == _vllm_cpu_norm.PROVIDER
+    _use(ops, [cpu_norm.PROVIDER, "native"])
+    assert ops.rms_norm.dispatch(x, weight, 1e-6, None).provider == cpu_norm.PROVIDER
     torch.testing.assert_close(ops.rms_norm(x, weight, 1e-6, None), want)
     norm, total = ops.fused_add_rms_norm(x.clone(), residual.clone(), weight, 1e-6, None)
     torch.testing.assert_close(norm, want_norm)
@@ -42,12 +42,12 @@ def test_the_kernels_agree_with_vllms_native_norms(ops):
 
 
 def test_strided_heads_are_normed_right_and_other_cases_stay_native(ops):
-    _use(ops, [_vllm_cpu_norm.PROVIDER, "native"])
+    _use(ops, [cpu_norm.PROVIDER, "native"])
     qkv = torch.randn(5, 3 * 64)
     heads = qkv[:, :64].view(5, 4, 16)  # Qwen3's per-head q norm reads a strided view like this
     weight = torch.randn(16)
     assert not heads.is_contiguous()
-    assert ops.rms_norm.dispatch(heads, weight, 1e-6, None).provider == _vllm_cpu_norm.PROVIDER
+    assert ops.rms_norm.dispatch(heads, weight, 1e-6, None).provider == cpu_norm.PROVIDER
     torch.testing.assert_close(ops.rms_norm(heads, weight, 1e-6, None),
                                heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + 1e-6) * weight)
     assert ops.rms_norm.dispatch(heads, weight.double(), 1e-6, None).provider == "native"
@@ -61,12 +61,12 @@ def test_the_engine_prefers_them_unless_the_user_chose_a_priority(ops, tmp_path)
 
     tiny = str(build_tiny_model(tmp_path / "tiny"))
     args = AsyncEngineArgs(model=tiny)
-    _vllm_cpu_norm.prefer(args)
-    assert args.ir_op_priority.rms_norm == [_vllm_cpu_norm.PROVIDER]
-    assert args.ir_op_priority.fused_add_rms_norm == [_vllm_cpu_norm.PROVIDER]
+    cpu_norm.prefer(args)
+    assert args.ir_op_priority.rms_norm == [cpu_norm.PROVIDER]
+    assert args.ir_op_priority.fused_add_rms_norm == [cpu_norm.PROVIDER]
 
     for chosen in (AsyncEngineArgs(model=tiny, ir_op_priority={"rms_norm": ["native"]}),
                    AsyncEngineArgs(model=tiny, kernel_config={"ir_op_priority": {"fused_add_rms_norm": ["native"]}})):
         before = repr(chosen.ir_op_priority)
-        _vllm_cpu_norm.prefer(chosen)
+        cpu_norm.prefer(chosen)
         assert repr(chosen.ir_op_priority) == before

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from forge_nb.actors._vllm_worker import CPU_KV_MAX, CPU_KV_MIN, CPU_KV_SEQS, checkpoint_dtype, cpu_kv_cache_bytes
+from forge_nb.actors.engine.worker import CPU_KV_MAX, CPU_KV_MIN, CPU_KV_SEQS, checkpoint_dtype, cpu_kv_cache_bytes
 from forge_nb.models import TinyModelConfig, build_tiny_model
 
 

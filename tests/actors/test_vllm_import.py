@@ -1,5 +1,5 @@
 """A generator's process imports vLLM without the optional packages a CPU generator never uses, and answers
-transformers' ``packages_distributions()`` from the machine's cache (forge_nb.actors._vllm_import,
+transformers' ``packages_distributions()`` from the machine's cache (forge_nb.actors.engine.preimport,
 forge_nb.system.dist_cache).
 
 The import itself runs in fresh interpreters, as a generator's process does; the Generator tests run the real
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from forge_nb.actors import _vllm_import
+from forge_nb.actors.engine import preimport
 from forge_nb.system import dist_cache
 
 pytestmark = pytest.mark.timeout(300)
 
 IMPORT = """
 import json, sys, importlib.metadata
-from forge_nb.actors import _vllm_import
-_vllm_import.start({**json.loads(sys.argv[1])}).join()
+from forge_nb.actors.engine import preimport
+preimport.start({**json.loads(sys.argv[1])}).join()
 import vllm.v1.engine.llm_engine  # setup()'s own import: an error from the thread shows here
 from vllm.triton_utils import HAS_TRITON
 from vllm.tracing import is_otel_available
@@ -47,7 +47,7 @@ def import_engine(tmp_path: Path, engine_args: dict, **env: str) -> tuple[dict, 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM")
 def test_a_cpu_generator_imports_vllm_without_triton_and_the_trace_exporters(tmp_path):
-    if _vllm_import._triton_has_cpu_backend() or importlib.util.find_spec("triton") is None:
+    if preimport._triton_has_cpu_backend() or importlib.util.find_spec("triton") is None:
         pytest.skip("this triton has a CPU backend (vLLM uses it) or is not installed: nothing to hide")
     found, log = import_engine(tmp_path, {})
     # vLLM decided as it does with triton installed: no CPU backend, no triton; and no tracing without an endpoint
@@ -68,20 +68,20 @@ def test_what_is_hidden_follows_the_engine_arguments_and_the_device(monkeypatch)
     monkeypatch.delenv("FORGE_NB_VLLM_LEAN", raising=False)
     for name in ("triton", "opentelemetry.exporter.otlp"):
         monkeypatch.delitem(sys.modules, name, raising=False)  # as in a fresh generator's process
-    monkeypatch.setattr(_vllm_import, "_triton_has_cpu_backend", lambda: False)
-    assert _vllm_import.unused_optional({}, cuda=False) == ["opentelemetry.exporter.otlp", "triton"]
-    assert _vllm_import.unused_optional(None, cuda=True) == ["opentelemetry.exporter.otlp"]
-    assert _vllm_import.unused_optional({"otlp_traces_endpoint": "http://collector:4318"}, cuda=False) == ["triton"]
-    monkeypatch.setattr(_vllm_import, "_triton_has_cpu_backend", lambda: True)
-    assert _vllm_import.unused_optional({}, cuda=False) == ["opentelemetry.exporter.otlp"]
+    monkeypatch.setattr(preimport, "_triton_has_cpu_backend", lambda: False)
+    assert preimport.unused_optional({}, cuda=False) == ["opentelemetry.exporter.otlp", "triton"]
+    assert preimport.unused_optional(None, cuda=True) == ["opentelemetry.exporter.otlp"]
+    assert preimport.unused_optional({"otlp_traces_endpoint": "http://collector:4318"}, cuda=False) == ["triton"]
+    monkeypatch.setattr(preimport, "_triton_has_cpu_backend", lambda: True)
+    assert preimport.unused_optional({}, cuda=False) == ["opentelemetry.exporter.otlp"]
     monkeypatch.setenv("FORGE_NB_VLLM_LEAN", "0")
-    assert _vllm_import.unused_optional({}, cuda=False) == []
+    assert preimport.unused_optional({}, cuda=False) == []
 
 
 def test_a_hidden_package_imports_as_not_installed_inside_the_block_only():
     name = "forge_nb_test_hidden_pkg"
     assert importlib.util.find_spec("json") is not None
-    with _vllm_import.hidden([name, "json.tool"]):
+    with preimport.hidden([name, "json.tool"]):
         with pytest.raises(ModuleNotFoundError):
             __import__("json.tool")
         assert importlib.util.find_spec("json.tool") is None

@@ -1,4 +1,4 @@
-"""vLLM inspects a model class it has not cached in the engine's own process on CPU (``_vllm_inproc``).
+"""vLLM inspects a model class it has not cached in the engine's own process on CPU (``engine.inproc``).
 
 vLLM's way, a Python process of its own that imports vLLM again, took 10 s of a first ``%forge_spawn`` on two
 cores. Here the same class is inspected both ways, from an empty cache each time: what the engine's process
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from forge_nb.actors._vllm_inproc import inspect_models_here
+from forge_nb.actors.engine.inproc import inspect_models_here
 
 
 def test_a_model_class_is_inspected_here_as_vllm_would_in_a_process_of_its_own(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import torch
 
-from forge_nb.actors import _vllm_replay
+from forge_nb.actors.engine import replay as engine_replay
 
 
 class Fused(torch.nn.Module):
@@ -58,11 +58,11 @@ def loaded_by_the_model(model_cls: type[Fused], state_dict: dict[str, torch.Tens
 
 def test_later_versions_are_replayed_and_land_as_the_models_own_load() -> None:
     model = Fused()
-    replay = _vllm_replay.load(model, version(1), None)
+    replay = engine_replay.load(model, version(1), None)
     assert replay is not None and model.loads == 1
     model.embed.data[6:].fill_(5.0)  # the padding is written again by the replay, too
     for seed in (2, 3):
-        assert _vllm_replay.load(model, version(seed), replay) is replay
+        assert engine_replay.load(model, version(seed), replay) is replay
         assert model.loads == 1  # replayed: the model's load_weights did not run
         expected = loaded_by_the_model(Fused, version(seed))
         assert all(torch.equal(model.state_dict()[k], v) for k, v in expected.items())
@@ -70,19 +70,19 @@ def test_later_versions_are_replayed_and_land_as_the_models_own_load() -> None:
 
 def test_a_version_of_another_shape_or_a_swapped_parameter_is_loaded_by_the_model_again() -> None:
     model = Fused()
-    replay = _vllm_replay.load(model, version(1), None)
+    replay = engine_replay.load(model, version(1), None)
     other = version(2) | {"embed": torch.randn(3, 4)}  # fewer vocabulary rows
-    again = _vllm_replay.load(model, other, replay)
+    again = engine_replay.load(model, other, replay)
     assert model.loads == 2 and again is not None and again is not replay
     assert torch.equal(model.embed.data[:3], other["embed"]) and (model.embed.data[3:] == 0).all()
     model.qkv.data = torch.zeros(6, 4)  # new storage: the recorded destinations no longer reach it
-    third = _vllm_replay.load(model, version(3), again)
+    third = engine_replay.load(model, version(3), again)
     assert model.loads == 3 and third is not again
     assert torch.equal(model.qkv.data[:2], version(3)["q"])
 
 
 def test_a_load_that_computes_is_never_replayed() -> None:
     model = Scaled()
-    assert _vllm_replay.load(model, version(1), None) is None
-    assert _vllm_replay.load(model, version(2), None) is None and model.loads == 2
+    assert engine_replay.load(model, version(1), None) is None
+    assert engine_replay.load(model, version(2), None) is None and model.loads == 2
     assert torch.equal(model.embed.data[:5], version(2)["embed"] * 2)

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from forge_nb.actors._trainer_loss import rl_loss
+from forge_nb.actors.training.loss import rl_loss
 from forge_nb.config import RolloutConfig, from_dict
 from forge_nb.controller.dynamic import GroupGate
 from forge_nb.controller.evaluate import check_eval_args, pass_at_k

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from forge_nb.actors._trainer_loss import _aligned_loss, loss_function
+from forge_nb.actors.training.loss import _aligned_loss, loss_function
 from forge_nb.rl import DAPOLoss, GRPOLoss
 from forge_nb.rl.report import per_prompt, unsolved
 

@@ -129,7 +129,7 @@ def test_bad_settings_are_refused_with_the_field(field: str, value: object, word
 
 
 def test_a_correction_is_hot_changeable_like_other_loss_fields() -> None:
-    from forge_nb.actors._trainer_config import with_hparams
+    from forge_nb.actors.training.config import with_hparams
     from forge_nb.config.trainer_sections import OptimizerConfig, TrainingConfig
 
     opt, train, loss = with_hparams(OptimizerConfig(), TrainingConfig(), GRPOLoss(),

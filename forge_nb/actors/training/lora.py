@@ -2,7 +2,7 @@
 
 :func:`inject` puts peft's LoRA layers (``peft.inject_adapter_in_model``) into the policy's linear layers named by
 ``LoraConfig.target_modules``; peft leaves only the adapters trainable, so the trainer's optimizer holds them alone
-and a checkpoint (``_checkpoint``, which leaves frozen parameters out) holds them alone. :func:`adapter_state_dict`
+and a checkpoint (``checkpoint``, which leaves frozen parameters out) holds them alone. :func:`adapter_state_dict`
 is what a push moves: the adapters' tensors under peft's names (``model.layers.0.self_attn.q_proj.lora_A.weight``).
 :func:`adapters_off` runs a block on the base model (the KL term's reference, in the trainer's own process), and
 :func:`with_base_reference` gives a training batch that came without reference logprobs the base's: a LoRA run's
@@ -167,7 +167,7 @@ def with_base_reference(policy: Any, batch: Any, temperature: float) -> Any:
     these are the values a per-episode reference call at rollout time would have given."""
     if batch.has_ref_logprobs:
         return batch
-    from forge_nb.actors._policy_model import response_logprobs
+    from forge_nb.actors.training.policy_model import response_logprobs
 
     with torch.no_grad(), adapters_off(policy.module):
         logits = policy.logits(batch.tokens, batch.request_len)

@@ -1,6 +1,6 @@
 """A version's weights copied into vLLM's plain parameters by replaying what the model's own load did.
 
-With plain CPU weights (:mod:`forge_nb.actors._vllm_plain`) a version loads through the model's
+With plain CPU weights (:mod:`forge_nb.actors.engine.plain`) a version loads through the model's
 ``load_weights``: checkpoint names mapped to vLLM's parameters (q, k and v into one ``qkv_proj``, gate and up
 into ``gate_up_proj``, the vocabulary padded), by Python per tensor. For the tiny model that is 1.1-1.3 ms a
 version alone and ~2 ms on the quickstart's busy cores, every training step. What it does with a

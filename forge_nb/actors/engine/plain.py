@@ -6,7 +6,7 @@ in ``vllm.model_executor.layers.utils``) and drop the loaded tensor, so a new ve
 matmuls it speeds up. With plain weights a layer multiplies with ``torch.nn.functional.linear`` on the
 weight as loaded, and a version is copied into the parameters by the model's own ``load_weights``, the
 in-place path vLLM takes on GPUs (from the second version on, by replaying the copies the first one made:
-:mod:`forge_nb.actors._vllm_replay`).
+:mod:`forge_nb.actors.engine.replay`).
 
 Measured here (2 cores, float32, the same engine in one process, 16 completions of 4 tokens):
 

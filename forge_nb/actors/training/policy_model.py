@@ -2,12 +2,12 @@
 
 Two engines hold the same Qwen3 architecture:
 
-* ``"torchtitan"``: torchtitan's model definition (``forge_nb.actors._titan``), where torchtitan can train
+* ``"torchtitan"``: torchtitan's model definition (``forge_nb.actors.training.titan``), where torchtitan can train
   (CUDA, and a torch that torchtitan 0.3 imports on);
 * ``"transformers"``: ``AutoModelForCausalLM`` with sdpa attention, everywhere else (and for any
   architecture transformers knows).
 
-``"auto"`` picks torchtitan where :func:`forge_nb.actors._titan.why_not_trainable` finds no reason
+``"auto"`` picks torchtitan where :func:`forge_nb.actors.training.titan.why_not_trainable` finds no reason
 against it, and otherwise logs the reason once per process and uses transformers. Everything after
 loading (FSDP2 sharding, the forward with left-padding masks, the full HF-named state dict) is shared, so
 the CPU tests exercise the code the CUDA path runs.
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from forge_nb.actors._titan import TitanQwen3, why_not_trainable
+from forge_nb.actors.training.titan import TitanQwen3, why_not_trainable
 from forge_nb.system import dist_cache
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ What arrives is a plain :class:`~forge_nb.rl.types.Completion`. Its text is deco
 
 :class:`TorchstoreWeightLoader` loads a policy version inside the engine's worker process. vLLM runs
 the model in a worker: on GPUs (``AsyncLLM``) a process of its own, two below the Generator actor; on
-CPU inside the actor's process (:mod:`forge_nb.actors._vllm_inproc`). ``worker_extension_cls`` mixes
+CPU inside the actor's process (:mod:`forge_nb.actors.engine.inproc`). ``worker_extension_cls`` mixes
 this class into vLLM's worker, and ``engine.collective_rpc("forge_nb_load_version", ...)`` calls it
 there. The tensors never travel through vLLM's RPC: only a ~2 KB pickled reference to the kernel's
 torchstore controller does, and the worker fetches the weights itself. Why a reference and not
@@ -43,15 +43,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from forge_nb.actors import _vllm_plain, _vllm_replay
+from forge_nb.actors.engine import plain, replay
 from forge_nb.rl.types import Completion, Completions
 
 if TYPE_CHECKING:
     from vllm import AsyncEngineArgs, SamplingParams
     from vllm.outputs import RequestOutput
 
-WORKER_EXTENSION = "forge_nb.actors._vllm_worker.TorchstoreWeightLoader"
-_vllm_plain.apply_from_env()  # in vLLM's worker process, before it loads the model
+WORKER_EXTENSION = "forge_nb.actors.engine.worker.TorchstoreWeightLoader"
+plain.apply_from_env()  # in vLLM's worker process, before it loads the model
 
 
 def allow_amx() -> None:
@@ -168,11 +168,11 @@ def make_engine_args(values: dict[str, Any], model_path: str, *, cuda: bool) -> 
 def generator_engine_args(values: dict[str, Any], model_path: str, *, cuda: bool,
                           cpu_linear: str = "auto") -> AsyncEngineArgs:
     """The engine arguments a Generator builds its engine with: :func:`make_engine_args`, and on CPU its linear
-    layers' weights (``_vllm_plain``, configured for this process and vLLM's worker processes, so call it where
+    layers' weights (``engine.plain``, configured for this process and vLLM's worker processes, so call it where
     the engine is built) and a KV cache sized to the model's context (:func:`cpu_kv_cache_bytes`) unless
     ``values`` or ``VLLM_CPU_KVCACHE_SPACE`` say. ``bench/engine_cpu.py`` builds its engine the same way."""
     if not cuda:
-        _vllm_plain.configure(_vllm_plain.choose(model_path, cpu_linear))
+        plain.configure(plain.choose(model_path, cpu_linear))
     engine_args = make_engine_args(values, model_path, cuda=cuda)
     if not cuda and engine_args.kv_cache_memory_bytes is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         engine_args.kv_cache_memory_bytes = cpu_kv_cache_bytes(model_path, engine_args.max_model_len)
@@ -355,7 +355,7 @@ class TorchstoreWeightLoader:
         """Fetch ``version`` of a LoRA trainer's adapters (peft's names) as :meth:`forge_nb_load_version` fetches
         weights, and write them into ``folder`` in peft's format (``config``: its adapter_config.json), where
         the engine's ``add_lora`` reads them. Returns sizes and timings, or ``{"refused": why}``."""
-        from forge_nb.actors import _lora
+        from forge_nb.actors.training import lora
 
         start = time.perf_counter()
         try:
@@ -363,7 +363,7 @@ class TorchstoreWeightLoader:
                 if not state_dict or not all(".lora_A." in k or ".lora_B." in k for k in state_dict):
                     return {"refused": f"version {version} holds no LoRA adapters (it names {sorted(state_dict)[:3]}"
                                        "...): the trainer of a LoRA generator pushes its adapters alone"}
-                _lora.write_adapter(folder, state_dict, config)
+                lora.write_adapter(folder, state_dict, config)
                 size = sum(t.numel() * t.element_size() for t in state_dict.values())
                 return {"tensors": len(state_dict), "bytes": size, "fetch_s": 0.0,
                         "load_s": time.perf_counter() - start}
@@ -390,8 +390,8 @@ class TorchstoreWeightLoader:
             expected = self._forge_nb_expected
             if expected is not None and (why := _mismatch(set(state_dict), expected)):
                 return {"refused": why}
-            if _vllm_plain.active():  # plain CPU weights: copied into the parameters in place
-                self._forge_nb_replay = _vllm_replay.load(self.model_runner.get_model(), state_dict,
+            if plain.active():  # plain CPU weights: copied into the parameters in place
+                self._forge_nb_replay = replay.load(self.model_runner.get_model(), state_dict,
                                                           getattr(self, "_forge_nb_replay", None))
             else:  # vLLM's CPU kernels repack weights after loading (parameters become empty): it redoes that
                 self.model_runner.reload_weights(weights_iterator=iter(state_dict.items()))

@@ -3,7 +3,7 @@
 vLLM routes RMSNorm through its IR ops (``vllm.ir.ops.rms_norm`` and ``fused_add_rms_norm``) and on CPU
 picks their ``native`` implementation: five to eight torch calls written for torch.compile to fuse. The
 CPU engine runs eager (``enforce_eager``: inductor's first compile is seconds of g++ at start, see
-:mod:`forge_nb.actors._vllm_inproc`), so each norm is that many small ops, 6.4% of the generator's CPU in
+:mod:`forge_nb.actors.engine.inproc`), so each norm is that many small ops, 6.4% of the generator's CPU in
 the quickstart (py-spy). vLLM's CPU build ships a C kernel for each (``torch.ops._C.rms_norm`` and
 ``fused_add_rms_norm``): through vLLM's op dispatch 11 against 46 us a norm of the tiny model's size here,
 15 against 61 with the residual add. :func:`register` offers them through vLLM's extension point for such

@@ -127,15 +127,15 @@ async def load_zeros(engine: Any, lane: Lane, model_path: str) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from forge_nb.actors import _lora
+    from forge_nb.actors.training import lora
 
     assert lane.section is not None
     with torch.device("meta"):
         module = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
-    _lora.inject(module, lane.section)
-    zeros = {k: torch.zeros(v.shape) for k, v in _lora.adapter_state_dict(module).items()}
+    lora.inject(module, lane.section)
+    zeros = {k: torch.zeros(v.shape) for k, v in lora.adapter_state_dict(module).items()}
     folder = _folder(lane, 0)
-    await asyncio.to_thread(_lora.write_adapter, folder, zeros, lane.config or {})
+    await asyncio.to_thread(lora.write_adapter, folder, zeros, lane.config or {})
     await _install(engine, lane, folder, 0)
 
 

@@ -140,7 +140,7 @@ class InprocEngine:
         import torch._dynamo
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        from forge_nb.actors import _vllm_cpu_norm
+        from forge_nb.actors.engine import cpu_norm
         from forge_nb.system import startup_gc
 
         startup_gc.keep_what_is_loaded()  # vLLM's engine collects garbage three times as it starts
@@ -156,8 +156,8 @@ class InprocEngine:
             # inductor: g++ runs and an ISA probe, ~2.8 s between the first batch and the first step on two
             # cores (bench/vs_trl.py). Eager they are one comparison and one sum.
             torch._dynamo.config.disable = True
-            if _vllm_cpu_norm.register():  # eager, vLLM's native norms are many small ops: its C kernels
-                _vllm_cpu_norm.prefer(engine_args)
+            if cpu_norm.register():  # eager, vLLM's native norms are many small ops: its C kernels
+                cpu_norm.prefer(engine_args)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read by from_engine_args: the in-process client
         engine_args.distributed_executor_backend = "uni"  # the model runs in this process, not a worker
         with inspect_models_here():

@@ -1,0 +1,1 @@
+"""What RLTrainer runs on: its policy model, losses, batches, LoRA adapters, checkpoints and Tinker calls."""
