@@ -8,11 +8,11 @@
     result = await trainer.train_step.call(collate(episodes))    # every rank; a ForwardBackwardResult each
     await trainer.push_weights.call(version)
 
-One step: each rank takes its contiguous slice of the batch, runs the policy (``training.policy_model``: torchtitan
-where it can train, else transformers), and feeds per-token logprobs of the response to the configured
-``forge_nb.rl`` loss (``training.loss``); FSDP2 averages gradients over ranks (so per-rank losses are
-averaged, as in torchforge), which are clipped and applied. A non-finite loss or gradient norm on any
-rank skips the optimizer step on all of them and is reported (``skipped: 1.0`` plus
+One step: each rank takes its contiguous slice of the batch, runs the policy (``training.policy_model``:
+torchtitan where it can train, else transformers), and feeds per-token logprobs of the response to the
+configured ``forge_nb.rl`` loss (``training.steps``, ``training.loss``); FSDP2 averages gradients over ranks (so
+per-rank losses are averaged, as in torchforge), which are clipped and applied. A non-finite loss or gradient norm
+on any rank skips the optimizer step on all of them and is reported (``skipped: 1.0`` plus
 ``skipped/nonfinite_loss`` or ``skipped/nonfinite_grad``), never raised: one bad batch should not end a
 run that a notebook is steering. Endpoints that touch the model are collective over the trainer's ranks.
 
@@ -30,7 +30,6 @@ adapter out when its run ends. ``forward_backward`` and ``optim_step`` are the T
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -43,13 +42,11 @@ import torch
 import torch.distributed as dist
 from monarch.actor import endpoint
 
-from forge_nb.actors.training import lora, tinker
-from forge_nb.actors.training.batch import as_train_batch, local_rows, micro_batches, sft_labels
+from forge_nb.actors.training import lora, steps, tinker
 from forge_nb.actors.training.config import hparams, model_source, trainer_arguments, with_hparams
-from forge_nb.actors.training.loss import clip_and_step, loss_function, mean_metrics, rl_loss, sft_loss, text_loss
+from forge_nb.actors.training.loss import clip_and_step, loss_function
 from forge_nb.actors.training.policy_model import (
     PolicyModel,
-    all_ranks,
     default_port,
     device_for_rank,
     init_distributed,
@@ -76,6 +73,7 @@ from forge_nb.service.actor import ForgeActor
 __all__ = ["RLTrainer", "TitanTrainer"]
 
 logger = logging.getLogger(__name__)
+
 
 class RLTrainer(ForgeActor):
     """Trains the policy. Arguments are kept as given and validated by ``setup()``, where errors reach
@@ -181,70 +179,20 @@ class RLTrainer(ForgeActor):
         With ``training.gradient_accumulation_steps = N`` the rank's rows are trained as N micro-batches
         whose gradients add up (each loss weighted by its share of the rows) before one optimizer step."""
         with self._adapter():
-            return self._train_step(batch, targets)
-
-    def _train_step(self, batch: Any, targets: Any) -> ForwardBackwardResult:
-        start = time.perf_counter()
-        policy = self._policy()
-        text = isinstance(batch, TextTrainBatch)
-        rows = batch if text else as_train_batch(batch, targets)
-        local = local_rows(rows, self.rank, self.world, self.train_cfg.local_batch_size)
-        policy.module.train()
-        losses, metrics, tokens, reason = [], [], 0, ""
-        for micro in micro_batches(local, self.train_cfg.gradient_accumulation_steps):
-            with self._autocast():
-                if isinstance(micro, TextTrainBatch):
-                    logits = policy.logits(micro.input_ids)
-                    loss, m = text_loss(self.loss_fn, logits, micro, self.train_cfg.logits_temperature)
-                    tokens += int(micro.target_mask.sum())
-                else:
-                    tokens_kept, request_len = policy.without_shared_padding(micro.tokens, micro.request_len)
-                    micro = dataclasses.replace(micro, tokens=tokens_kept, request_len=request_len)
-                    if self.lora is not None:  # its episodes carry no reference: the base's, for the whole batch
-                        micro = lora.with_base_reference(policy, micro, self.train_cfg.logits_temperature)
-                    logits = policy.logits(micro.tokens, micro.request_len)
-                    loss, m = rl_loss(self.loss_fn, logits, micro, self.train_cfg.logits_temperature, self.step)
-                    tokens += int(micro.response_mask.sum())
-            del logits  # free it before backward, whose peak it would otherwise raise
-            reason = self._backward(loss, len(micro) / len(local))
-            losses.append(loss.detach())
-            metrics.append(m)
-            if reason:
-                break
-        return self._step(torch.stack(losses).mean(), mean_metrics(metrics), tokens, start, reason)
+            start = time.perf_counter()
+            return self._step(steps.rl_gradients(self, batch, targets), start)
 
     @endpoint
     async def sft_step(self, batch: TrainBatch | dict[str, torch.Tensor]) -> ForwardBackwardResult:
         """One supervised step: token-mean cross-entropy on the response tokens of a TrainBatch, or on
         ``labels`` (aligned with ``tokens``, -100 ignored) of a ``{"tokens", "labels"}`` dict."""
         with self._adapter():
-            return self._sft_step(batch)
+            start = time.perf_counter()
+            return self._step(steps.sft_gradients(self, batch), start)
 
-    def _sft_step(self, batch: Any) -> ForwardBackwardResult:
-        start = time.perf_counter()
-        policy = self._policy()
-        tokens, labels, request_len = sft_labels(batch)
-        tokens = local_rows(tokens, self.rank, self.world, self.train_cfg.local_batch_size)
-        labels = local_rows(labels, self.rank, self.world, None)
-        policy.module.train()
-        with self._autocast():
-            logits = policy.logits(tokens, request_len)
-        loss = sft_loss(logits, labels)
-        del logits
-        reason = self._backward(loss, 1.0)
-        return self._step(loss.detach(), {}, int((labels != -100).sum()), start, reason)
-
-    def _backward(self, loss: torch.Tensor, weight: float) -> str:
-        """Backward of ``weight * loss``, or the reason it was not run. Every rank agrees on the reason, so
-        FSDP's collectives in backward run on all ranks or on none."""
-        if not all_ranks(bool(torch.isfinite(loss.detach())), self.world):
-            return "nonfinite_loss"
-        (loss * weight).backward()
-        return ""
-
-    def _step(self, loss: torch.Tensor, metrics: dict[str, float], tokens: int, start: float,
-              reason: str) -> ForwardBackwardResult:
-        """Clip and step (or skip) on the gradients backward left, then the step's metrics over ranks."""
+    def _step(self, passes: steps.Gradients, start: float) -> ForwardBackwardResult:
+        """Clip and step (or skip) on the gradients the step's passes left, then the step's metrics over ranks."""
+        loss, metrics, tokens, reason = passes
         lr = self._lr()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
