@@ -110,13 +110,14 @@ def other_run_model(model: str) -> Any:
 
 async def gap_to(model: Any, completions: list[Any]) -> float:
     """The largest difference between the generator's logprob of a sampled token and ``model``'s, computed here."""
-    from forge_nb.rl import compute_logprobs
+    from forge_nb.rl import aligned_logits, compute_logprobs
 
     worst = 0.0
     for c in completions:
         tokens = torch.cat([c.prompt_ids, c.token_ids]).long()[None]
         with torch.no_grad():
-            theirs = compute_logprobs(model(input_ids=tokens).logits, tokens[:, len(c.prompt_ids):])[0]
+            response = tokens[:, len(c.prompt_ids):]
+            theirs = compute_logprobs(aligned_logits(model(input_ids=tokens).logits, response.shape[1]), response)[0]
         worst = max(worst, float((theirs - c.logprobs).abs().max()))
     return worst
 

@@ -131,9 +131,9 @@ def seed_grpo_loss(
     beta: float = 0.1,
 ) -> torch.Tensor:
     """torchforge's ``simple_grpo_loss`` (apps/grpo/main.py): whole-sequence logits first."""
-    from forge_nb.rl import compute_logprobs
+    from forge_nb.rl import aligned_logits, compute_logprobs
 
-    logprobs = compute_logprobs(logits, response)
+    logprobs = compute_logprobs(aligned_logits(logits, response.shape[1]), response)
     kl = torch.exp(ref_logprobs - logprobs) - (ref_logprobs - logprobs) - 1
     per_token_loss = -(torch.exp(logprobs - logprobs.detach()) * advantages - beta * kl)
     return ((per_token_loss * padding_mask).sum(dim=1) / padding_mask.sum(dim=1).clamp(min=1.0)).mean()

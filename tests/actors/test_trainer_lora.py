@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from forge_nb import weights
 from forge_nb.actors.training.policy_model import real_token_mask
-from forge_nb.rl import compute_logprobs
+from forge_nb.rl import aligned_logits, compute_logprobs
 from tests.actors import test_trainer as shared
 from tests.actors.test_trainer import first, make_batch
 
@@ -38,7 +38,7 @@ def in_process(model: Any, batch: Any) -> torch.Tensor:
     mask = real_token_mask(tokens, 0, width)
     with torch.no_grad():
         logits = model(input_ids=tokens, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
-    return compute_logprobs(logits, tokens[:, width:])
+    return compute_logprobs(aligned_logits(logits, tokens.shape[1] - width), tokens[:, width:])
 
 
 async def test_the_adapters_alone_train_and_push_and_the_base_stays_the_reference(env: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from forge_nb.rl import compute_logprobs, entropy_from_logits
+from forge_nb.rl import aligned_logits, compute_logprobs, entropy_from_logits
 
 
 def plain_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -21,21 +21,31 @@ def test_compute_logprobs_aligned_and_full_sequence() -> None:
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 7, 13, generator=g)
     targets = torch.randint(0, 13, (3, 4), generator=g)
-    # full sequence: positions L-T-1 .. L-2 predict the T response tokens
     expected = plain_logprobs(logits[:, 2:6], targets)
-    torch.testing.assert_close(compute_logprobs(logits, targets).double(), expected, rtol=1e-5, atol=1e-5)
-    aligned = compute_logprobs(logits[:, 2:6], targets, align=False)
+    aligned = compute_logprobs(logits[:, 2:6], targets)
     torch.testing.assert_close(aligned.double(), expected, rtol=1e-5, atol=1e-5)
     assert aligned.dtype == torch.float32
+    # full sequence: positions L-T-1 .. L-2 predict the T response tokens
+    whole = compute_logprobs(aligned_logits(logits, 4), targets)
+    torch.testing.assert_close(whole.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_native_and_the_documents_compute_logprobs_are_one_function() -> None:
+    from forge_nb.rl.loss.ops import compute_logprobs as documents
+
+    assert documents is compute_logprobs
+    logits, targets = torch.randn(2, 3, 5), torch.tensor([[1, -100, 2], [-100, -100, 4]])
+    out = compute_logprobs(logits, targets)
+    assert out[0, 1] == 0 and out[1, 0] == 0 and out[1, 1] == 0 and out[0, 0] < 0  # ignored targets give 0
 
 
 def test_compute_logprobs_temperature_and_bf16() -> None:
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(2, 5, 9, generator=g)
     targets = torch.randint(0, 9, (2, 5), generator=g)
-    hot = compute_logprobs(logits, targets, temperature=2.0, align=False)
+    hot = compute_logprobs(logits, targets, temperature=2.0)
     torch.testing.assert_close(hot.double(), plain_logprobs(logits / 2.0, targets), rtol=1e-5, atol=1e-5)
-    low = compute_logprobs(logits.bfloat16(), targets, align=False)
+    low = compute_logprobs(logits.bfloat16(), targets)
     assert low.dtype == torch.float32
     torch.testing.assert_close(low.double(), plain_logprobs(logits.bfloat16(), targets), rtol=1e-4, atol=1e-4)
 
@@ -43,16 +53,18 @@ def test_compute_logprobs_temperature_and_bf16() -> None:
 def test_compute_logprobs_gradient_flows() -> None:
     logits = torch.randn(2, 4, 6, requires_grad=True)
     targets = torch.randint(0, 6, (2, 3))
-    compute_logprobs(logits, targets).sum().backward()
+    compute_logprobs(aligned_logits(logits, 3), targets).sum().backward()
     assert logits.grad is not None
     assert logits.grad[:, -1].abs().sum() == 0  # the last position predicts nothing in the response
 
 
 def test_compute_logprobs_errors() -> None:
     with pytest.raises(ValueError, match="T \\+ 1"):
-        compute_logprobs(torch.randn(1, 3, 5), torch.zeros(1, 3, dtype=torch.long))
+        aligned_logits(torch.randn(1, 3, 5), 3)
+    with pytest.raises(ValueError, match="aligned with target_ids"):
+        compute_logprobs(torch.randn(1, 4, 5), torch.zeros(1, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="temperature"):
-        compute_logprobs(torch.randn(1, 4, 5), torch.zeros(1, 3, dtype=torch.long), temperature=0.0)
+        compute_logprobs(torch.randn(1, 3, 5), torch.zeros(1, 3, dtype=torch.long), temperature=0.0)
 
 
 def test_entropy_from_logits() -> None:
@@ -71,7 +83,7 @@ def test_large_logits_are_reduced_a_row_at_a_time_to_the_same_values(monkeypatch
 
     torch.manual_seed(0)
     logits = torch.randn(3, 6, 11, requires_grad=True)
-    targets = torch.randint(0, 11, (3, 5))
+    targets = torch.randint(0, 11, (3, 6))
     one_pass = compute_logprobs(logits, targets, temperature=0.7), entropy_from_logits(logits)
     (grad_one_pass,) = torch.autograd.grad(one_pass[0].sum(), logits)
     monkeypatch.setattr(ops, "WHOLE_BATCH_ELEMENTS", 0)  # as for a batch of a large vocabulary

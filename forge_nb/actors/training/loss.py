@@ -131,7 +131,7 @@ def _aligned_loss(
             _refuse_missing_ref(loss_fn, always=False)
         if gen is None:  # on-policy: the current policy's logprobs, 0 on padding as collate's are
             with torch.no_grad():
-                gen = compute_logprobs(logits, safe_targets, align=False).masked_fill(~mask, 0.0)
+                gen = compute_logprobs(logits, safe_targets).masked_fill(~mask, 0.0)
         kwargs: dict[str, Any] = {
             "logits": logits, "target_ids": targets.masked_fill(~mask, CROSS_ENTROPY_IGNORE_IDX),
             "advantages": advantages, "generator_logprobs": gen, "loss_mask": mask.to(logits.dtype),
@@ -140,7 +140,7 @@ def _aligned_loss(
             kwargs["ref_logprobs"] = ref
         result = loss_fn(**kwargs)
     else:  # a PolicyLoss refuses beta > 0 without ref logprobs itself
-        logprobs = compute_logprobs(logits, safe_targets, align=False)
+        logprobs = compute_logprobs(logits, safe_targets)
         # the logits feed the entropy metric, detached, unless the loss trains on their entropy
         trained = float(getattr(loss_fn, "entropy_coef", 0.0) or 0.0) > 0
         kwargs = {"logits": logits if trained else logits.detach()} if _accepts(loss_fn, "logits") else {}

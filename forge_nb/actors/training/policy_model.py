@@ -218,10 +218,12 @@ def real_token_mask(tokens: torch.Tensor, pad_id: int | None, request_len: int |
 def response_logprobs(
     logits: torch.Tensor, tokens: torch.Tensor, request_len: int, temperature: float = 1.0
 ) -> torch.Tensor:
-    """Per-token logprobs [B, Lr] of the response columns ``tokens[:, request_len:]``."""
-    from forge_nb.rl import compute_logprobs
+    """Per-token logprobs [B, Lr] of the response columns ``tokens[:, request_len:]``, from the logits of the
+    whole sequence."""
+    from forge_nb.rl import aligned_logits, compute_logprobs
 
-    return compute_logprobs(logits, tokens[:, request_len:].to(logits.device), temperature=temperature)
+    response = tokens[:, request_len:].to(logits.device)
+    return compute_logprobs(aligned_logits(logits, response.shape[1]), response, temperature=temperature)
 
 
 def init_distributed(rank: int, world: int, device: torch.device, port: int, timeout_s: float) -> None:

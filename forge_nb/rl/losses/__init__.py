@@ -29,6 +29,7 @@ from forge_nb.rl.losses.ops import (
     AGG_TYPES,
     AggMode,
     aggregate,
+    aligned_logits,
     compute_logprobs,
     entropy_from_logits,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "PolicyLoss",
     "SAPOLoss",
     "aggregate",
+    "aligned_logits",
     "compute_logprobs",
     "entropy_from_logits",
     "make_loss",

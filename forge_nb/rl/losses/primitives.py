@@ -4,11 +4,10 @@ These are what a loss written for TorchForge (``from forge.rl.loss.ops import ..
 ``forge_nb.rl.loss.ops``. Each returns a tensor, as the TorchForge documents' ``CustomLoss`` uses them
 (torchforge's own ``primitives`` also return a list of metrics; a loss here reports metrics itself).
 
-Alignment (torchforge's convention): ``logits[:, t]`` predicts ``target_ids[:, t]``. For a whole sequence
+Alignment, the one convention of the package: ``logits[:, t]`` predicts ``target_ids[:, t]``;
+``compute_logprobs`` is ``forge_nb.rl.compute_logprobs`` itself. For a whole sequence
 ``target_ids = create_shifted_targets(input_ids, loss_mask)`` (``input_ids`` moved left by one, -100 where
 nothing is trained); forge_nb's trainer passes the response positions only, already aligned that way.
-Note the difference from ``forge_nb.rl.compute_logprobs``, whose default ``align=True`` takes the logits of
-the whole request + response and slices the positions that predict the response itself.
 """
 
 from __future__ import annotations
@@ -17,9 +16,8 @@ from typing import Literal
 
 import torch
 
-from forge_nb.rl.losses.ops import MAX_LOG_RATIO, agg_mode, masked_mean
+from forge_nb.rl.losses.ops import CROSS_ENTROPY_IGNORE_IDX, MAX_LOG_RATIO, agg_mode, compute_logprobs, masked_mean
 from forge_nb.rl.losses.ops import aggregate as reduce
-from forge_nb.rl.losses.ops import compute_logprobs as _logprobs_aligned
 
 __all__ = [
     "CROSS_ENTROPY_IGNORE_IDX",
@@ -31,7 +29,6 @@ __all__ = [
     "masked_mean",
 ]
 
-CROSS_ENTROPY_IGNORE_IDX = -100
 _MAX_K3 = 10.0  # torchforge's cap on the per-token k3 estimate
 
 
@@ -45,25 +42,6 @@ def create_shifted_targets(
     if loss_mask is not None:
         targets = torch.where(loss_mask.bool(), targets, torch.full_like(targets, ignore_index))
     return targets
-
-
-def compute_logprobs(
-    logits: torch.Tensor,
-    target_ids: torch.Tensor,
-    temperature: float = 1.0,
-    ignore_index: int = CROSS_ENTROPY_IGNORE_IDX,
-) -> torch.Tensor:
-    """float32 [B, T] log-probability of ``target_ids`` [B, T] under aligned ``logits`` [B, T, V] / temperature;
-    0 where the target is ``ignore_index``. Gradient flows to ``logits``."""
-    if logits.dim() != 3 or target_ids.shape != logits.shape[:2]:
-        raise ValueError(
-            f"compute_logprobs expects logits [B, T, V] aligned with target_ids [B, T], got "
-            f"{tuple(logits.shape)} and {tuple(target_ids.shape)}; logits[:, t] must predict target_ids[:, t] "
-            "(for whole-sequence logits use forge_nb.rl.compute_logprobs(logits, response), which aligns them)"
-        )
-    ignored = target_ids == ignore_index
-    safe = target_ids.masked_fill(ignored, 0)
-    return _logprobs_aligned(logits, safe, temperature, align=False).masked_fill(ignored, 0.0)
 
 
 def compute_ratio(
