@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from forge_nb.controller.build import RunParts, resume_parts, spawn_parts
 from forge_nb.controller.episodes import BaseInTrainer
 from forge_nb.controller.evaluate import evaluate_run
 from forge_nb.controller.state import RunState
+from forge_nb.controller.teardown import ShutdownReport, shutdown_kernel
 from forge_nb.data.sft import SftData
 from forge_nb.system import proclogs
 
@@ -50,45 +49,24 @@ def live_runs() -> list[Run]:
     return list(_LIVE.values())
 
 
-@dataclass(frozen=True, slots=True)
-class ShutdownReport:
-    """What :func:`shutdown_all` stopped: the runs by name, the meshes, their processes, those still alive after
-    the wait (empty when all exited) and the hosts of a monarch job it released."""
-
-    runs: list[str]
-    meshes: int
-    pids: list[int]
-    alive: list[int]
-    released_hosts: int
-
-
 async def shutdown_all(wait_s: float = 15.0) -> ShutdownReport:
     """The kernel-wide teardown: every live run (loops, endpoints, services, weights: ``Run.shutdown``, oldest
     first), then every other mesh of the kernel, then a wait of up to ``wait_s`` for their processes to exit,
-    then the hosts of a monarch job in use (``forge_nb.use_job``), which would stay held otherwise. A run whose
-    shutdown raises does not keep the others or the meshes up: its error is raised after the rest is done."""
-    from forge_nb.system import cluster, procs, runtime
+    then the hosts of a monarch job in use (``forge_nb.use_job``), which would stay held otherwise
+    (``forge_nb.controller.teardown``). A run whose shutdown raises does not keep the others or the meshes up: its
+    error is raised after the rest is done."""
+    runs = live_runs()
 
-    runs, pids, meshes = live_runs(), [p for m in runtime.meshes() for p in m.pids], len(runtime.meshes())
-    errors: list[BaseException] = []
-    try:
+    async def shut_down_runs() -> list[BaseException]:
+        errors: list[BaseException] = []
         for run in runs:
             try:
                 await run.shutdown()
             except Exception as error:  # the next run, and the meshes, go down all the same
                 errors.append(error)
-    finally:
-        await runtime.stop_all()
-    deadline = time.monotonic() + wait_s
-    while (alive := [p for p in pids if procs.pid_alive(p)]) and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
-    released = 0
-    if (job := cluster.current()) is not None:
-        released = len(job.hosts)
-        await cluster.release_job()
-    if errors:
-        raise errors[0]
-    return ShutdownReport([r.name for r in runs], meshes, pids, alive, released)
+        return errors
+
+    return await shutdown_kernel(shut_down_runs, [r.name for r in runs], wait_s)
 
 
 async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[str, Any] | None = None,

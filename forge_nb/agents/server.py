@@ -29,7 +29,7 @@ would cross back to the kernel's loop, where the services are). Streaming answer
 OpenAI's chunk shapes; the policy returns whole completions, so a choice's text arrives in one chunk when
 the engine finishes it. The ``openai.AsyncOpenAI`` clients of ``endpoint.client()`` share one connection pool,
 aiohttp's (httpx-aiohttp, the ``openai`` package's ``aiohttp`` extra): httpx's own pool costs the kernel
-several milliseconds a request once tens of requests are in flight (``_shared_http``).
+several milliseconds a request once tens of requests are in flight (``forge_nb.agents.clients``).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from forge_nb.agents import responses
+from forge_nb.agents.clients import KEEP_ALIVE_HEADER, shared_http, sync_http
 from forge_nb.agents.conversation import ToolParser, hf_message, message_key, message_text, parse_answer
 from forge_nb.agents.protocol import ApiError, ChatRequest, CompletionRequest, error_body
 from forge_nb.agents.recorder import TrajectoryLog
@@ -71,9 +72,6 @@ __all__ = ["OpenAIEndpoint"]
 #: request through such a client): 32 in flight 165 ms kept open, 90 ms closed; one at a time 11.9 kept, 14.3
 #: closed; 4 at a time 28.5 kept, 22.2 with this bound.
 KEEP_OPEN = 4
-#: Sent by the endpoint's own clients (``OpenAIEndpoint.http``: aiohttp's pool, which keeps idle connections at
-#: no cost per request): their connections stay open.
-KEEP_ALIVE_HEADER = "X-Forge-NB-Keep-Alive"
 
 
 class ServedRun(Protocol):
@@ -184,7 +182,7 @@ class OpenAIEndpoint:
         http URLs). Code of the run's that talks HTTP on the kernel's loop may share it; the endpoint closes it
         when it stops."""
         if self._http is None:
-            self._http = _shared_http(self.request_timeout_s + 30)
+            self._http = shared_http(self.request_timeout_s + 30)
         return self._http
 
     def client(self, log: TrajectoryLog | None = None, **options: Any) -> Any:
@@ -203,12 +201,10 @@ class OpenAIEndpoint:
         that runs off the kernel's event loop (a plain ``def`` agent runs in a thread): called on the loop's own
         thread it would wait for an answer the blocked loop cannot give. The clients share one connection pool,
         which the endpoint closes when it stops."""
-        import httpx
         import openai
 
         if self._sync_http is None:
-            self._sync_http = httpx.Client(timeout=httpx.Timeout(self.request_timeout_s + 30, connect=10),
-                                           limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            self._sync_http = sync_http(self.request_timeout_s + 30)
         client = openai.OpenAI(base_url=self.trajectory_url(log) if log is not None else self.url,
                                api_key=self.token, http_client=self._sync_http, **({"max_retries": 0} | options))
         client.model = self.model  # type: ignore[attr-defined]
@@ -418,22 +414,6 @@ class OpenAIEndpoint:
         await response.write_eof()
         return response
 
-
-def _shared_http(timeout_s: float) -> Any:
-    """The httpx client under every openai client of an endpoint, sending through aiohttp's connection pool
-    (httpx-aiohttp, what the ``openai`` package's ``aiohttp`` extra installs "for improved concurrency").
-    httpcore's own pool looks at every connection it holds, and asks the idle ones' sockets whether they were
-    closed, each time it places a request: with the agent recipe's 32 requests in flight, one took 5.5 ms longer
-    than a bare ``policy.generate.route`` on httpx's pool and 1.9 ms on aiohttp's, and the recipe trained 1.8x
-    faster (bench/openai_endpoint.py, bench/HISTORY.md).
-    No limit on connections, as before; the session is made on the first request, in the loop that sends it."""
-    import aiohttp
-    import httpx
-    from httpx_aiohttp import AiohttpTransport
-
-    transport = AiohttpTransport(client=lambda: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
-    return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(timeout_s, connect=10),
-                             headers={KEEP_ALIVE_HEADER: "1"})
 
 
 @functools.cache

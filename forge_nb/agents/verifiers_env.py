@@ -26,9 +26,10 @@ What is used of verifiers, and why:
   (a seat's default runtime is Prime's cloud). ``Harness.launch`` may run its loop in-process "as long as
   every model call goes through endpoint + secret" (its docstring): ``forge-nb-chat`` (:data:`HARNESS_ID`)
   is such a loop, in the kernel's event loop, with the ``subprocess`` runtime (a scratch folder per rollout,
-  nothing started). verifiers loads harnesses and tasksets by id, as importable top-level modules, so this
-  module registers its harness (and :func:`local_env` a taskset class from a cell) as modules under
-  ``verifiers.v1.harnesses`` / ``verifiers.v1.tasksets`` in ``sys.modules``, when first called (not on import).
+  nothing started; ``forge_nb.agents.vf_harness``). verifiers loads harnesses and tasksets by id, as importable
+  top-level modules, so that module registers its harness (and :func:`local_env` a taskset class from a cell)
+  as modules under ``verifiers.v1.harnesses`` / ``verifiers.v1.tasksets`` in ``sys.modules``, when first called
+  (not on import).
   Seats in containers or remote sandboxes, and harnesses that run the model's commands on this machine
   (``bash``), are refused with the fix.
 - Tools. The endpoint reads the model's calls out of its text (its ``tool_parser``: Hermes tags, ``@name arg``
@@ -56,10 +57,10 @@ one, else the env's own sampling (the taskset shuffled under ``seed``, cycled), 
 that never ends (``INFINITE``) is bounded with ``num_tasks``.
 
 Logging: verifiers' library logs through stdlib logging only (loguru and rich are its CLIs'), silent until a
-handler is added. From the first call here its ``verifiers.v1`` records are re-logged on this module's logger
-when that has a handler (a run's ``kernel.log``, or one the user put on the root logger), and dropped
-otherwise, as verifiers drops them: never printed into a cell. A toolset server's output goes to a log file in
-its runtime's scratch folder.
+handler is added. From the first call here its ``verifiers.v1`` records are re-logged on the logger of
+``forge_nb.agents.vf_harness`` when that has a handler (a run's ``kernel.log``, or one the user put on the root
+logger), and dropped otherwise, as verifiers drops them: never printed into a cell. A toolset server's output
+goes to a log file in its runtime's scratch folder.
 
 Limits: a seat that is not trainable (a user simulator's) calls the run's model through the trajectory's URL
 too, unless its ``AgentConfig`` names a ``client`` of its own, so its answers are trained as the policy's.
@@ -70,52 +71,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import dataclasses
-import functools
 import hashlib
-import importlib.machinery
-import inspect
 import itertools
-import json
-import logging
 import os
 import random
-import sys
-import types
 import weakref
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from forge_nb.envs.tools import ToolCall, Tools
-from forge_nb.system.importpath import require
-from forge_nb.system.proclogs import drop_actor_prefix
+from forge_nb.agents.vf_harness import HARNESS_ID, SEAT, Seat, plugin, register
+from forge_nb.envs.tools import Tools
 
 if TYPE_CHECKING:
     from forge_nb.controller.context import RolloutContext
 
 __all__ = ["HARNESS_ID", "local_env", "verifiers_episode"]
 
-log = logging.getLogger(__name__)
-
-INSTALL_HINT = "pip install 'forge_nb[envs]'"
-HARNESS_ID = "forge-nb-chat"
-"""The id of forge_nb's in-process harness, for a seat's ``harness={"id": HARNESS_ID}``."""
-_HARNESS_MODULE = "verifiers.v1.harnesses.forge_nb_chat"
 _TASKSET_PREFIX = "verifiers.v1.tasksets."
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Seat:
-    """What the harness of one rollout needs from forge_nb: the tools it runs, the run's endpoint (its shared
-    HTTP client), and the trajectory to bind the rollout's trace to (None: the rollout calls the trajectory's
-    own URL)."""
-
-    tools: Tools | None
-    endpoint: Any
-    trajectory: Any
-
-
-_SEAT: contextvars.ContextVar[_Seat | None] = contextvars.ContextVar("forge_nb_vf_seat", default=None)
 _SERVED: contextvars.ContextVar[Any] = contextvars.ContextVar("forge_nb_vf_endpoint", default=None)
 
 
@@ -134,7 +106,7 @@ def verifiers_episode(env: Any, *, tools: Tools | Mapping[str, Any] | None = Non
     (``{"max_tokens": 64, "temperature": 1.0}``); ``num_tasks``: how many of the taskset's tasks to play
     (required when it never ends); ``seed``: the order the env's own sampling plays them in. Other
     ``options`` go to :func:`~forge_nb.agents.episode.agent_episode`."""
-    vf = _plugin().vf
+    vf = plugin().vf
     if not isinstance(env, vf.Env):
         raise TypeError(f"verifiers_episode(env={env!r}): needs a verifiers.v1 Env; make one of a taskset with "
                         "forge_nb.agents.verifiers_env.local_env(MyTaskset)")
@@ -159,12 +131,12 @@ def verifiers_episode(env: Any, *, tools: Tools | Mapping[str, Any] | None = Non
         trajectory = served.trajectory_at(own_url) if bind else None
         ctx = vf.ModelContext(model=client.model, sampling=sampling_config, client=vf.EvalClientConfig(
             base_url=served.url if trajectory is not None else own_url, api_key_var=_key_variable(client.api_key)))
-        token = _SEAT.set(_Seat(tools, served, trajectory))
+        token = SEAT.set(Seat(tools, served, trajectory))
         try:
             async with serving.hold():
                 episode = await env.run_episode(task, ctx)
         finally:
-            _SEAT.reset(token)
+            SEAT.reset(token)
         return _reward(episode)
 
     play = agent_episode(agent, **options)
@@ -279,7 +251,7 @@ def local_env(taskset: Any, env: type | None = None, **config: Any) -> Any:
     fields (``agent=vf.AgentConfig(max_turns=3)``, a multi-agent env's roles).
 
     The taskset class may live in a notebook cell: it is registered under an id verifiers can load."""
-    vf = _plugin().vf
+    vf = plugin().vf
     from verifiers.v1.configs.agent import AgentConfig
     from verifiers.v1.utils.generic import concrete_type
 
@@ -289,7 +261,7 @@ def local_env(taskset: Any, env: type | None = None, **config: Any) -> Any:
     env_cls = env or vf.SingleAgentEnv
     if not (isinstance(env_cls, type) and issubclass(env_cls, vf.Env)):
         raise TypeError(f"local_env(env={env!r}): needs a verifiers.v1 Env subclass")
-    taskset_id = _register(_TASKSET_PREFIX + _module_name(cls), cls)
+    taskset_id = register(_TASKSET_PREFIX + _module_name(cls), cls)
     config_cls = concrete_type(env_cls, vf.EnvConfig, origin=vf.Env) or vf.EnvConfig
     data = {k: v.model_dump(exclude_unset=True) if isinstance(v, vf.BaseConfig) else v for k, v in config.items()}
     own = {} if isinstance(taskset, type) else taskset.config.model_dump(exclude_unset=True)
@@ -308,150 +280,3 @@ def local_env(taskset: Any, env: type | None = None, **config: Any) -> Any:
 def _module_name(cls: type) -> str:
     digest = hashlib.sha256(f"{cls.__module__}.{cls.__qualname__}".encode()).hexdigest()[:10]
     return f"forge_nb_{cls.__name__.lower()}_{digest}"
-
-
-def _register(name: str, *exports: type) -> str:
-    """A module named ``name`` exporting ``exports`` in ``sys.modules``, as verifiers' plugin loader finds
-    one; its id (the last part of the name)."""
-    module = types.ModuleType(name)
-    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
-    module.__all__ = [cls.__name__ for cls in exports]
-    for cls in exports:
-        setattr(module, cls.__name__, cls)
-    sys.modules[name] = module
-    return name.rsplit(".", 1)[-1]
-
-
-# -- the in-process harness -------------------------------------------------------------------------------------
-
-
-@functools.cache
-def _plugin() -> types.SimpleNamespace:
-    """verifiers, imported; forge_nb's harness registered with it; its log records routed to forge_nb's."""
-    vf = require("verifiers.v1", missing=f"verifiers environments need the verifiers library: {INSTALL_HINT}")
-    from verifiers.v1.runtimes import ProgramResult
-
-    class ForgeChatHarnessConfig(vf.HarnessConfig):
-        """forge_nb's in-process chat harness; it has no knobs of its own."""
-
-        id: str = HARNESS_ID
-
-    class ForgeChatHarness(vf.Harness[ForgeChatHarnessConfig]):
-        """An OpenAI chat loop in the kernel's event loop: reply, tool calls answered, until a reply calls none."""
-
-        APPENDS_SYSTEM_PROMPT = True
-        SUPPORTS_MCP = True
-        SUPPORTS_RESUME = True  # a user's turn relaunches the loop on the conversation so far
-        EXECUTES_CODE = False  # its tools run where they live (the coder in its sandbox)
-        NEEDS_CONTAINER = False
-
-        async def launch(self, ctx: Any, trace: Any, runtime: Any, endpoint: str, secret: str,
-                         mcp_urls: dict[str, str], data: Any, **_: Any) -> Any:
-            system, prompt = self.resolve_prompt(data)
-            seat = _SEAT.get()
-            if seat is not None and seat.trajectory is not None:  # the calls reach the endpoint's own URL
-                seat.endpoint.bind_session(trace.id, seat.trajectory)
-            code, detail = await _chat(ctx.model, endpoint, secret, system, prompt, mcp_urls, seat)
-            return ProgramResult(exit_code=code, stdout="", stderr=detail)
-
-    _register(_HARNESS_MODULE, ForgeChatHarness, ForgeChatHarnessConfig)
-    library = logging.getLogger("verifiers.v1")
-    if not any(isinstance(h, _Forward) for h in library.handlers):
-        forward = _Forward()
-        library.addHandler(forward)
-        drop_actor_prefix(forward)  # the kernel log's handler prefixes nothing either
-        library.propagate = False
-    return types.SimpleNamespace(vf=vf)
-
-
-class _Forward(logging.Handler):
-    """verifiers' records, re-logged on this module's logger (where a run's kernel.log picks them up) when that
-    has a handler: never through Python's last-resort handler, which prints into whichever cell ran last."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if log.hasHandlers():
-            log.handle(record)
-
-
-async def _chat(model: str, endpoint: str, secret: str, system: str | None, prompt: Any,
-                mcp_urls: dict[str, str], seat: _Seat | None) -> tuple[int, str]:
-    """The loop; (exit code, what went wrong) as a program would report them to verifiers. Its client sends
-    through the run's endpoint's connection pool (``seat.endpoint.http``), not one of its own per rollout."""
-    import openai
-    from verifiers.v1.dialects.chat import message_to_wire
-    from verifiers.v1.errors import MODEL_TRANSPORT_ERROR_EXIT_CODE
-    from verifiers.v1.harnesses.utils.compaction import is_context_overflow
-    from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
-
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
-    if isinstance(prompt, str):
-        messages.append({"role": "user", "content": prompt})
-    else:
-        messages += [message_to_wire(m) for m in prompt or []]
-    tools = seat.tools if seat is not None else None
-    http = seat.endpoint.http if seat is not None else None
-    client = openai.AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0, http_client=http)
-    async with contextlib.AsyncExitStack() as stack:
-        if http is None:  # a client of its own (the harness called outside verifiers_episode)
-            stack.push_async_callback(client.close)
-        own = dict(tools.tools) if tools is not None else {}
-        schemas, dispatch, servers = ((await connect_mcp({"mcpServers": {n: {"url": u} for n, u in mcp_urls.items()}},
-                                                         stack, set(own))) if mcp_urls else ([], {}, {}))
-        schemas = [_schema(name, fn) for name, fn in own.items()] + schemas
-        while True:
-            try:
-                completion = await client.chat.completions.create(
-                    model=model, messages=messages, **({"tools": schemas} if schemas else {}))
-            except openai.APIConnectionError as e:
-                return MODEL_TRANSPORT_ERROR_EXIT_CODE, f"the model call did not connect: {e}"
-            except openai.APIStatusError as e:
-                if is_context_overflow(e):  # the trajectory's token budget is spent: the run ends, and is scored
-                    return 0, ""
-                return 1, f"the model call failed: {e.status_code} {e.message}"  # or a limit refused it
-            message = completion.choices[0].message
-            calls = message.tool_calls or []
-            messages.append({"role": "assistant", "content": message.content or "",
-                             **({"tool_calls": [c.model_dump() for c in calls]} if calls else {})})
-            if not calls:
-                return 0, ""
-            for call in calls:
-                content = await _run_call(call, tools, dispatch, servers, call_mcp)
-                messages.append({"role": "tool", "tool_call_id": call.id, "name": call.function.name,
-                                 "content": content})
-
-
-async def _run_call(call: Any, tools: Tools | None, dispatch: dict[str, Any], servers: dict[str, Any],
-                    call_mcp: Any) -> Any:
-    """One structured tool call's result, or the error the model reads."""
-    name = call.function.name
-    try:
-        arguments = json.loads(call.function.arguments or "{}")
-    except json.JSONDecodeError as e:
-        return f"error: the arguments are not JSON ({e.msg}); resend the call with a JSON object"
-    if not isinstance(arguments, dict):
-        return "error: the arguments must be a JSON object"
-    if name in dispatch:
-        try:
-            return await call_mcp(servers, dispatch, name, arguments)
-        except Exception as e:  # the model reads why, as with forge_nb's own tools
-            return f"error: {type(e).__name__}: {e}"
-    if tools is None:
-        return f"error: no tool named {name!r}"
-    return tools.content(await tools.call(ToolCall(name, arguments)))
-
-
-def _schema(name: str, fn: Any) -> dict[str, Any]:
-    """An OpenAI function schema from a tool's signature: each parameter a string unless annotated otherwise."""
-    kinds = {int: "integer", float: "number", bool: "boolean", "int": "integer", "float": "number",
-             "bool": "boolean"}
-    properties, required = {}, []
-    for param in inspect.signature(fn).parameters.values():
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            continue
-        properties[param.name] = {"type": kinds.get(param.annotation, "string")}
-        if param.default is param.empty:
-            required.append(param.name)
-    doc = inspect.getdoc(fn) or f"the {name} tool"
-    return {"type": "function", "function": {"name": name, "description": doc.split("\n\n")[0],
-                                             "parameters": {"type": "object", "properties": properties,
-                                                            "required": required}}}

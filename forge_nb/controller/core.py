@@ -1,6 +1,7 @@
 """Controller: the loops of one run, their events and counters, as named asyncio tasks in the kernel.
 
-The loops' picture and backpressure: ``forge_nb.controller``'s docstring; states: ``forge_nb.controller.state``.
+The loops' picture and backpressure: ``forge_nb.controller``'s docstring; states: ``forge_nb.controller.state``;
+checkpoints, resumes and rewinds: ``forge_nb.controller.checkpoints`` (the ``Checkpoints`` base class).
 
 Rules: a paused run stops rollouts after their in-flight generation and training after its step. Nothing
 cancels a training step in flight: ``stop()`` waits until the training loop is parked at a boundary
@@ -21,6 +22,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from forge_nb.controller.checkpoints import Checkpoints
 from forge_nb.controller.context import EpisodeFn, RolloutContext
 from forge_nb.controller.dynamic import GroupGate
 from forge_nb.controller.episodes import episode_row
@@ -35,13 +37,13 @@ from forge_nb.metrics import MetricsStore
 from forge_nb.rl import Episode, ReplayBuffer
 from forge_nb.service import ReplicaDied
 from forge_nb.service.errors import last_line
-from forge_nb.system.diskspace import DiskFull, full_disk_as
+from forge_nb.system.diskspace import DiskFull
 from forge_nb.system.proclogs import run_context
 
 logger = logging.getLogger(__name__)
 
 
-class Controller:
+class Controller(Checkpoints):
     """Loops, events and counters of one run (see the module docstring)."""
 
     def __init__(self, *, context: RolloutContext, trainer: Any, buffer: ReplayBuffer, ledger: Ledger,
@@ -381,69 +383,6 @@ class Controller:
         rate = self._gen_tokens / max(now - self._gen_since, 1e-9)
         self._gen_tokens, self._gen_since = 0, now
         return rate
-
-    # -- checkpoints and the trainer's deaths -----------------------------------------------------
-
-    async def checkpoint(self) -> str:
-        """Trainer checkpoint, buffer snapshot, ledger and counters, in the run directory (DiskFull, saying so)."""
-        with full_disk_as(self.dir.checkpoints, f"the checkpoint of version {self.sync.version}",
-                          self.dir.checkpoint_bytes()):
-            path = (await self.trainer.save_checkpoint.call(self.sync.version))[0]
-            self.dir.save_state(self.sync.version, path, step=self.step, buffer=self.buffer.state_dict(),
-                                hparams=self.hot.values, ledger=self.ledger.state_dict(), mode=self.mode)
-        self.metrics.event("checkpoint", path=path, version=self.sync.version)
-        return path
-
-    async def resume_from(self, state: dict[str, Any] | None) -> None:
-        """A resumed run goes on from ``state``, a checkpoint's (None: the initial weights). Step numbers go on from
-        the last recorded row: steps after the checkpoint are a "rewind" event, trained again, not renumbered."""
-        recorded, said = self.metrics.step, {}
-        if state is None:
-            self.step = recorded
-            said["message"] = "no checkpoint yet: starting from the initial weights"
-        else:
-            await self.restore(state)
-            if recorded > int(state["step"]):
-                self.metrics.event("rewind", checkpoint_step=int(state["step"]), version=self.sync.version,
-                                   message=f"steps {int(state['step']) + 1}..{recorded} came after the last "
-                                           f"checkpoint: their weights are gone; training goes on from version "
-                                           f"{self.sync.version} as step {recorded + 1}")
-            said["version"] = self.sync.version
-            if state.get("mode") == "sft":  # the SFT examples live in the notebook, not in the checkpoint
-                said["message"] = ("checkpointed during SFT: the run resumes in RL mode; `await run.sft(examples)` "
-                                   "goes on with supervised steps")
-                logger.warning("resume %s: %s", self.name, said["message"])
-        self.metrics.event("resume", from_step=self.step, **said)
-
-    async def restore(self, state: dict[str, Any]) -> None:
-        """Buffer, ledger and hot changes from a checkpoint's state; the trainer republishes its weights."""
-        self.step = max(int(state["step"]), self.metrics.step)
-        self.buffer.load_state_dict(state["buffer"])
-        self.ledger.load_state_dict(state.get("ledger", {}))
-        if state.get("hparams"):
-            self.hot.queue(state["hparams"])
-            await self.hot.apply(self.step)
-        await self.sync.publish(int(state["version"]))
-
-    async def recover_trainer(self, reason: str) -> None:
-        """The trainer died. Its service respawns it and it loads its last complete checkpoint (or its
-        initial weights); the run rewinds to that point, visibly, and goes on."""
-        self.metrics.event("trainer_died", step=self.step, reason=reason[:300])
-        info = (await self.trainer.info.call())[0]  # waits for the respawned, restored trainer
-        self._trainer_failures_seen = self._trainer_failures()
-        checkpoint_step = int((self.dir.load_state() or {"step": 0})["step"])
-        from_version, version = self.sync.version, int(info["step"])
-        self._rewound_to.append(version)
-        self.clear_buffer("made by weights the rewind took back")
-        await self.sync.publish(version)
-        # step numbers go on (a row's step never repeats); the version says where the weights went back to
-        self.metrics.event("rewind", checkpoint_step=checkpoint_step, from_version=from_version, version=version,
-                           message=f"the trainer restarted from its last complete checkpoint (step {checkpoint_step}, "
-                                   f"version {version}); the weights of versions {version + 1}..{from_version} are "
-                                   "gone and training goes on from there")
-
-    def _trainer_failures(self) -> int:
-        return sum(r.failures for r in self.trainer.replicas)
 
     # -- stopping --------------------------------------------------------------------------------
 

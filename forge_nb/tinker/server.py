@@ -11,12 +11,11 @@ land on that run's trainer and the shared generators, while the notebook watches
 The routes are the SDK's (``tinker/resources``): calls that do work answer a request id at once and the SDK fetches
 the result with ``retrieve_future`` (``forge_nb.tinker.futures``); bodies are read and written with the SDK's own
 pydantic types and protobuf messages (``forge_nb.tinker.wire``). What the SDK asks of a server beyond that is
-answered as a server without those features answers: the client config turns off the batched ``retrieve_futures``
-poller and server-side custom losses (``forward_backward_custom`` then runs its loss in the caller's process over
-``forward``'s logprobs, as the SDK does by default); heartbeats and telemetry are accepted and dropped. It leaves on
-the SDK's default HTTP transport, pyqwest (reqwest/hyper, in Rust): its requests cost the caller's process less
-Python than httpx's, Python that runs beside the trainer's work (``bench/tinker_api.py``'s quickstart step measured
-0.8 to 1.4 ms faster with it than with httpx, side by side on two cores).
+answered as a server without those features answers (``forge_nb.tinker.edge``, with the token check and the error
+shape every request goes through). It leaves on the SDK's default HTTP transport, pyqwest (reqwest/hyper, in Rust):
+its requests cost the caller's process less Python than httpx's, Python that runs beside the trainer's work
+(``bench/tinker_api.py``'s quickstart step measured 0.8 to 1.4 ms faster with it than with httpx, side by side on
+two cores).
 
 **Threads.** The server answers on a thread of its own (its own event loop), and hands the work on a run to the
 kernel's event loop, where the run's services live: each call goes there while its request id is being answered,
@@ -48,14 +47,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hmac
 import logging
 import secrets
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from pydantic import ValidationError
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
@@ -64,6 +61,7 @@ from forge_nb.models import load_tokenizer
 from forge_nb.rl.losses.tinker import TINKER_LOSSES
 from forge_nb.system.local_http import serve_local
 from forge_nb.tinker import wire
+from forge_nb.tinker.edge import PREFIX, SESSION_ROUTES, Tally, guard, json_of, read_body, refused
 from forge_nb.tinker.futures import Futures, Outcome
 from forge_nb.tinker.models import (
     BaseLane,
@@ -79,17 +77,6 @@ from forge_nb.tinker.threads import ServerThread
 logger = logging.getLogger(__name__)
 
 __all__ = ["TinkerServer"]
-
-PREFIX = "/api/v1"
-
-
-def _json(model: Any) -> web.Response:
-    return web.json_response(model.model_dump(mode="json", exclude_none=True))
-
-
-def _refused(message: str, status: int = 400) -> web.Response:
-    return web.json_response({"error": message, "category": "user"}, status=status)
-
 
 class TinkerServer:
     """See the module docstring. ``url``, ``token``, ``base_model``, ``models`` (model id -> TrainingModel)."""
@@ -109,7 +96,7 @@ class TinkerServer:
         self.futures = Futures(self._thread, f"{run.name}-tinker")
         self.models: dict[str, TrainingModel] = {}
         self.sessions: dict[str, SamplingSession] = {}
-        self.requests = self.refused = 0
+        self.tally = Tally()  # requests, and those refused (the token, a bad body, an unknown id)
         self._runner: web.AppRunner | None = None
         self.host, self.port = "127.0.0.1", 0
 
@@ -135,8 +122,9 @@ class TinkerServer:
         return self._runner is not None
 
     def status(self) -> dict[str, Any]:
-        return {"url": self.url, "base_model": self.base_model, "serving": self.serving, "requests": self.requests,
-                "refused": self.refused, "clients": {m.model_id: m.run.name for m in self.models.values()},
+        return {"url": self.url, "base_model": self.base_model, "serving": self.serving,
+                "requests": self.tally.requests, "refused": self.tally.refused,
+                "clients": {m.model_id: m.run.name for m in self.models.values()},
                 "sampling_sessions": len(self.sessions), "in_flight": self.futures.in_flight()}
 
     async def stop(self) -> None:
@@ -169,55 +157,20 @@ class TinkerServer:
     # -- serving ---------------------------------------------------------------------------------------
 
     async def _serve(self, port: int) -> None:
-        app = web.Application(middlewares=[self._guard], client_max_size=256 * 2**20)
-        posts = {"client/config": self._client_config, "client/dynamic_config": self._dynamic_config,
-                 "create_session": self._create_session, "session_heartbeat": self._heartbeat,
-                 "telemetry": self._telemetry, "create_model": self._create_model, "get_info": self._get_info,
+        app = web.Application(middlewares=[guard(self.token, self.tally)], client_max_size=256 * 2**20)
+        for (method, path), handler in SESSION_ROUTES.items():
+            app.router.add_route(method, f"{PREFIX}/{path}", handler)
+        posts = {"create_model": self._create_model, "get_info": self._get_info,
                  "forward_backward": self._forward_backward, "optim_step": self._optim_step,
                  "save_weights_for_sampler": self._save_for_sampler, "save_weights": self._save_weights,
                  "load_weights": self._load_weights, "create_sampling_session": self._create_sampling_session,
-                 "asample": self._asample, "retrieve_future": self._retrieve, "unload_model": self._unload,
-                 "sessions/{session_id}/finish": self._finish}
+                 "asample": self._asample, "retrieve_future": self._retrieve, "unload_model": self._unload}
         for path, handler in posts.items():
             app.router.add_post(f"{PREFIX}/{path}", handler)
         app.router.add_get(f"{PREFIX}/get_server_capabilities", self._capabilities)
-        app.router.add_get(f"{PREFIX}/healthz", self._healthz)
         app.router.add_get(f"{PREFIX}/samplers/{{sampler_id}}", self._get_sampler)
         self._runner, self.port = await serve_local(app, self.host, port, self.run.name)
         logger.info("Tinker API of run %s at %s", self.run.name, self.url)
-
-    @web.middleware
-    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """The token, then the handler; what goes wrong is answered in the SDK's error shape: a 4xx for what the
-        request got wrong, a 500 (``category`` "server") for a fault of the server's."""
-        self.requests += 1
-        given = request.headers.get("X-API-Key", "")
-        if not hmac.compare_digest(given.encode(), self.token.encode()):
-            self.refused += 1
-            return _refused("no valid api key: pass api_key=server.token (X-API-Key) to tinker.ServiceClient", 401)
-        try:
-            response = await handler(request)
-        except web.HTTPException as e:  # aiohttp's own: no such route, wrong method, body too large
-            self.refused += 1
-            return _refused(f"{request.method} {request.path}: {e.reason}", e.status)
-        except (ValidationError, ValueError, TypeError, KeyError) as e:
-            self.refused += 1
-            return _refused(f"{request.path}: {_first_line(e)}")
-        except Exception as e:  # a fault of this server's own: still in the SDK's shape, its traceback in the log
-            logger.exception("Tinker API: %s %s failed", request.method, request.path)
-            return web.json_response({"error": f"{request.path}: {type(e).__name__}: {_first_line(e)}",
-                                      "category": "server"}, status=500)
-        if response.status >= 400:  # a handler's own refusal (an unknown request id or sampler)
-            self.refused += 1
-        return response
-
-    async def _body(self, request: web.Request, model: type) -> Any:
-        """The request's JSON body as the SDK's ``model``; a body that is not one is a 400 (via ``_guard``)."""
-        try:
-            data = await request.json()
-        except Exception:
-            raise ValueError("the body is not JSON") from None
-        return model.model_validate(data)
 
     def _model(self, model_id: str) -> TrainingModel:
         model = self.models.get(model_id)
@@ -236,40 +189,17 @@ class TinkerServer:
         request_id = self.futures.submit(kind, on_kernel, lane=model.lane if model is not None else None)
         return web.json_response({"request_id": request_id, **({"model_id": model.model_id} if model else {})})
 
-    # -- the session -----------------------------------------------------------------------------------
-
-    async def _client_config(self, request: web.Request) -> web.Response:
-        return _json(types.ClientConfigResponse(use_pyqwest_transport=True, sample_use_retrieve_futures=False,
-                                                custom_loss_server_side=False, sample_join_sampling_session=False))
-
-    async def _dynamic_config(self, request: web.Request) -> web.Response:
-        return _json(types.ClientDynamicConfigResponse())
-
-    async def _create_session(self, request: web.Request) -> web.Response:
-        await self._body(request, types.CreateSessionRequest)
-        return _json(types.CreateSessionResponse(session_id=new_id("session")))
-
-    async def _heartbeat(self, request: web.Request) -> web.Response:
-        return _json(types.SessionHeartbeatResponse())
-
-    async def _telemetry(self, request: web.Request) -> web.Response:
-        return _json(types.TelemetryResponse(status="accepted"))
-
-    async def _finish(self, request: web.Request) -> web.Response:
-        return web.json_response({})
-
-    async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+    # -- the served model ------------------------------------------------------------------------------
 
     async def _capabilities(self, request: web.Request) -> web.Response:
         model = types.SupportedModel(model_name=self.base_model, trainable=True, sampleable=True,
                                      max_context_length=self.run.config.max_req_tokens + self.run.config.max_res_tokens)
-        return _json(types.GetServerCapabilitiesResponse(supported_models=[model]))
+        return json_of(types.GetServerCapabilitiesResponse(supported_models=[model]))
 
     # -- training clients ------------------------------------------------------------------------------
 
     async def _create_model(self, request: web.Request) -> web.Response:
-        body = await self._body(request, types.CreateModelRequest)
+        body = await read_body(request, types.CreateModelRequest)
         model_id = f"{body.session_id}:train:{body.model_seq_id}"  # as the SDK derives it (create via load_weights)
 
         async def create() -> Outcome:
@@ -306,9 +236,9 @@ class TinkerServer:
         return model
 
     async def _get_info(self, request: web.Request) -> web.Response:
-        body = await self._body(request, types.GetInfoRequest)
+        body = await read_body(request, types.GetInfoRequest)
         model = self._model(body.model_id)
-        return _json(types.GetInfoResponse(
+        return json_of(types.GetInfoResponse(
             model_id=model.model_id, model_name=self.base_model, is_lora=True, lora_rank=model.lora["rank"],
             model_data=types.ModelData(arch=self.run.config.model, model_name=self.base_model,
                                        tokenizer_id=str(self.run.model))))
@@ -332,7 +262,7 @@ class TinkerServer:
         return self._submit("forward_backward" if backward else "forward", run, model)
 
     async def _optim_step(self, request: web.Request) -> web.Response:
-        body = await self._body(request, types.OptimStepRequest)
+        body = await read_body(request, types.OptimStepRequest)
         model = self._model(body.model_id)
         if not isinstance(body.optim_params, types.AdamParams):
             raise ValueError(f"optim_step: {type(body.optim_params).__name__}; this server's trainers step with Adam "
@@ -346,7 +276,7 @@ class TinkerServer:
         return self._submit("optim_step", step, model)
 
     async def _save_for_sampler(self, request: web.Request) -> web.Response:
-        body = await self._body(request, types.SaveWeightsForSamplerRequest)
+        body = await read_body(request, types.SaveWeightsForSamplerRequest)
         model = self._model(body.model_id)
 
         async def save() -> Outcome:
@@ -361,7 +291,7 @@ class TinkerServer:
         return self._submit("save_weights_for_sampler", save, model)
 
     async def _save_weights(self, request: web.Request) -> web.Response:
-        body = await self._body(request, types.SaveWeightsRequest)
+        body = await read_body(request, types.SaveWeightsRequest)
         model = self._model(body.model_id)
         name = body.path or f"step-{model.run.current_step}"
         if "/" in name or name in ("", ".", ".."):
@@ -374,7 +304,7 @@ class TinkerServer:
         return self._submit("save_weights", save, model)
 
     async def _load_weights(self, request: web.Request) -> web.Response:
-        body = await self._body(request, types.LoadWeightsRequest)
+        body = await read_body(request, types.LoadWeightsRequest)
         if body.model_id is not None:  # a training client's load_state
             model = self._model(body.model_id)
 
@@ -397,7 +327,7 @@ class TinkerServer:
         return self._submit("load_weights", create_and_load)
 
     async def _unload(self, request: web.Request) -> web.Response:
-        body = await self._body(request, types.UnloadModelRequest)
+        body = await read_body(request, types.UnloadModelRequest)
         model = self._model(body.model_id)
 
         async def unload() -> Outcome:
@@ -416,7 +346,7 @@ class TinkerServer:
     # -- sampling --------------------------------------------------------------------------------------
 
     async def _create_sampling_session(self, request: web.Request) -> web.Response:
-        body = await self._body(request, types.CreateSamplingSessionRequest)
+        body = await read_body(request, types.CreateSamplingSessionRequest)
         if body.model_path is None:  # the base model alone
             self._check_base(body.base_model)
             session_id = self._new_session(None, 0)
@@ -426,7 +356,7 @@ class TinkerServer:
                 raise wire.TinkerRefusal(f"model_path={body.model_path!r}: no sampler weights of that path on this "
                                          "server (save_weights_for_sampler(name) makes them)")
             session_id = self._new_session(model, model.samplers[body.model_path])
-        return _json(types.CreateSamplingSessionResponse(sampling_session_id=session_id))
+        return json_of(types.CreateSamplingSessionResponse(sampling_session_id=session_id))
 
     def _new_session(self, model: TrainingModel | None, version: int) -> str:
         """A sampling session on ``model``'s adapter at ``version`` (None: the base model); returns its id."""
@@ -437,11 +367,11 @@ class TinkerServer:
     async def _get_sampler(self, request: web.Request) -> web.Response:
         session = self.sessions.get(request.match_info["sampler_id"])
         if session is None:
-            return _refused(f"no sampling session {request.match_info['sampler_id']!r}", 404)
+            return refused(f"no sampling session {request.match_info['sampler_id']!r}", 404)
         return web.json_response({"sampler_id": session.session_id, "base_model": self.base_model})
 
     async def _asample(self, request: web.Request) -> web.Response:
-        body = await self._body(request, types.SampleRequest)
+        body = await read_body(request, types.SampleRequest)
         session = self.sessions.get(body.sampling_session_id or "")
         if session is None:
             raise KeyError(f"sampling_session_id={body.sampling_session_id!r}: no such sampling session")
@@ -466,11 +396,11 @@ class TinkerServer:
     # -- results ---------------------------------------------------------------------------------------
 
     async def _retrieve(self, request: web.Request) -> web.Response:
-        body = await self._body(request, types.FutureRetrieveRequest)
+        body = await read_body(request, types.FutureRetrieveRequest)
         try:
             outcome = await self.futures.retrieve(body.request_id)
         except KeyError:
-            return _refused(f"request_id={body.request_id!r}: no such request on this server", 404)
+            return refused(f"request_id={body.request_id!r}: no such request on this server", 404)
         if outcome is None:
             return web.json_response({"type": "try_again", "request_id": body.request_id, "queue_state": "active"})
         if outcome.error is not None:
@@ -479,7 +409,3 @@ class TinkerServer:
             return web.Response(body=outcome.proto, content_type="application/x-protobuf")
         return web.json_response(outcome.json)
 
-
-def _first_line(error: BaseException) -> str:
-    text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
-    return text.splitlines()[0][:500] if text else type(error).__name__
