@@ -60,7 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from forge_nb import weights  # noqa: E402
-from forge_nb.system import runtime
+from forge_nb.system.runtime import lifecycle, registry, spawning
 
 
 def _copy_gbps(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor], repeats: int, device: str) -> float:
@@ -105,7 +105,7 @@ def baselines(mb: int, repeats: int, device: str) -> dict[str, float]:
 
 
 async def main(mb: int, loaders: int, repeats: int, device: str) -> None:
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     from bench._weight_actors import Loader, Pusher
 
     await weights.initialize_store()
@@ -118,8 +118,8 @@ async def main(mb: int, loaders: int, repeats: int, device: str) -> None:
         env = {"FORGE_NB_PIN_SHM": pin}
         if device != "cpu":
             env["CUDA_VISIBLE_DEVICES"] = "0"  # every process on one card, as a trainer and its generators
-        push_mesh = await runtime.spawn_mesh("bench-pusher", env=env)
-        load_mesh = await runtime.spawn_mesh("bench-loaders", procs=loaders, env=env)
+        push_mesh = await spawning.spawn_mesh("bench-pusher", env=env)
+        load_mesh = await spawning.spawn_mesh("bench-loaders", procs=loaders, env=env)
         meshes += [push_mesh, load_mesh]
         pusher = push_mesh.spawn("pusher", Pusher, mb, device)
         loader = load_mesh.spawn("loader", Loader, threads, device)
@@ -166,7 +166,7 @@ def spread(loaders: int, hosts: int) -> list[int]:
 
 async def main_hosts(hosts: int, mb: int, loaders: int, repeats: int) -> None:
     """Same-host against cross-host weight sync on a ProcessJob of ``hosts`` simulated hosts (see above)."""
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     from monarch.job import ProcessJob
 
     from bench._weight_actors import Loader, Pusher, state_dict_bytes
@@ -192,8 +192,8 @@ async def main_hosts(hosts: int, mb: int, loaders: int, repeats: int) -> None:
         cleanup.push_async_callback(weights.shutdown_store)
         await weights.initialize_store()  # on the kernel's host, as in a run
 
-        async def spawn(name: str, procs: int, group: str) -> runtime.Mesh:
-            mesh = await runtime.spawn_mesh(name, procs=procs, hosts=group)
+        async def spawn(name: str, procs: int, group: str) -> registry.Mesh:
+            mesh = await spawning.spawn_mesh(name, procs=procs, hosts=group)
             cleanup.push_async_callback(mesh.stop)
             return mesh
 

@@ -67,9 +67,10 @@ async def shutdown_all(wait_s: float = 15.0) -> ShutdownReport:
     first), then every other mesh of the kernel, then a wait of up to ``wait_s`` for their processes to exit,
     then the hosts of a monarch job in use (``forge_nb.use_job``), which would stay held otherwise. A run whose
     shutdown raises does not keep the others or the meshes up: its error is raised after the rest is done."""
-    from forge_nb.system import cluster, procs, runtime
+    from forge_nb.system import cluster, procs
+    from forge_nb.system.runtime import registry
 
-    runs, pids, meshes = live_runs(), [p for m in runtime.meshes() for p in m.pids], len(runtime.meshes())
+    runs, pids, meshes = live_runs(), [p for m in registry.meshes() for p in m.pids], len(registry.meshes())
     errors: list[BaseException] = []
     try:
         for run in runs:
@@ -78,7 +79,7 @@ async def shutdown_all(wait_s: float = 15.0) -> ShutdownReport:
             except Exception as error:  # the next run, and the meshes, go down all the same
                 errors.append(error)
     finally:
-        await runtime.stop_all()
+        await registry.stop_all()
     deadline = time.monotonic() + wait_s
     while (alive := [p for p in pids if procs.pid_alive(p)]) and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
@@ -454,7 +455,7 @@ class Run:
     async def shutdown(self) -> None:
         """Stop loops, then fronts, then services, then this run's weights, then its records
         (``forge_nb.controller.assembly``); afterwards none of its processes serves it: each is stopped, or kept
-        warm for the kernel's next run (``forge_nb.system.warm``; ``shutdown_all`` and the kernel's exit stop
+        warm for the kernel's next run (``forge_nb.system.runtime.warm``; ``shutdown_all`` and the kernel's exit stop
         those). Other runs in the kernel go on: the torchstore they share stops only with its last user."""
         if self.state == "shut down":
             return

@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 
+from forge_nb.system.runtime import spawning
 from tests.actors_for_tests import GcProbe
 
 pytestmark = pytest.mark.timeout(120)
@@ -16,7 +17,7 @@ _DEFAULT = (700, 10, 10)  # CPython's thresholds, what a spawned process starts 
 
 
 async def test_a_spawned_process_holds_full_collections_until_its_actor_is_set_up(runtime):
-    mesh = await runtime.spawn_mesh("gc-probe", 1)
+    mesh = await spawning.spawn_mesh("gc-probe", 1)
     try:
         probe = mesh.spawn("gc-probe", GcProbe)
         assert (await probe.gc_state.call_one())["paused"] is True  # spawned, not yet set up

@@ -93,14 +93,15 @@ class ClusterMagics(Magics):
                  if used.cached_path else ""))
 
     async def _show(self) -> None:
-        from forge_nb.system import cluster, runtime
+        from forge_nb.system import cluster
+        from forge_nb.system.runtime import registry
 
         job = cluster.current()
         if job is None:
             print("no job in use: every process runs on the kernel's host (%forge_cluster --processes "
                   "trainer=1 generators=2 simulates hosts; %forge_cluster JOB takes a monarch job)")
             return
-        meshes = runtime.meshes()
+        meshes = registry.meshes()
         if job.described:
             print(cluster.job_line(job.status()))
         for h in job.hosts:
@@ -110,12 +111,13 @@ class ClusterMagics(Magics):
                   f"meshes: {', '.join(names) or 'none'}")
 
     async def _release(self) -> None:
-        from forge_nb.system import cluster, runtime
+        from forge_nb.system import cluster
+        from forge_nb.system.runtime import registry
 
         job = cluster.current()
         if job is None:
             raise UsageError("no job is in use")
-        on_job = [m.name for m in runtime.meshes() if m.host != cluster.KERNEL]
+        on_job = [m.name for m in registry.meshes() if m.host != cluster.KERNEL]
         if on_job:
             raise UsageError(f"meshes still run on the job's hosts ({', '.join(on_job)}); %forge_shutdown first")
         await cluster.release_job()

@@ -10,10 +10,10 @@ Nothing here knows about runs, services or models. Reading order, bottom up::
     dist_cache     this machine's cache folder; the installed distributions' packages, computed once there
     leases         a kernel-wide resource that starts on its first lease and stops on its last release
     monarch_compat bridges over monarch 0.7 behaviour
-    procinfo       the small actor on every mesh (its pids) and job host (the host's probe)
     cluster        where meshes live: the kernel's host or a monarch job's hosts (use_job, release_job)
     slurm          monarch's SlurmJob made to work with the SLURM a cluster runs (slurm_worker: what srun starts)
-    runtime        the only module that starts or stops monarch processes: spawn_mesh, stop_all, fault hook
+    runtime/       the only code that starts or stops monarch processes: spawn_mesh, the mesh registry, fault
+                   hook and pid watchdog, the runtime's start and leases; the probe actor; meshes kept warm
     leftovers      what killed processes left (vLLM segments, sockets), found and removed
     start_cores    while meshes start on fewer cores than busy processes, some cores kept for the named ones
 

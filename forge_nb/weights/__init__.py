@@ -32,7 +32,7 @@ is started either directly, ``await initialize_store()`` (tests, benches, a note
 and services whose actor class ``needs_store`` lease it, so a second run's shutdown never tears the
 store down under the first. The last release stops the store only if a lease started it: a store
 started directly stays until ``shutdown_store()``, which stops it whoever holds leases (the next
-lease starts it again). While leased, the store holds a runtime lease (``runtime.lease``).
+lease starts it again). While leased, the store holds a runtime lease (``forge_nb.system.runtime.lifecycle.lease``).
 
 Every function works in any process (kernel or actor): torchstore is reached through
 ``forge_nb.weights.torchstore``, which carries the monarch-0.7 compatibility binding.
