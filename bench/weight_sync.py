@@ -21,7 +21,7 @@ It ends with ``RESULT weight_sync_gpu_vs_staged <shm GB/s / staged-copy GB/s>`` 
 
 With ``--hosts N`` (N >= 2) it measures weight sync across the hosts of a monarch job instead: a
 ``ProcessJob({"writer": 1, "readers": N - 1})`` (one worker process per simulated host, all on this
-machine) is taken into use (``forge_nb.system.cluster.use_job``), the pusher runs on ``writer[0]`` and pushes
+machine) is taken into use (``forge_nb.system.hosts.cluster.use_job``), the pusher runs on ``writer[0]`` and pushes
 with ``transport="shm+stream"`` (the default while a job spans several hosts), and in the same run, on
 the same bytes, rounds alternate between:
 * same host: ``--loaders`` loaders on the writer's host (``hosts="writer"``), which map the pusher's file;
@@ -170,7 +170,7 @@ async def main_hosts(hosts: int, mb: int, loaders: int, repeats: int) -> None:
     from monarch.job import ProcessJob
 
     from bench._weight_actors import Loader, Pusher, state_dict_bytes
-    from forge_nb.system import cluster
+    from forge_nb.system.hosts import cluster
 
     transport = "shm+stream"
     threads = max(1, (os.cpu_count() or 1) // loaders)

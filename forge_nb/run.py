@@ -36,7 +36,7 @@ from forge_nb.controller.episodes import BaseInTrainer
 from forge_nb.controller.evaluate import evaluate_run
 from forge_nb.controller.state import RunState
 from forge_nb.data.sft import SftData
-from forge_nb.system import proclogs
+from forge_nb.system.processes import proclogs
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,8 @@ async def shutdown_all(wait_s: float = 15.0) -> ShutdownReport:
     first), then every other mesh of the kernel, then a wait of up to ``wait_s`` for their processes to exit,
     then the hosts of a monarch job in use (``forge_nb.use_job``), which would stay held otherwise. A run whose
     shutdown raises does not keep the others or the meshes up: its error is raised after the rest is done."""
-    from forge_nb.system import cluster, procs
+    from forge_nb.system.hosts import cluster
+    from forge_nb.system.processes import procs
     from forge_nb.system.runtime import registry
 
     runs, pids, meshes = live_runs(), [p for m in registry.meshes() for p in m.pids], len(registry.meshes())
@@ -113,7 +114,7 @@ async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[s
 async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progress: bool = True,
                  actors: dict[str, type] | None = None, base: Run | str | None = None) -> Run:
     """Respawn the services of a run directory and continue from its last complete checkpoint (on the
-    hosts of the job it ran on, re-attached if this kernel uses none: ``forge_nb.system.cluster``).
+    hosts of the job it ran on, re-attached if this kernel uses none: ``forge_nb.system.hosts.cluster``).
 
     The trainer loads its latest complete checkpoint, the generators load those weights, the replay
     buffer and hot changes come back from the snapshot, and the metric history stays. Steps recorded
@@ -265,9 +266,9 @@ class Run:
 
     @property
     def job(self) -> dict[str, Any] | None:
-        """The monarch job the run's hosts come from (``forge_nb.system.cluster.Cluster.status``: a SLURM job's id,
-        state and nodes, each host alive or why lost), or None: everything runs on the kernel's host."""
-        from forge_nb.system import cluster
+        """The monarch job the run's hosts come from (``forge_nb.system.hosts.cluster.Cluster.status``: a SLURM
+        job's id, state and nodes, each host alive or why lost), or None: everything runs on the kernel's host."""
+        from forge_nb.system.hosts import cluster
 
         job = cluster.current()
         return job.status() if job is not None else None

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.processes.procs import pid_alive
 from forge_nb.system.runtime import lifecycle as _lifecycle
 
 # As `%load_ext forge_nb` does in a notebook: start forge_nb before any test module imports monarch,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from forge_nb.system import cluster as clusters
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.hosts import cluster as clusters
+from forge_nb.system.processes.procs import pid_alive
 from forge_nb.system.runtime import registry, spawning
 from tests.actors_for_tests import Worker
 from tests.waiting import waiter
@@ -237,7 +237,7 @@ async def test_a_host_s_probe_ends_that_host_s_processes_and_no_other(runtime, j
 KERNEL_AFTER_A_HOST_DIED = """
 import asyncio, os, signal, sys, tempfile
 import forge_nb
-from forge_nb.system import cluster
+from forge_nb.system.hosts import cluster
 from forge_nb.system.runtime import lifecycle
 lifecycle.ensure_started()  # before monarch is imported, as %load_ext forge_nb does in a kernel
 from forge_nb.config import GeneratorConfig

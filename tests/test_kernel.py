@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.processes.procs import pid_alive
 from tests.kernel_client import Kernel
 
 pytestmark = pytest.mark.timeout(240)

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from forge_nb.system import proclogs
+from forge_nb.system.processes import proclogs
 from forge_nb.system.runtime import spawning
 from tests.actors_for_tests import Printer
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from forge_nb.system import gpus
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.hosts import gpus
+from forge_nb.system.processes.procs import pid_alive
 from forge_nb.system.runtime import lifecycle, registry, spawning
 from tests.procs import children
 from tests.waiting import waiter
@@ -129,7 +129,7 @@ SCRIPT = textwrap.dedent(
     """
     import asyncio, os, signal, sys
     from forge_nb.system.runtime import lifecycle, registry, spawning
-    from forge_nb.system import gpus
+    from forge_nb.system.hosts import gpus
 
     async def main():
         mesh = await spawning.spawn_mesh("exit-test", procs=2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import forge_nb
-from forge_nb.system import procs
+from forge_nb.system.processes import procs
 from forge_nb.system.runtime import registry, spawning
 from tests.controller.test_controller import spawn_light
 

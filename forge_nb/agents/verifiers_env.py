@@ -88,7 +88,7 @@ from typing import TYPE_CHECKING, Any
 
 from forge_nb.envs.tools import ToolCall, Tools
 from forge_nb.system.importpath import require
-from forge_nb.system.proclogs import drop_actor_prefix
+from forge_nb.system.processes.proclogs import drop_actor_prefix
 
 if TYPE_CHECKING:
     from forge_nb.controller.context import RolloutContext

@@ -45,9 +45,10 @@ from forge_nb.metrics import MetricsStore
 from forge_nb.models import TINY_PAD_ID, TRANSFORMERS_LOCK, TinyModelConfig, build_tiny_model, resolve_model
 from forge_nb.rl import ReplayBuffer
 from forge_nb.rundir import RunDir
-from forge_nb.system import cluster, proclogs, start_cores
+from forge_nb.system.hosts import cluster
 from forge_nb.system.importpath import import_path
-from forge_nb.system.leftovers import remove_leftovers
+from forge_nb.system.processes import proclogs, start_cores
+from forge_nb.system.processes.leftovers import remove_leftovers
 from forge_nb.system.runtime import lifecycle, spawning
 
 logger = logging.getLogger(__name__)
@@ -310,7 +311,7 @@ def _wire(cfg: RunConfig, directory: RunDir, services: dict[str, Any], *, task: 
 
 
 def _remove_leftovers(run: str) -> None:
-    """What engines killed during the run could not clean (``forge_nb.system.leftovers``)."""
+    """What engines killed during the run could not clean (``forge_nb.system.processes.leftovers``)."""
     removed = remove_leftovers(min_age_s=5.0)
     if any(removed.values()):
         logger.info("run %s: removed what killed processes left: %s", run, removed)

@@ -100,7 +100,7 @@ class SpawnMagics(Magics):
         self._bind(run, var)
 
     async def _spawn_mesh(self, name: str, procs: int, gpus: bool, hosts: str | None, var: str) -> None:
-        from forge_nb.system.gpus import ResourceError
+        from forge_nb.system.hosts.gpus import ResourceError
         from forge_nb.system.runtime import spawning
 
         try:
@@ -283,7 +283,7 @@ def _run_pids(run: Run) -> list[int]:
 
 
 async def _wait_gone(pids: list[int], within: float) -> list[int]:
-    from forge_nb.system.procs import pid_alive
+    from forge_nb.system.processes.procs import pid_alive
 
     deadline = time.monotonic() + within
     while True:
@@ -295,7 +295,7 @@ async def _wait_gone(pids: list[int], within: float) -> list[int]:
 
 def _children(root: int) -> dict[int, str]:
     """Live descendants of ``root`` -> the start of their command line."""
-    from forge_nb.system.procs import descendants
+    from forge_nb.system.processes.procs import descendants
 
     return {pid: command[:80] for pid, command in descendants(root).items()}
 

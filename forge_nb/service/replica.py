@@ -35,8 +35,8 @@ from monarch.actor import ActorError
 
 from forge_nb.service.errors import ActorStartFailed, ReplicaDied
 from forge_nb.service.options import ActorClass, Options
-from forge_nb.system.gpus import JobEnded
-from forge_nb.system.procs import kill_pids
+from forge_nb.system.hosts.gpus import JobEnded
+from forge_nb.system.processes.procs import kill_pids
 from forge_nb.system.runtime import registry, spawning, warm
 
 __all__ = ["STATES", "Replica", "ReplicaDied", "ReplicaStatus"]
@@ -63,7 +63,7 @@ class ReplicaStatus:
     last_error: str | None
     version: int | None
     host: str = "kernel"
-    """The host its processes run on: "kernel", or a job's host (``forge_nb.system.cluster``)."""
+    """The host its processes run on: "kernel", or a job's host (``forge_nb.system.hosts.cluster``)."""
 
 
 class Replica:

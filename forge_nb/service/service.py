@@ -41,8 +41,8 @@ from forge_nb.service.coalesce import Coalescer
 from forge_nb.service.errors import ActorStartFailed, NoHealthyReplica, ReplicaDied
 from forge_nb.service.options import ActorClass, Options
 from forge_nb.service.replica import Replica, ReplicaStatus
-from forge_nb.system import cluster
-from forge_nb.system.gpus import ResourceError
+from forge_nb.system.hosts import cluster
+from forge_nb.system.hosts.gpus import ResourceError
 from forge_nb.system.runtime import lifecycle, spawning
 
 __all__ = ["ActorHandle", "Affinity", "NoHealthyReplica", "Service", "ServiceEvent"]

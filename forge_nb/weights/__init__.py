@@ -16,7 +16,7 @@ The transports behind the same calls (``push_state_dict``, ``load_state_dict``/`
   manifest (``<key>/__shm__``) in torchstore; see ``forge_nb.weights.shm``. ``bench/weight_sync.py``
   measures both.
 * ``"shm+stream"`` (the default in a process placed on a job's host when the job has several,
-  ``forge_nb.system.cluster``): shm, and the writer's process serves the file over TCP. Readers on the writer's
+  ``forge_nb.system.hosts.cluster``): shm, and the writer's process serves the file over TCP. Readers on the writer's
   host map its file; on any other host the first reader of a version pulls it through one stream into
   that host's shared memory, where the host's other readers map it (a host keeps only the newest version
   it copied); a reader that cannot reach the stream has the writer put the tensors in torchstore and

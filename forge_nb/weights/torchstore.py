@@ -12,7 +12,7 @@ torchstore also logs through the root logger's module functions (``logging.debug
 get and delete). With no handler on the root logger, that runs ``logging.basicConfig()`` in the
 kernel, after which every library's warnings print into the cells. Its modules get a stand-in for
 ``logging`` whose record functions go to the ``torchstore`` logger instead (which a run's kernel.log
-records: ``forge_nb.system.proclogs.KernelLog``).
+records: ``forge_nb.system.processes.proclogs.KernelLog``).
 """
 
 import logging

@@ -15,7 +15,7 @@ import pytest
 
 from forge_nb.envs import EnvPool, ReasoningGymEnv, StepResult, TextArenaEnv
 from forge_nb.envs.adapters import clean_action
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.processes.procs import pid_alive
 
 on_module_loop = pytest.mark.asyncio(loop_scope="module")
 

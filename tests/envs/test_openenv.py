@@ -18,7 +18,7 @@ from openenv.core.env_server.types import Action, Observation, State
 
 from forge_nb.envs import EnvPool, OpenEnvEnv, StepResult
 from forge_nb.envs.openenv_env import render_observation
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.processes.procs import pid_alive
 from tests.envs.test_adapters import Bisect, bisecting, play
 from tests.openenv_envs import (
     AsyncBoardEnvironment,

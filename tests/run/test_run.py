@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600), pytest.mark.asyncio(l
 async def run(tmp_path_factory):
     import time
 
-    from forge_nb.system.leftovers import engine_patterns, orphaned
+    from forge_nb.system.processes.leftovers import engine_patterns, orphaned
 
     started = time.time()
     cfg = forge_nb.quickstart(run_dir=str(tmp_path_factory.mktemp("run")))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import forge_nb
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.processes.procs import pid_alive
 from forge_nb.system.runtime import registry, warm
 from tests.kernel_client import Kernel
 

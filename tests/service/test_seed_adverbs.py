@@ -11,7 +11,7 @@ import pytest
 from monarch.actor import ActorError
 
 from forge_nb.service import ActorFailure, ActorStartFailed, NoHealthyReplica, ReplicaDied
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.processes.procs import pid_alive
 from forge_nb.system.runtime import registry, spawning
 from tests.actors_for_tests import BadInitEnv, BadSetupEnv, CustomEnv, WaitingInitEnv, Worker
 from tests.waiting import waiter

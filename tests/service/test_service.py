@@ -10,7 +10,7 @@ import pytest
 from monarch.actor import ActorError
 
 from forge_nb.service import NoHealthyReplica
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.processes.procs import pid_alive
 from forge_nb.system.runtime import faults, registry
 from tests.actors_for_tests import Ledger, OwnSquare, Squarer, Worker
 from tests.waiting import waiter

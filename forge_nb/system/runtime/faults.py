@@ -8,7 +8,7 @@
   ``HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY`` is in the environment when monarch is *imported* (setting it
   later has no effect; measured), so the watchdog, a task on the kernel's loop, also checks the recorded pids
   every ``WATCHDOG_PERIOD_S``: detection never depends on import order. It also fails every mesh of a job's host
-  that was lost (``forge_nb.system.cluster``), and kills a process stopped (SIGSTOP) for ``STOPPED_HANG_S``.
+  that was lost (``forge_nb.system.hosts.cluster``), and kills a process stopped (SIGSTOP) for ``STOPPED_HANG_S``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import logging
 import re
 from typing import Any
 
-from forge_nb.system import cluster
-from forge_nb.system.procs import StoppedWatch, kill_groups, same_process
+from forge_nb.system.hosts import cluster
+from forge_nb.system.processes.procs import StoppedWatch, kill_groups, same_process
 from forge_nb.system.runtime import registry
 from forge_nb.system.runtime.registry import Failure
 

@@ -6,8 +6,8 @@ import it), installs our fault hook (``forge_nb.system.runtime.faults``) and an 
 what still runs. Importing this module has no side effects.
 
 Nothing outlives the kernel: spawned procs are its children with PR_SET_PDEATHSIG, a reaper kills their groups
-if the kernel is killed (``forge_nb.system.procs``), and a clean exit kills what still runs. (A job's hosts,
-``forge_nb.system.cluster``, are the job's; their pids are watched only on this machine.) :func:`end_process`
+if the kernel is killed (``forge_nb.system.processes.procs``), and a clean exit kills what still runs. (A job's hosts,
+``forge_nb.system.hosts.cluster``, are the job's; their pids are watched only on this machine.) :func:`end_process`
 skips monarch's exit-time teardown.
 
 Leases (:func:`lease` / :func:`release`, a ``forge_nb.system.leases.Shared``): services and the leased
@@ -30,7 +30,7 @@ from typing import NoReturn
 
 from forge_nb.system.leases import Shared
 from forge_nb.system.monarch_compat import private_log_dir
-from forge_nb.system.proclogs import default_log_dir, native_stderr_to
+from forge_nb.system.processes.proclogs import default_log_dir, native_stderr_to
 from forge_nb.system.runtime import faults, registry
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ MONARCH_ENV_DEFAULTS = {
     "HYPERACTOR_CODEC_MAX_FRAME_LENGTH": "910737418240",
     # A job's host that dies leaves messages queued to it; after this long monarch returns them, and a kernel
     # handed back an undeliverable message exits (measured: 30 s, the default, after a ProcessJob host died
-    # mid-run, pytest was gone). The host's probe finds it lost within seconds (forge_nb.system.cluster).
+    # mid-run, pytest was gone). The host's probe finds it lost within seconds (forge_nb.system.hosts.cluster).
     "HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT": "7d",
 }
 

@@ -9,7 +9,7 @@ run (``forge_nb.system.runtime.warm``) stays recorded, as "parked", but is not a
 
 Stopping is the mesh's own: :meth:`Mesh.stop` stops the procs through monarch, kills what is still alive and
 what the procs started (their process groups), and takes the mesh out of the registry. Process mechanics
-live in ``forge_nb.system.procs``, job hosts in ``forge_nb.system.cluster``.
+live in ``forge_nb.system.processes.procs``, job hosts in ``forge_nb.system.hosts.cluster``.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forge_nb.system import cluster
+from forge_nb.system.hosts import cluster
 from forge_nb.system.monarch_compat import await_maybe
-from forge_nb.system.procs import kill_groups, kill_pids, same_process, stop_reaper
+from forge_nb.system.processes.procs import kill_groups, kill_pids, same_process, stop_reaper
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class Mesh:
     def __init__(self, name: str, procs: int, with_gpus: bool, gpu_ids: list[int], owner: str | None,
                  host: str = "kernel", local: bool = True):
         self.name, self.procs, self.with_gpus, self.gpu_ids, self.owner = name, procs, with_gpus, gpu_ids, owner
-        self.host = host  # "kernel", or the job's host it runs on (forge_nb.system.cluster)
+        self.host = host  # "kernel", or the job's host it runs on (forge_nb.system.hosts.cluster)
         self.local = local  # its pids are this machine's: the watchdog and kills may use them
         self.log_path: Path | None = None  # where its procs' stdout and stderr go
         self.proc_mesh: Any = None
@@ -82,7 +82,7 @@ class Mesh:
         self._context = contextvars.copy_context()  # the spawner's; failures are recorded in it
         self._loop: asyncio.AbstractEventLoop | None = None
         self._actor_names: list[str] = []
-        self._reaper: Any = None  # kills the procs' groups if the kernel dies (forge_nb.system.procs.start_reaper)
+        self._reaper: Any = None  # kills the procs' groups if the kernel dies (processes.procs.start_reaper)
         self._reaped: set[int] = set()  # ranks whose death the watchdog handled (their groups killed)
 
     def __repr__(self) -> str:

@@ -14,9 +14,9 @@ import functools
 import time
 from pathlib import Path
 
-from forge_nb.system import cluster, gpus
-from forge_nb.system.proclogs import bootstrap, default_log_dir
-from forge_nb.system.procs import start_reaper, started
+from forge_nb.system.hosts import cluster, gpus
+from forge_nb.system.processes.proclogs import bootstrap, default_log_dir
+from forge_nb.system.processes.procs import start_reaper, started
 from forge_nb.system.runtime import faults, registry
 from forge_nb.system.runtime.lifecycle import ensure_started
 from forge_nb.system.runtime.registry import Mesh

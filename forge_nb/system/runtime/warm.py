@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forge_nb.system import cluster
+from forge_nb.system.hosts import cluster
 from forge_nb.system.runtime import registry, spawning
 
 __all__ = ["KEEP_S", "MAX_KEPT", "MAX_RUNS", "Kept", "keep_s", "kept", "park", "shape", "summary", "take"]

@@ -39,8 +39,8 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable
 
-from forge_nb.system import cluster
-from forge_nb.system.procs import live_children
+from forge_nb.system.hosts import cluster
+from forge_nb.system.processes.procs import live_children
 from forge_nb.system.runtime import registry
 
 logger = logging.getLogger(__name__)

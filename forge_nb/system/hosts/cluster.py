@@ -22,8 +22,8 @@ each host runs a probe, a one-process mesh with a :class:`~forge_nb.system.runti
 kernel calls every ``PROBE_PERIOD_S``; a probe that fails, or misses ``PROBE_MISSES`` answers in a row, marks
 the host lost (:attr:`Host.lost`), the runtime's watchdog fails every mesh on it (their services respawn
 them on the hosts left), and placement skips it from then on. A job that can say its scheduler ended it
-(``forge_nb.system.slurm.SlurmJob.describe``: ``scancel``, a time limit) is asked every ``JOB_CHECK_S``; then every host
-is lost with that reason, so what fails next names the job.
+(``forge_nb.system.hosts.slurm.SlurmJob.describe``: ``scancel``, a time limit) is asked every ``JOB_CHECK_S``; then
+every host is lost with that reason, so what fails next names the job.
 
 Pids: a host whose probe runs on the kernel's machine and pid namespace
 (:func:`~forge_nb.system.runtime.procinfo.machine`) is *local*: the runtime may watch and signal its processes'
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forge_nb.system.gpus import JobEnded, ResourceError
+from forge_nb.system.hosts.gpus import JobEnded, ResourceError
 from forge_nb.system.monarch_compat import await_maybe
 
 __all__ = ["KERNEL", "Cluster", "Host", "current", "job_line", "lost", "one_host", "release_job", "use_job", "where"]
@@ -181,9 +181,9 @@ class Cluster:
                     logger.warning("could not ask the job how its scheduler sees it: %s", e)
 
     async def _check_job(self) -> None:
-        """Ask the job how its scheduler sees it (``forge_nb.system.slurm.SlurmJob.describe``; kept for tables). A job
-        the scheduler ended (``scancel``, a time limit) takes every host with it, and says so: what fails on
-        them next names the job."""
+        """Ask the job how its scheduler sees it (``forge_nb.system.hosts.slurm.SlurmJob.describe``; kept for
+        tables). A job the scheduler ended (``scancel``, a time limit) takes every host with it, and says so: what
+        fails on them next names the job."""
         self.described = await asyncio.to_thread(self.job.describe)
         why = self.described.get("ended")
         if why is not None:
@@ -333,7 +333,7 @@ async def use_job(job: Any, *, cached_path: str | None = None, log_dir: str | Pa
     and (``reap``) ends what a controller that died left running on the hosts: a job has one controller.
     Meshes already running stay where they are."""
     global _current
-    from forge_nb.system.proclogs import bootstrap, default_log_dir
+    from forge_nb.system.processes.proclogs import bootstrap, default_log_dir
     from forge_nb.system.runtime.procinfo import ProcInfo, machine
 
     if _current is not None:
