@@ -90,13 +90,13 @@ async def timed(wave: Any) -> tuple[float, int]:
 async def main() -> None:
     from forge_nb.actors.generator import Generator
     from forge_nb.models import build_tiny_model
-    from forge_nb.system import runtime
+    from forge_nb.system.runtime import lifecycle, spawning
 
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     model = str(build_tiny_model(Path(tempfile.gettempdir()) / "forge_nb_bench_tiny"))
     batch = prompts()
     start = time.perf_counter()
-    mesh = await runtime.spawn_mesh("bench-gen", 1)
+    mesh = await spawning.spawn_mesh("bench-gen", 1)
     try:
         actor = mesh.spawn("gen", Generator, model=model, sampling_params=SAMPLING)
         actor_up = asyncio.ensure_future(actor.setup.call_one())

@@ -52,7 +52,7 @@ from safetensors.torch import load_file  # noqa: E402
 import forge_nb  # noqa: E402
 from forge_nb import weights  # noqa: E402
 from forge_nb.models import build_tiny_model  # noqa: E402
-from forge_nb.system import runtime  # noqa: E402
+from forge_nb.system.runtime import lifecycle, registry, spawning  # noqa: E402
 
 
 def model_bytes(path: str) -> int:
@@ -89,8 +89,8 @@ async def loads(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     model = str(build_tiny_model(f"{workdir}/tiny"))
     lora = {"rank": args.rank, "alpha": 2 * args.rank}
     await weights.initialize_store()
-    gen_mesh = await runtime.spawn_mesh("lora-bench-gen", 1)
-    trainer_mesh = await runtime.spawn_mesh("lora-bench-train", 1)
+    gen_mesh = await spawning.spawn_mesh("lora-bench-gen", 1)
+    trainer_mesh = await spawning.spawn_mesh("lora-bench-train", 1)
     try:
         generator = gen_mesh.spawn("gen", Generator, engine_args={"model": model}, weights_namespace="lora-bench",
                                    sampling_params={"n": 1, "max_tokens": 4}, lora=lora)
@@ -134,7 +134,7 @@ class PeakMemory:
     async def _sample(self) -> None:
         while True:
             total = 0
-            for pid in {p for mesh in runtime.meshes() for p in mesh.pids}:
+            for pid in {p for mesh in registry.meshes() for p in mesh.pids}:
                 try:
                     total += psutil.Process(pid).memory_full_info().pss
                 except psutil.Error:  # gone meanwhile
@@ -150,7 +150,7 @@ class PeakMemory:
 def cpu_seconds() -> dict[str, float]:
     """CPU seconds so far of the kernel (this process) and of the meshes' processes, by mesh."""
     spent = {"kernel": sum(psutil.Process().cpu_times()[:2])}
-    for mesh in runtime.meshes():
+    for mesh in registry.meshes():
         for pid in mesh.pids:
             try:
                 spent[mesh.name] = spent.get(mesh.name, 0.0) + sum(psutil.Process(pid).cpu_times()[:2])
@@ -254,7 +254,7 @@ def trainer_passes(args: argparse.Namespace, workdir: str, reps: int = 30) -> di
 
 
 async def main(args: argparse.Namespace) -> None:
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     with tempfile.TemporaryDirectory(prefix="lora-bench-") as workdir:
         if args.only_shared:
             print_shared(await shared_vs_apart(args, workdir))

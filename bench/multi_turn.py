@@ -33,9 +33,9 @@ from forge_nb.recipes import ECHO, multi_turn_echo  # noqa: E402
 
 async def env_round_trips(calls: int, rounds: int) -> tuple[float, float]:
     """p50 seconds of one step: through the service, in this process (alternating blocks)."""
-    from forge_nb.system import runtime
+    from forge_nb.system.runtime import lifecycle
 
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     turns = calls + 1  # one episode long enough for every call
     env = await EnvPool.options(num_replicas=1).as_service(EchoEnv, turns=turns, chars=2)
     local = EchoEnv(turns=turns, chars=2)

@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from forge_nb.system import runtime  # noqa: E402
+from forge_nb.system.runtime import lifecycle, spawning  # noqa: E402
 
 PAYLOAD = os.urandom(1024)
 
@@ -51,10 +51,10 @@ def pct(xs: list[float], q: float) -> float:
 
 
 async def main(calls: int, rounds: int) -> None:
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     from bench._echo import Echo, RawEcho
 
-    mesh = await runtime.spawn_mesh("bench-raw")
+    mesh = await spawning.spawn_mesh("bench-raw")
     raw_actor = mesh.spawn("echo", RawEcho)
     svc = await Echo.options(num_replicas=1).as_service()
 

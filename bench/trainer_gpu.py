@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from forge_nb import weights  # noqa: E402
 from forge_nb.models import TinyModelConfig, build_tiny_model  # noqa: E402
 from forge_nb.rl import Completion, Episode, collate  # noqa: E402
-from forge_nb.system import runtime
+from forge_nb.system.runtime import lifecycle, spawning
 
 
 def make_batch(episodes: int, prompt: int, response: int, vocab: int) -> object:
@@ -68,9 +68,9 @@ async def main(args: argparse.Namespace) -> None:
                           head_dim=64, intermediate_size=3 * args.hidden,
                           max_position_embeddings=args.prompt + args.response)
     model = str(build_tiny_model(os.path.join(tempfile.mkdtemp(), "model"), cfg))
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     await weights.initialize_store()
-    mesh = await runtime.spawn_mesh("bench-trainer", 1, with_gpus=True)
+    mesh = await spawning.spawn_mesh("bench-trainer", 1, with_gpus=True)
     try:
         trainer = mesh.spawn("trainer", RLTrainer, model=model, optimizer={"lr": 1e-5},
                              training={"dtype": "bfloat16"})

@@ -21,7 +21,7 @@ It ends with ``RESULT weight_sync_gpu_vs_staged <shm GB/s / staged-copy GB/s>`` 
 
 With ``--hosts N`` (N >= 2) it measures weight sync across the hosts of a monarch job instead: a
 ``ProcessJob({"writer": 1, "readers": N - 1})`` (one worker process per simulated host, all on this
-machine) is taken into use (``forge_nb.system.cluster.use_job``), the pusher runs on ``writer[0]`` and pushes
+machine) is taken into use (``forge_nb.system.hosts.cluster.use_job``), the pusher runs on ``writer[0]`` and pushes
 with ``transport="shm+stream"`` (the default while a job spans several hosts), and in the same run, on
 the same bytes, rounds alternate between:
 * same host: ``--loaders`` loaders on the writer's host (``hosts="writer"``), which map the pusher's file;
@@ -60,7 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from forge_nb import weights  # noqa: E402
-from forge_nb.system import runtime
+from forge_nb.system.runtime import lifecycle, registry, spawning
 
 
 def _copy_gbps(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor], repeats: int, device: str) -> float:
@@ -105,7 +105,7 @@ def baselines(mb: int, repeats: int, device: str) -> dict[str, float]:
 
 
 async def main(mb: int, loaders: int, repeats: int, device: str) -> None:
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     from bench._weight_actors import Loader, Pusher
 
     await weights.initialize_store()
@@ -118,8 +118,8 @@ async def main(mb: int, loaders: int, repeats: int, device: str) -> None:
         env = {"FORGE_NB_PIN_SHM": pin}
         if device != "cpu":
             env["CUDA_VISIBLE_DEVICES"] = "0"  # every process on one card, as a trainer and its generators
-        push_mesh = await runtime.spawn_mesh("bench-pusher", env=env)
-        load_mesh = await runtime.spawn_mesh("bench-loaders", procs=loaders, env=env)
+        push_mesh = await spawning.spawn_mesh("bench-pusher", env=env)
+        load_mesh = await spawning.spawn_mesh("bench-loaders", procs=loaders, env=env)
         meshes += [push_mesh, load_mesh]
         pusher = push_mesh.spawn("pusher", Pusher, mb, device)
         loader = load_mesh.spawn("loader", Loader, threads, device)
@@ -166,11 +166,11 @@ def spread(loaders: int, hosts: int) -> list[int]:
 
 async def main_hosts(hosts: int, mb: int, loaders: int, repeats: int) -> None:
     """Same-host against cross-host weight sync on a ProcessJob of ``hosts`` simulated hosts (see above)."""
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     from monarch.job import ProcessJob
 
     from bench._weight_actors import Loader, Pusher, state_dict_bytes
-    from forge_nb.system import cluster
+    from forge_nb.system.hosts import cluster
 
     transport = "shm+stream"
     threads = max(1, (os.cpu_count() or 1) // loaders)
@@ -192,8 +192,8 @@ async def main_hosts(hosts: int, mb: int, loaders: int, repeats: int) -> None:
         cleanup.push_async_callback(weights.shutdown_store)
         await weights.initialize_store()  # on the kernel's host, as in a run
 
-        async def spawn(name: str, procs: int, group: str) -> runtime.Mesh:
-            mesh = await runtime.spawn_mesh(name, procs=procs, hosts=group)
+        async def spawn(name: str, procs: int, group: str) -> registry.Mesh:
+            mesh = await spawning.spawn_mesh(name, procs=procs, hosts=group)
             cleanup.push_async_callback(mesh.stop)
             return mesh
 

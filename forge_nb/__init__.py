@@ -13,14 +13,14 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it (imported on first access)
 _EXPORTS = {
-    "ResourceError": "forge_nb.system.runtime",
-    "spawn_mesh": "forge_nb.system.runtime",
-    "meshes": "forge_nb.system.runtime",
-    "stop_all": "forge_nb.system.runtime",
-    "end_process": "forge_nb.system.runtime",
-    "use_job": "forge_nb.system.cluster",
-    "release_job": "forge_nb.system.cluster",
-    "SlurmJob": "forge_nb.system.slurm",  # not a runtime start: its transport must be chosen before the first context
+    "ResourceError": "forge_nb.system.hosts.gpus",
+    "spawn_mesh": "forge_nb.system.runtime.spawning",
+    "meshes": "forge_nb.system.runtime.registry",
+    "stop_all": "forge_nb.system.runtime.registry",
+    "end_process": "forge_nb.system.runtime.lifecycle",
+    "use_job": "forge_nb.system.hosts.cluster",
+    "release_job": "forge_nb.system.hosts.cluster",
+    "SlurmJob": "forge_nb.system.hosts.slurm",  # no runtime start: its transport is chosen before the first context
     "spawn": "forge_nb.run",
     "resume": "forge_nb.run",
     "Run": "forge_nb.run",
@@ -59,8 +59,8 @@ __all__ = sorted([*_EXPORTS, "load_ipython_extension", "unload_ipython_extension
 
 
 # Modules that import monarch: forge_nb starts its runtime first, because monarch reads its
-# supervision settings when it is imported (see forge_nb.system.runtime).
-_USES_MONARCH = ("forge_nb.system.cluster", "forge_nb.service", "forge_nb.actors", "forge_nb.run")
+# supervision settings when it is imported (see forge_nb.system.runtime.lifecycle).
+_USES_MONARCH = ("forge_nb.system.hosts.cluster", "forge_nb.service", "forge_nb.actors", "forge_nb.run")
 
 
 def __getattr__(name: str) -> Any:
@@ -68,9 +68,9 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'forge_nb' has no attribute {name!r}")
     if module.startswith(_USES_MONARCH):
-        from forge_nb.system import runtime
+        from forge_nb.system.runtime import lifecycle
 
-        runtime.ensure_started()
+        lifecycle.ensure_started()
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

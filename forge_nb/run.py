@@ -35,7 +35,7 @@ from forge_nb.controller.evaluate import evaluate_run
 from forge_nb.controller.state import RunState
 from forge_nb.controller.teardown import ShutdownReport, shutdown_kernel
 from forge_nb.data.sft import SftData
-from forge_nb.system import proclogs
+from forge_nb.system.processes import proclogs
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[s
 async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progress: bool = True,
                  actors: dict[str, type] | None = None, base: Run | str | None = None) -> Run:
     """Respawn the services of a run directory and continue from its last complete checkpoint (on the
-    hosts of the job it ran on, re-attached if this kernel uses none: ``forge_nb.system.cluster``).
+    hosts of the job it ran on, re-attached if this kernel uses none: ``forge_nb.system.hosts.cluster``).
 
     The trainer loads its latest complete checkpoint, the generators load those weights, the replay
     buffer and hot changes come back from the snapshot, and the metric history stays. Steps recorded
@@ -242,9 +242,9 @@ class Run:
 
     @property
     def job(self) -> dict[str, Any] | None:
-        """The monarch job the run's hosts come from (``forge_nb.system.cluster.Cluster.status``: a SLURM job's id,
-        state and nodes, each host alive or why lost), or None: everything runs on the kernel's host."""
-        from forge_nb.system import cluster
+        """The monarch job the run's hosts come from (``forge_nb.system.hosts.cluster.Cluster.status``: a SLURM
+        job's id, state and nodes, each host alive or why lost), or None: everything runs on the kernel's host."""
+        from forge_nb.system.hosts import cluster
 
         job = cluster.current()
         return job.status() if job is not None else None
@@ -432,7 +432,7 @@ class Run:
     async def shutdown(self) -> None:
         """Stop loops, then fronts, then services, then this run's weights, then its records
         (``forge_nb.controller.assembly``); afterwards none of its processes serves it: each is stopped, or kept
-        warm for the kernel's next run (``forge_nb.system.warm``; ``shutdown_all`` and the kernel's exit stop
+        warm for the kernel's next run (``forge_nb.system.runtime.warm``; ``shutdown_all`` and the kernel's exit stop
         those). Other runs in the kernel go on: the torchstore they share stops only with its last user."""
         if self.state == "shut down":
             return

@@ -431,13 +431,14 @@ class BreakableGenerator(Generator):
 
 
 class GcProbe(ForgeActor):
-    """How its process's garbage collector is set while its ``setup`` runs and after (forge_nb.system.startup_gc)."""
+    """How its process's garbage collector is set while its ``setup`` runs and after
+    (forge_nb.system.processes.startup_gc)."""
 
     @endpoint
     async def setup(self) -> None:
         import gc
 
-        from forge_nb.system import startup_gc
+        from forge_nb.system.processes import startup_gc
 
         self.during_setup = {"paused": startup_gc.paused(), "threshold": gc.get_threshold()}
 
@@ -445,7 +446,7 @@ class GcProbe(ForgeActor):
     async def gc_state(self) -> dict[str, Any]:
         import gc
 
-        from forge_nb.system import startup_gc
+        from forge_nb.system.processes import startup_gc
 
         return {"during_setup": getattr(self, "during_setup", None), "paused": startup_gc.paused(),
                 "threshold": gc.get_threshold(), "frozen": gc.get_freeze_count()}

@@ -6,19 +6,20 @@ import os
 
 import pytest
 
-from forge_nb.system import runtime as _runtime
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.processes.procs import pid_alive
+from forge_nb.system.runtime import lifecycle as _lifecycle
 
 # As `%load_ext forge_nb` does in a notebook: start forge_nb before any test module imports monarch,
 # so monarch's own supervision runs at its ~1 s setting.
-_runtime.ensure_started()
+_lifecycle.ensure_started()
 
 # Tests never reach a model hub; everything they load is built locally.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Each test's runs start from processes of their own, as tests that count, kill or time processes expect;
-# tests/run/test_warm.py keeps them warm between runs (forge_nb.system.warm), as a kernel does by default.
+# tests/run/test_warm.py keeps them warm between runs (forge_nb.system.runtime.warm), as a kernel does by
+# default.
 os.environ.setdefault("FORGE_NB_KEEP_WARM_S", "0")
 # Actor classes defined under tests/ travel by reference: spawned procs must be able to import them.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,14 +37,15 @@ requires_cuda = pytest.mark.skipif("not __import__('torch').cuda.is_available()"
 
 @pytest.fixture
 async def runtime():
-    """The forge_nb runtime, with every mesh a test spawned stopped (and its pids gone) afterwards."""
-    from forge_nb.system import runtime as rt
+    """The forge_nb runtime started, with every mesh a test spawned stopped (and its pids gone) afterwards. Tests
+    call the runtime's modules themselves (``forge_nb.system.runtime.spawning``, ``.registry``...)."""
+    from forge_nb.system.runtime import registry
 
-    rt.ensure_started()
-    yield rt
-    leftovers = rt.meshes()
+    _lifecycle.ensure_started()
+    yield
+    leftovers = registry.meshes()
     pids = [p for m in leftovers for p in m.pids]
-    await rt.stop_all(timeout=10)
+    await registry.stop_all(timeout=10)
     assert not [p for p in pids if pid_alive(p)], "a test left processes running"
 
 
@@ -60,7 +62,7 @@ async def no_store(runtime, tmp_path, monkeypatch):
 
 # -- ending the test process ---------------------------------------------------------------------------
 # monarch 0.7's exit-time teardown can turn a passing session into exit status 1, printing nothing (see
-# runtime.end_process). So the session ends here, with pytest's own status, once everything pytest
+# lifecycle.end_process). So the session ends here, with pytest's own status, once everything pytest
 # does at the end (the summary, the other plugins' unconfigure) is done.
 _session = pytest.StashKey[pytest.Session]()
 
@@ -76,4 +78,4 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         capture = config.pluginmanager.getplugin("capturemanager")
         if capture is not None:
             capture.stop_global_capturing()
-        _runtime.end_process(int(session.exitstatus))
+        _lifecycle.end_process(int(session.exitstatus))

@@ -1,10 +1,10 @@
-"""What runs under a process (psutil, through forge_nb.system.procs; no helper process of our own that would
+"""What runs under a process (psutil, through forge_nb.system.processes.procs; no helper process of our own that would
 show up)."""
 
 from __future__ import annotations
 
-from forge_nb.system import procs
-from forge_nb.system.procs import live_children
+from forge_nb.system.processes import procs
+from forge_nb.system.processes.procs import live_children
 
 
 def children(root: int) -> set[int]:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from forge_nb.system import cluster as clusters
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.hosts import cluster as clusters
+from forge_nb.system.processes.procs import pid_alive
+from forge_nb.system.runtime import registry, spawning
 from tests.actors_for_tests import Worker
 from tests.waiting import waiter
 
@@ -37,7 +38,7 @@ async def job(runtime, tmp_path):
         yield cluster
     finally:
         try:
-            await runtime.stop_all(timeout=10)
+            await registry.stop_all(timeout=10)
         finally:
             await clusters.release_job()
         assert clusters.current() is None
@@ -46,7 +47,7 @@ async def job(runtime, tmp_path):
 
 async def test_replicas_spread_over_the_job_s_hosts_and_run_under_their_workers(runtime, job):
     assert [h.name for h in job.hosts] == ["trainer[0]", "generators[0]", "generators[1]"]
-    assert all(h.local and h.lost is None and h.gpus == runtime.visible_gpus() for h in job.hosts)
+    assert all(h.local and h.lost is None and h.gpus == spawning.visible_gpus() for h in job.hosts)
     gens = await Worker.options(num_replicas=2, hosts="generators", **FAST).as_service()
     anywhere = await Worker.options(num_replicas=3, **FAST).as_service()
     try:
@@ -80,7 +81,7 @@ async def test_a_host_that_dies_takes_its_replicas_and_they_respawn_on_the_hosts
         assert [r.mesh.host for r in gens.replicas] == ["generators[0]", "generators[0]"]
         assert sum(r.restarts for r in gens.replicas) == 1
         assert {host for host, _, _ in await gens.where.fanout()} == {"generators[0]"}
-        more = await runtime.spawn_mesh("more", hosts="generators")  # placement passes over the lost host
+        more = await spawning.spawn_mesh("more", hosts="generators")  # placement passes over the lost host
         assert more.host == "generators[0]"
     finally:
         await gens.shutdown()
@@ -167,8 +168,8 @@ async def test_weights_reach_other_hosts_by_stream_or_torchstore_and_a_writer_dy
     monkeypatch.setenv("FORGE_NB_SHM_DIR", str(shm))
     await weights.initialize_store()
     try:
-        writer_mesh = await runtime.spawn_mesh("writer", hosts="trainer", env=env)
-        reader_meshes = [await runtime.spawn_mesh("reader", hosts="generators", env=env) for _ in range(2)]
+        writer_mesh = await spawning.spawn_mesh("writer", hosts="trainer", env=env)
+        reader_meshes = [await spawning.spawn_mesh("reader", hosts="generators", env=env) for _ in range(2)]
         assert sorted(m.host for m in reader_meshes) == ["generators[0]", "generators[1]"]
         writer = writer_mesh.spawn("writer", StreamWriter)
         near, far = (m.spawn("reader", HostReader) for m in reader_meshes)
@@ -213,7 +214,7 @@ async def test_weights_reach_other_hosts_by_stream_or_torchstore_and_a_writer_dy
         assert await weights.drop_version(version) >= 1
     finally:
         await weights.shutdown_store()  # while its volume runs: every version dropped, spares and locks removed
-        await runtime.stop_all(timeout=10)
+        await registry.stop_all(timeout=10)
         weights.remove_orphaned_shm()
         left = sorted(p.name for p in shm.iterdir()) if shm.exists() else []
         shutil.rmtree(shm, ignore_errors=True)
@@ -222,7 +223,7 @@ async def test_weights_reach_other_hosts_by_stream_or_torchstore_and_a_writer_dy
 
 async def test_a_host_s_probe_ends_that_host_s_processes_and_no_other(runtime, job):
     """How a mesh on a host whose pids the kernel cannot signal is cleaned up: the host's probe kills them."""
-    mesh = await runtime.spawn_mesh("far", procs=2, hosts="generators")
+    mesh = await spawning.spawn_mesh("far", procs=2, hosts="generators")
     try:
         other = [h for h in job.hosts if h.group == "generators" and h.name != mesh.host][0]
         assert await clusters.end_on(other.name, mesh.pids) == []  # not that host's processes
@@ -236,8 +237,9 @@ async def test_a_host_s_probe_ends_that_host_s_processes_and_no_other(runtime, j
 KERNEL_AFTER_A_HOST_DIED = """
 import asyncio, os, signal, sys, tempfile
 import forge_nb
-from forge_nb.system import cluster, runtime
-runtime.ensure_started()  # before monarch is imported, as %load_ext forge_nb does in a kernel
+from forge_nb.system.hosts import cluster
+from forge_nb.system.runtime import lifecycle
+lifecycle.ensure_started()  # before monarch is imported, as %load_ext forge_nb does in a kernel
 from forge_nb.config import GeneratorConfig
 from monarch.job import ProcessJob
 from tests.controller.conftest import light_config
@@ -255,7 +257,7 @@ async def main():
     await asyncio.sleep(40)  # monarch gives up on what was queued to the dead host after its delivery timeout
     await cluster.release_job()
     print("the kernel outlived the dead host", flush=True)
-    runtime.end_process(0)
+    lifecycle.end_process(0)
 
 asyncio.run(main())
 """
@@ -265,7 +267,7 @@ asyncio.run(main())
 def test_the_kernel_outlives_what_was_queued_to_a_dead_host(tmp_path):
     """monarch returns the messages queued to a dead host once its delivery timeout passes, and a process handed
     back an undeliverable message exits: with the default 30 s a kernel died 30 s after a ProcessJob host did
-    (the whole test suite with it). forge_nb sets the timeout far beyond a session (runtime.MONARCH_ENV_DEFAULTS)."""
+    (the whole test suite with it). forge_nb sets the timeout far beyond a session (lifecycle.MONARCH_ENV_DEFAULTS)."""
     import subprocess
     import sys
 

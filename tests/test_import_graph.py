@@ -27,7 +27,7 @@ LAYERS = {
     "recipes": 7, "widgets": 8, "magics": 9,       # ready configs; the dashboard; the %forge_* front
 }
 # parts that must not reach some lower ones: the widgets, data and the metrics read records, never processes
-_PROCESSES = {"system.runtime", "system.procinfo", "service", "actors", "weights"}
+_PROCESSES = {"system.runtime", "service", "actors", "weights"}  # system.runtime: meshes, their pids, the probe
 FORBIDDEN = {"widgets": _PROCESSES, "data": _PROCESSES, "rl": _PROCESSES, "metrics": _PROCESSES}
 #: what the package root holds: the public front (``forge_nb``'s lazy names, the Run) and the floors' folders
 ROOT_MODULES = ["__init__.py", "run.py"]

@@ -8,15 +8,15 @@ import time
 
 import pytest
 
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.processes.procs import pid_alive
 from tests.kernel_client import Kernel
 
 pytestmark = pytest.mark.timeout(240)
 
 SPAWN = """
-from forge_nb.system import runtime
+from forge_nb.system.runtime import spawning
 from tests.actors_for_tests import Sleeper
-mesh = await runtime.spawn_mesh("kernel-test", procs=2)
+mesh = await spawning.spawn_mesh("kernel-test", procs=2)
 sleeper = mesh.spawn("sleeper", Sleeper)
 await sleeper.sleep.call(0)
 print("PIDS", *mesh.pids)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from forge_nb import weights
-from forge_nb.system import runtime as rt
 from forge_nb.system.leases import Shared
+from forge_nb.system.runtime import lifecycle, registry
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -77,8 +77,8 @@ async def _store_is_down() -> None:
         await weights.stored_versions()
 
 
-def _store_processes() -> list[rt.Mesh]:
-    return [m for m in rt.meshes() if m.owner == "torchstore"]
+def _store_processes() -> list[registry.Mesh]:
+    return [m for m in registry.meshes() if m.owner == "torchstore"]
 
 
 async def test_the_store_lives_from_the_first_lease_to_the_last_release(no_store, runtime):
@@ -86,14 +86,14 @@ async def test_the_store_lives_from_the_first_lease_to_the_last_release(no_store
     await weights.lease_store("run-b")
     assert weights.store_running() and weights.store_holders() == {"run-a", "run-b"}
     assert _store_processes() == []  # controller and volume live in this process: no mesh of their own
-    assert "weights.store" in runtime.lease_holders()  # the store holds the runtime while leased
+    assert "weights.store" in lifecycle.lease_holders()  # the store holds the runtime while leased
     await weights.push_state_dict({"w": torch.ones(3)}, 1, namespace="policy-b")
     await weights.release_store("run-a")
     assert weights.store_running()  # run-b still uses it
     assert float((await weights.load_state_dict(1, namespace="policy-b"))["w"].sum()) == 3.0
     await weights.release_store("run-b")
     await _store_is_down()
-    assert "weights.store" not in runtime.lease_holders()
+    assert "weights.store" not in lifecycle.lease_holders()
     assert await weights.initialize_store() is True  # and it starts again, empty
     assert await weights.stored_versions(namespace="policy-b") == []
 
@@ -126,7 +126,7 @@ async def test_a_direct_shutdown_ends_the_leases_and_the_next_lease_starts_a_new
 async def test_stopping_every_mesh_leaves_the_leased_store_up(no_store, runtime):
     await weights.lease_store("run-a")
     await weights.push_state_dict({"w": torch.ones(2)}, 1)
-    await rt.stop_all()  # as a notebook's own cells may do under a run's feet
+    await registry.stop_all()  # as a notebook's own cells may do under a run's feet
     assert weights.store_running() and await weights.stored_versions() == [1]
     await weights.release_store("run-a")
     assert not weights.store_running()

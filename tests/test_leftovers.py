@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
-from forge_nb.system.leftovers import SHM, engine_patterns, orphaned, remove_leftovers
-from forge_nb.system.procs import group_members, kill_groups, pid_alive, started, weight_files_root
+from forge_nb.system.processes.leftovers import SHM, engine_patterns, orphaned, remove_leftovers
+from forge_nb.system.processes.procs import group_members, kill_groups, pid_alive, started, weight_files_root
 
 
 def test_a_segment_nobody_maps_is_removed_one_in_use_stays():
@@ -122,7 +122,7 @@ def test_kill_groups_lets_a_dead_maker_s_resource_tracker_unlink_its_semaphore()
 # process and by itself, starts forge_nb's reaper on the group, and waits to be killed.
 KERNEL = """
 import os, subprocess, sys, time
-from forge_nb.system.procs import SOCKETS_ROOT, start_reaper, weight_files_root
+from forge_nb.system.processes.procs import SOCKETS_ROOT, start_reaper, weight_files_root
 proc = subprocess.Popen([sys.executable, "-c", "from multiprocessing import shared_memory; import time\\n"
                          "m = shared_memory.SharedMemory(create=True, size=4096)\\n"
                          "print(m.name, flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True,
@@ -219,7 +219,7 @@ def test_kill_groups_spares_a_group_whose_pid_now_names_another_process():
 # process group (here: a process it starts in its own session, given an earlier start than its own).
 REUSED = """
 import subprocess, sys, time
-from forge_nb.system.procs import start_reaper, started
+from forge_nb.system.processes.procs import start_reaper, started
 other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
 reaper = start_reaper([other.pid], period=0.1, leaders={other.pid: started(other.pid) - 1})
 print(other.pid, reaper.pid, flush=True)

@@ -8,7 +8,8 @@ import uuid
 
 import pytest
 
-from forge_nb.system import proclogs
+from forge_nb.system.processes import proclogs
+from forge_nb.system.runtime import spawning
 from tests.actors_for_tests import Printer
 
 pytestmark = pytest.mark.timeout(120)
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.timeout(120)
 
 async def test_a_mesh_writes_its_output_to_its_log_file_not_to_the_kernel(runtime, tmp_path, capfd):
     token = uuid.uuid4().hex
-    mesh = await runtime.spawn_mesh("printer", 1, log_dir=tmp_path / "logs")
+    mesh = await spawning.spawn_mesh("printer", 1, log_dir=tmp_path / "logs")
     try:
         printer = mesh.spawn("printer", Printer)
         await printer.say.call(token)
@@ -35,7 +36,7 @@ async def test_a_progress_bar_in_a_mesh_takes_no_semaphore_nor_tracker_process(r
     proc, 13 MB; a killed kernel's reaper once took a tracker along before it could, leaving the semaphore).
     A proc's bars go to its own log file: a thread lock is enough, and nothing is left to clean."""
     token = uuid.uuid4().hex
-    mesh = await runtime.spawn_mesh("bars", 1, log_dir=tmp_path / "logs")
+    mesh = await spawning.spawn_mesh("bars", 1, log_dir=tmp_path / "logs")
     try:
         semaphores, children = await mesh.spawn("printer", Printer).bar.call_one(token)
     finally:
@@ -45,7 +46,7 @@ async def test_a_progress_bar_in_a_mesh_takes_no_semaphore_nor_tracker_process(r
 
 
 async def test_a_mesh_outside_a_run_logs_into_the_kernels_private_folder(runtime):
-    mesh = await runtime.spawn_mesh("printer", 1)
+    mesh = await spawning.spawn_mesh("printer", 1)
     try:
         assert mesh.log_path.parent == proclogs.default_log_dir()
         assert mesh.log_path.parent.stat().st_mode & 0o077 == 0

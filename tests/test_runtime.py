@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.hosts import gpus
+from forge_nb.system.processes.procs import pid_alive
+from forge_nb.system.runtime import lifecycle, registry, spawning
 from tests.procs import children
 from tests.waiting import waiter
 
@@ -22,58 +24,58 @@ _wait_for = waiter(timeout=15.0, interval=0.05)
 
 
 async def test_spawn_records_pids_and_stop_removes_them(runtime):
-    mesh = await runtime.spawn_mesh("t-spawn", procs=2)
+    mesh = await spawning.spawn_mesh("t-spawn", procs=2)
     assert len(mesh.pids) == 2 and len(set(mesh.pids)) == 2
     assert all(pid_alive(p) for p in mesh.pids)
-    assert mesh in runtime.meshes()
+    assert mesh in registry.meshes()
     info = mesh.info()
     assert (info.procs, info.state, info.with_gpus) == (2, "running", False)
 
     await mesh.stop()
     assert mesh.state == "stopped"
-    assert mesh not in runtime.meshes()
+    assert mesh not in registry.meshes()
     assert await _wait_for(lambda: not mesh.alive_pids(), timeout=5)
 
 
 async def test_names_are_unique_per_kernel(runtime):
-    a = await runtime.spawn_mesh("twin")
-    b = await runtime.spawn_mesh("twin")
+    a = await spawning.spawn_mesh("twin")
+    b = await spawning.spawn_mesh("twin")
     assert (a.name, b.name) == ("twin", "twin-2")
-    assert runtime.get_mesh("twin-2") is b
+    assert registry.get_mesh("twin-2") is b
     with pytest.raises(KeyError, match="no mesh named 'nope'"):
-        runtime.get_mesh("nope")
+        registry.get_mesh("nope")
 
 
 @pytest.mark.parametrize("procs", [0, -1, 1.5, True])
 async def test_bad_procs_is_a_clear_error(runtime, procs):
     with pytest.raises(ValueError, match="procs"):
-        await runtime.spawn_mesh("bad", procs=procs)
-    assert runtime.meshes() == []
+        await spawning.spawn_mesh("bad", procs=procs)
+    assert registry.meshes() == []
 
 
 async def test_gpus_beyond_the_machine_are_refused_before_spawning(runtime):
     before = children(os.getpid())
-    ask = runtime.visible_gpus() + 1
-    with pytest.raises(runtime.ResourceError) as err:
-        await runtime.spawn_mesh("gpu-hungry", procs=ask, with_gpus=True)
+    ask = spawning.visible_gpus() + 1
+    with pytest.raises(gpus.ResourceError) as err:
+        await spawning.spawn_mesh("gpu-hungry", procs=ask, with_gpus=True)
     msg = str(err.value)
     assert "gpu-hungry" in msg and f"{ask} GPU" in msg
-    assert ("no CUDA device" in msg) if runtime.visible_gpus() == 0 else ("visible are free" in msg)
-    assert runtime.meshes() == []
+    assert ("no CUDA device" in msg) if spawning.visible_gpus() == 0 else ("visible are free" in msg)
+    assert registry.meshes() == []
     assert children(os.getpid()) <= before
 
 
 async def test_multi_host_is_refused_with_advice(runtime):
-    with pytest.raises(runtime.ResourceError, match="span several hosts are not supported yet"):
-        await runtime.spawn_mesh("far", hosts=2)
+    with pytest.raises(gpus.ResourceError, match="span several hosts are not supported yet"):
+        await spawning.spawn_mesh("far", hosts=2)
     with pytest.raises(ValueError, match="no job is in use"):
-        await runtime.spawn_mesh("far", hosts="generators")
+        await spawning.spawn_mesh("far", hosts="generators")
 
 
 async def test_sigkill_is_recorded_for_the_owner_and_the_survivor_answers(runtime):
     from tests.actors_for_tests import StoreUser
 
-    mesh = await runtime.spawn_mesh("t-kill", procs=2)
+    mesh = await spawning.spawn_mesh("t-kill", procs=2)
     actor = mesh.spawn("user", StoreUser)
     assert len(await actor.pid.call()) == 2  # spawned on both procs before the kill
     seen = []
@@ -92,7 +94,7 @@ async def test_sigkill_is_recorded_for_the_owner_and_the_survivor_answers(runtim
 async def test_mixed_sync_and_async_endpoints_work_after_async_endpoints(runtime):
     from tests.actors_for_tests import Mixed
 
-    mesh = await runtime.spawn_mesh("t-mixed")
+    mesh = await spawning.spawn_mesh("t-mixed")
     actor = mesh.spawn("mixed", Mixed)
     assert await actor.add.call_one(2, 3) == 5
     assert await actor.add_later.call_one(2, 3) == 5
@@ -108,7 +110,7 @@ async def test_torchstore_state_dict_between_kernel_and_an_actor_process(runtime
     try:
         sd = {"layer.weight": torch.randn(8, 4), "layer.bias": torch.arange(4.0)}
         await ts.put_state_dict(sd, "kernel/v1")
-        mesh = await runtime.spawn_mesh("t-store")
+        mesh = await spawning.spawn_mesh("t-store")
         actor = mesh.spawn("user", StoreUser)
         assert await actor.pid.call_one() != os.getpid()
         # The actor reads what the kernel wrote ...
@@ -126,16 +128,17 @@ async def test_torchstore_state_dict_between_kernel_and_an_actor_process(runtime
 SCRIPT = textwrap.dedent(
     """
     import asyncio, os, signal, sys
-    from forge_nb.system import runtime
+    from forge_nb.system.runtime import lifecycle, registry, spawning
+    from forge_nb.system.hosts import gpus
 
     async def main():
-        mesh = await runtime.spawn_mesh("exit-test", procs=2)
+        mesh = await spawning.spawn_mesh("exit-test", procs=2)
         print("PIDS", *mesh.pids, flush=True)
         if sys.argv[1] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if sys.argv[1] == "end":
             print("work done")  # not flushed: end_process must flush it
-            runtime.end_process(3)
+            lifecycle.end_process(3)
 
     asyncio.run(main())
     """
@@ -164,32 +167,32 @@ async def test_a_dead_procs_own_children_do_not_outlive_it(runtime):
     re-parented, not killed. The runtime kills the dead proc's process group."""
     from tests.actors_for_tests import Parent
 
-    mesh = await runtime.spawn_mesh("t-orphans")
+    mesh = await spawning.spawn_mesh("t-orphans")
     grandchild = await mesh.spawn("parent", Parent).start_child.call_one()
     assert pid_alive(grandchild)
     os.kill(mesh.pids[0], signal.SIGKILL)
     assert await _wait_for(lambda: not pid_alive(grandchild), timeout=15), "an orphan outlived its proc"
 
-    again = await runtime.spawn_mesh("t-orphans-stop")
+    again = await spawning.spawn_mesh("t-orphans-stop")
     grandchild = await again.spawn("parent", Parent).start_child.call_one()
     await again.stop()
     assert await _wait_for(lambda: not pid_alive(grandchild), timeout=15), "stop() left a child behind"
 
 
 async def test_releasing_a_runtime_lease_stops_the_meshes_its_holder_left_behind(runtime):
-    await runtime.lease("holder-a")
-    await runtime.lease("holder-b")
-    left = await runtime.spawn_mesh("left-behind", owner="holder-a")
-    kept = await runtime.spawn_mesh("kept", owner="holder-b")
-    mine = await runtime.spawn_mesh("not-leased", owner="user")
-    assert {"holder-a", "holder-b"} <= runtime.lease_holders()
-    await runtime.release("holder-a")
+    await lifecycle.lease("holder-a")
+    await lifecycle.lease("holder-b")
+    left = await spawning.spawn_mesh("left-behind", owner="holder-a")
+    kept = await spawning.spawn_mesh("kept", owner="holder-b")
+    mine = await spawning.spawn_mesh("not-leased", owner="user")
+    assert {"holder-a", "holder-b"} <= lifecycle.lease_holders()
+    await lifecycle.release("holder-a")
     assert left.state == "stopped" and await _wait_for(lambda: not left.alive_pids())
     assert kept.state == "running" and mine.state == "running"
-    await runtime.release("holder-a")  # released already: nothing happens
+    await lifecycle.release("holder-a")  # released already: nothing happens
     await kept.stop()
-    await runtime.release("holder-b")
-    assert "holder-b" not in runtime.lease_holders() and mine.state == "running"  # not a holder's mesh
+    await lifecycle.release("holder-b")
+    assert "holder-b" not in lifecycle.lease_holders() and mine.state == "running"  # not a holder's mesh
     await mine.stop()
 
 

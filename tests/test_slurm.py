@@ -17,7 +17,7 @@ import signal
 import psutil
 import pytest
 
-from forge_nb.system.slurm import _normalized, job_info, settled_job_info, why_ended
+from forge_nb.system.hosts.slurm import _normalized, job_info, settled_job_info, why_ended
 from tests import slurm_cluster
 from tests.kernel_client import Kernel, Reply
 from tests.waiting import until_sync
@@ -29,7 +29,7 @@ import json, os
 import psutil
 import forge_nb
 from forge_nb import weights
-from forge_nb.system import cluster
+from forge_nb.system.hosts import cluster
 from forge_nb.widgets import Dashboard"""
 
 
@@ -121,7 +121,7 @@ def test_quickstart_on_three_slurm_nodes_outlives_its_kernel_a_node_and_ends_wit
         assert out.stderr == "", out.stderr  # monarch's job messages go to the log folder
         assert [line.split()[:2] for line in slurm.jobs()] == [[job_id, "RUNNING"]]
         workers = value(first, "[psutil.Process(h.probe_pid).ppid() for h in cluster.current().hosts]")
-        assert all("forge_nb.system.slurm_worker" in " ".join(psutil.Process(w).cmdline()) for w in workers)
+        assert all("forge_nb.system.hosts.slurm_worker" in " ".join(psutil.Process(w).cmdline()) for w in workers)
 
         ok(first.run(f"%forge_spawn quickstart --set name=onslurm run_dir={runs} loop.checkpoint_every=5 "
                      "trainer.hosts=trainer generator.hosts=generators", timeout=300))

@@ -7,13 +7,14 @@ import torch
 
 import forge_nb
 from forge_nb.config import GeneratorConfig
+from forge_nb.system.runtime import registry, spawning
 
 
 async def test_a_model_that_does_not_exist_is_named_before_anything_spawns(runtime, tmp_path):
     cfg = forge_nb.quickstart(model="/nonexistent/forge-nb-model", run_dir=str(tmp_path / "run"))
     with pytest.raises(FileNotFoundError, match="/nonexistent/forge-nb-model"):
         await forge_nb.spawn(cfg, progress=False)
-    assert runtime.meshes() == []
+    assert registry.meshes() == []
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has the GPU the test asks for")
@@ -23,7 +24,7 @@ async def test_gpus_that_do_not_exist_are_refused_before_anything_spawns(runtime
     cfg = forge_nb.quickstart(generator=GeneratorConfig(num_replicas=2, with_gpus=True), run_dir=str(tmp_path / "run"))
     with pytest.raises(forge_nb.ResourceError, match=r"run 'quickstart' \(generator 2\) asks for 2 GPU.*no CUDA"):
         await forge_nb.spawn(cfg, progress=False)
-    assert runtime.meshes() == [] and not weights.store_running()  # not even torchstore was started
+    assert registry.meshes() == [] and not weights.store_running()  # not even torchstore was started
     assert not (tmp_path / "run").exists()
 
 
@@ -38,14 +39,14 @@ async def test_more_gpus_than_are_free_are_refused_and_a_mesh_holding_them_is_na
                               run_dir=str(tmp_path / "run"))
     with pytest.raises(forge_nb.ResourceError, match=rf"asks for {n + 1} GPU\(s\) but {n} of the {n} visible are free"):
         await forge_nb.spawn(cfg, progress=False)
-    assert runtime.meshes() == [] and not weights.store_running()
+    assert registry.meshes() == [] and not weights.store_running()
     assert not (tmp_path / "run").exists()
 
-    holder = await runtime.spawn_mesh("holder", n, with_gpus=True)
+    holder = await spawning.spawn_mesh("holder", n, with_gpus=True)
     try:
         with pytest.raises(forge_nb.ResourceError, match=r"0 of the .* visible are free \(in use by holder"):
-            await runtime.spawn_mesh("another", 1, with_gpus=True)
-        assert [m.name for m in runtime.meshes()] == ["holder"]
+            await spawning.spawn_mesh("another", 1, with_gpus=True)
+        assert [m.name for m in registry.meshes()] == ["holder"]
     finally:
         await holder.stop()
 
@@ -57,7 +58,7 @@ async def test_a_run_that_fails_to_come_up_leaves_no_run_directory(runtime, tmp_
     with pytest.raises(RuntimeError, match="service 'trainer' failed to start: .*unexpected keyword argument"):
         # a generator in the trainer's place: its constructor refuses the trainer's arguments
         await forge_nb.spawn(cfg, progress=False, actors={"policy": LightGenerator, "trainer": LightGenerator})
-    assert runtime.meshes() == []
+    assert registry.meshes() == []
     assert not (tmp_path / "run").exists()
 
 

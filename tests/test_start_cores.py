@@ -15,8 +15,9 @@ import pytest
 
 import forge_nb
 from forge_nb.config import GeneratorConfig
-from forge_nb.system import start_cores
-from forge_nb.system.procs import live_children
+from forge_nb.system.processes import start_cores
+from forge_nb.system.processes.procs import live_children
+from forge_nb.system.runtime import spawning
 from tests.controller.conftest import light_config
 from tests.light_actors import LightGenerator, LightTrainer
 from tests.waiting import waiter
@@ -76,8 +77,8 @@ async def test_the_generator_has_a_core_alone_until_the_block_ends(runtime, two_
     own_mask.wait(10)
     kernel = os.getpid()
     async with start_cores.generators_first("t-cores-gen-r", processes=2, generator_processes=1):
-        generator = await runtime.spawn_mesh("t-cores-gen-r0")
-        other = await runtime.spawn_mesh("t-cores-trainer")
+        generator = await spawning.spawn_mesh("t-cores-gen-r0")
+        other = await spawning.spawn_mesh("t-cores-trainer")
         assert await _wait_for(lambda: masks(other.pids[0]) == {narrow}), masks(other.pids[0])
         assert masks(generator.pids[0]) == {two_cores}  # widened at birth, then left alone
         assert masks(kernel) == {narrow, kept}  # every thread of this process but the one that chose its mask
@@ -93,7 +94,7 @@ async def test_the_generator_has_a_core_alone_until_the_block_ends(runtime, two_
 async def test_a_spawn_on_two_cores_keeps_a_core_for_its_generator_and_gives_every_mask_back(two_cores, tmp_path,
                                                                                              caplog):
     cfg = light_config(str(tmp_path), "light-cores", generator=GeneratorConfig(num_replicas=1))
-    with caplog.at_level(logging.INFO, logger="forge_nb.system.start_cores"):
+    with caplog.at_level(logging.INFO, logger="forge_nb.system.processes.start_cores"):
         run = await forge_nb.spawn(cfg, progress=False, actors={"policy": LightGenerator, "trainer": LightTrainer})
     try:
         kept = sorted(two_cores)[:1]

@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 
+from forge_nb.system.runtime import spawning
 from tests.actors_for_tests import GcProbe
 
 pytestmark = pytest.mark.timeout(120)
@@ -16,7 +17,7 @@ _DEFAULT = (700, 10, 10)  # CPython's thresholds, what a spawned process starts 
 
 
 async def test_a_spawned_process_holds_full_collections_until_its_actor_is_set_up(runtime):
-    mesh = await runtime.spawn_mesh("gc-probe", 1)
+    mesh = await spawning.spawn_mesh("gc-probe", 1)
     try:
         probe = mesh.spawn("gc-probe", GcProbe)
         assert (await probe.gc_state.call_one())["paused"] is True  # spawned, not yet set up
@@ -40,7 +41,7 @@ def _run(code: str) -> str:
 def test_a_process_whose_actors_have_no_setup_settles_on_the_timer():
     out = _run("""
         import gc, time
-        from forge_nb.system import startup_gc
+        from forge_nb.system.processes import startup_gc
         startup_gc.pause(settle_after_s=0.3)
         startup_gc.pause()  # a second call changes nothing
         print(startup_gc.paused(), gc.get_threshold()[2] > 10**6)
@@ -53,7 +54,7 @@ def test_a_process_whose_actors_have_no_setup_settles_on_the_timer():
 def test_settle_collects_the_cycles_the_start_dropped_before_freezing_the_rest():
     out = _run("""
         import gc, weakref
-        from forge_nb.system import startup_gc
+        from forge_nb.system.processes import startup_gc
         class Node: pass
         startup_gc.pause()
         startup_gc.keep_what_is_loaded()
@@ -79,7 +80,7 @@ def test_setup_settles_the_process_even_when_it_raises():
     out = _run("""
         import asyncio
         from forge_nb.service import ForgeActor
-        from forge_nb.system import startup_gc
+        from forge_nb.system.processes import startup_gc
         from monarch.actor import endpoint
         class Fails(ForgeActor):
             @endpoint
@@ -98,7 +99,7 @@ def test_setup_settles_the_process_even_when_it_raises():
 def test_a_child_forked_during_the_start_collects_as_usual():
     out = _run("""
         import gc, os
-        from forge_nb.system import startup_gc
+        from forge_nb.system.processes import startup_gc
         startup_gc.pause()
         pid = os.fork()
         if pid == 0:  # no timer thread came along: the child must not stay paused

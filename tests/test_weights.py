@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from forge_nb import weights
+from forge_nb.system.runtime import spawning
 from forge_nb.weights import shm
 
 pytestmark = pytest.mark.timeout(120)
@@ -34,7 +35,7 @@ async def test_push_in_one_process_load_in_another(store, runtime, transport, tm
     from tests.actors_for_tests import WeightsReader
 
     await weights.push_state_dict(_state(2.0), 1, transport=transport)
-    mesh = await runtime.spawn_mesh("reader", procs=2)
+    mesh = await spawning.spawn_mesh("reader", procs=2)
     reader = mesh.spawn("reader", WeightsReader)
     sums = await reader.checksums.call(1)
     expected = {k: float(v.float().sum()) for k, v in _state(2.0).items()}
@@ -63,7 +64,7 @@ async def test_a_dropped_file_is_reused_unless_a_reader_still_holds_it(store, ru
     folder = tmp_path / "shm"
     await weights.push_state_dict(_state(1.0), 1, transport="shm")
     first = _version_file(folder, 1).stat().st_ino
-    mesh = await runtime.spawn_mesh("reader")
+    mesh = await spawning.spawn_mesh("reader")
     reader = mesh.spawn("reader", WeightsReader)
     await reader.hold.call_one(1)  # another process keeps views of version 1
     await weights.drop_version(1)
@@ -83,7 +84,7 @@ async def test_open_version_reads_every_version_through_one_kept_mapping(store, 
     from tests.actors_for_tests import WeightsReader
 
     folder = tmp_path / "shm"
-    mesh = await runtime.spawn_mesh("reader")
+    mesh = await spawning.spawn_mesh("reader")
     reader = mesh.spawn("reader", WeightsReader)
     await weights.push_state_dict(_state(1.0), 1, transport="shm")
     inode = _version_file(folder, 1).stat().st_ino
@@ -112,7 +113,7 @@ async def test_gpu_to_gpu_through_page_locked_mappings(runtime, monkeypatch):
     monkeypatch.setenv("FORGE_NB_SHM_DIR", str(folder))
     await weights.initialize_store()
     try:
-        mesh = await runtime.spawn_mesh("gpu-reader", env={"CUDA_VISIBLE_DEVICES": "0"})
+        mesh = await spawning.spawn_mesh("gpu-reader", env={"CUDA_VISIBLE_DEVICES": "0"})
         reader = mesh.spawn("reader", WeightsReader)
         for version in (1, 2):  # the second push reuses the first's file, and both sides' registrations
             state = {k: v.cuda() for k, v in _state(float(version)).items()}
@@ -132,7 +133,7 @@ async def test_gpu_weights_through_a_folder_on_disk_are_copied_unpinned_and_cuda
     from tests.actors_for_tests import WeightsReader
 
     # the store fixture's folder is under tmp_path, on disk: CUDA refuses to page-lock such mappings
-    mesh = await runtime.spawn_mesh("gpu-reader", env={"CUDA_VISIBLE_DEVICES": "0"})
+    mesh = await spawning.spawn_mesh("gpu-reader", env={"CUDA_VISIBLE_DEVICES": "0"})
     reader = mesh.spawn("reader", WeightsReader)
     await weights.push_state_dict({k: v.cuda() for k, v in _state(3.0).items()}, 1, transport="shm")
     assert shm._pinned == set()
@@ -255,7 +256,7 @@ async def test_two_namespaces_keep_their_own_versions_and_bytes(store, runtime, 
     assert await weights.stored_versions() == []
     assert await weights.stored_versions(namespace=other) == [1, 2, 3]
     assert await weights.drop_version(3) == 0  # nothing of "policy" left; the other's v3 untouched
-    reader = (await runtime.spawn_mesh("reader")).spawn("reader", NamespaceReader)
+    reader = (await spawning.spawn_mesh("reader")).spawn("reader", NamespaceReader)
     for version in (1, 2, 3):  # another process reads the other namespace's bytes, intact
         assert await reader.checksums.call_one(version, other) == _checksums(_state(10.0 * version))
     with pytest.raises(KeyError, match=r"policy version 2 is not in torchstore \(stored: none\)"):

@@ -31,7 +31,7 @@ from typing import Any
 
 from forge_nb.envs.tools import ToolCall, Tools
 from forge_nb.system.importpath import require
-from forge_nb.system.proclogs import drop_actor_prefix
+from forge_nb.system.processes.proclogs import drop_actor_prefix
 
 __all__ = ["HARNESS_ID", "SEAT", "Seat", "plugin", "register"]
 

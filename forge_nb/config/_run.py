@@ -16,7 +16,7 @@ from typing import Any
 from forge_nb.config._hot import SamplingConfig, TaskKnobs, hot
 from forge_nb.config._rollout import RolloutConfig
 from forge_nb.models import TinyModelConfig
-from forge_nb.system.cluster import one_host
+from forge_nb.system.hosts.cluster import one_host
 
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 

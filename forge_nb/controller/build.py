@@ -45,9 +45,11 @@ from forge_nb.metrics import MetricsStore
 from forge_nb.models import TINY_PAD_ID, TRANSFORMERS_LOCK, TinyModelConfig, build_tiny_model, resolve_model
 from forge_nb.rl import ReplayBuffer
 from forge_nb.rundir import RunDir
-from forge_nb.system import cluster, proclogs, runtime, start_cores
+from forge_nb.system.hosts import cluster
 from forge_nb.system.importpath import import_path
-from forge_nb.system.leftovers import remove_leftovers
+from forge_nb.system.processes import proclogs, start_cores
+from forge_nb.system.processes.leftovers import remove_leftovers
+from forge_nb.system.runtime import lifecycle, spawning
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +143,7 @@ def _check_gpus(cfg: RunConfig) -> None:
         wanted["reference"] = ref.procs * ref.num_replicas
     if sum(wanted.values()):
         asking = ", ".join(f"{name} {n}" for name, n in wanted.items() if n)
-        runtime.check_gpus(sum(wanted.values()), f"run {cfg.name!r} ({asking})")
+        spawning.check_gpus(sum(wanted.values()), f"run {cfg.name!r} ({asking})")
 
 
 async def build_run(cfg: RunConfig, directory: RunDir, *, episode_fn: EpisodeFn | None = None,
@@ -154,7 +156,7 @@ async def build_run(cfg: RunConfig, directory: RunDir, *, episode_fn: EpisodeFn 
         return await build_on_base(cfg, directory, base, episode_fn=episode_fn, actors=actors)
     task = make_task(cfg)
     model, pad_id, build = _model_source(cfg, task, directory)
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     remove_leftovers()  # of runs killed before (a kernel restart): engine segments, sockets, weight files
     sync = WeightSync(weights.namespace_for(cfg.name))
     sync.claim()  # this run's key namespace, before anything is spawned
@@ -309,7 +311,7 @@ def _wire(cfg: RunConfig, directory: RunDir, services: dict[str, Any], *, task: 
 
 
 def _remove_leftovers(run: str) -> None:
-    """What engines killed during the run could not clean (``forge_nb.system.leftovers``)."""
+    """What engines killed during the run could not clean (``forge_nb.system.processes.leftovers``)."""
     removed = remove_leftovers(min_age_s=5.0)
     if any(removed.values()):
         logger.info("run %s: removed what killed processes left: %s", run, removed)

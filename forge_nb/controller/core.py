@@ -38,7 +38,7 @@ from forge_nb.rl import Episode, ReplayBuffer
 from forge_nb.service import ReplicaDied
 from forge_nb.service.errors import last_line
 from forge_nb.system.diskspace import DiskFull
-from forge_nb.system.proclogs import run_context
+from forge_nb.system.processes.proclogs import run_context
 
 logger = logging.getLogger(__name__)
 

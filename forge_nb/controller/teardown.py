@@ -35,14 +35,16 @@ async def shutdown_kernel(shut_down_runs: Callable[[], Awaitable[list[BaseExcept
     """``shut_down_runs()`` (the live runs named ``runs``, oldest first; it returns their errors), then every mesh of
     the kernel, then a wait of up to ``wait_s`` for their processes to exit, then the hosts of a monarch job. A run
     whose shutdown raised does not keep the meshes up: its error is raised after the rest is done."""
-    from forge_nb.system import cluster, procs, runtime
+    from forge_nb.system.hosts import cluster
+    from forge_nb.system.processes import procs
+    from forge_nb.system.runtime import registry
 
-    pids, meshes = [p for m in runtime.meshes() for p in m.pids], len(runtime.meshes())
+    pids, meshes = [p for m in registry.meshes() for p in m.pids], len(registry.meshes())
     errors: list[BaseException] = []
     try:
         errors = await shut_down_runs()
     finally:
-        await runtime.stop_all()
+        await registry.stop_all()
     deadline = time.monotonic() + wait_s
     while (alive := [p for p in pids if procs.pid_alive(p)]) and time.monotonic() < deadline:
         await asyncio.sleep(0.2)

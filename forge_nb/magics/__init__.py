@@ -89,10 +89,10 @@ def load_ipython_extension(ipython: Any) -> None:
     from forge_nb.magics._runs import Runs
     from forge_nb.magics._serve import ServeMagics
     from forge_nb.magics._spawn import SpawnMagics
-    from forge_nb.system import runtime
+    from forge_nb.system.runtime import lifecycle
 
-    # Before anything imports monarch, so its supervision env applies (see forge_nb.system.runtime).
-    runtime.ensure_started()
+    # Before anything imports monarch, so its supervision env applies (see forge_nb.system.runtime.lifecycle).
+    lifecycle.ensure_started()
     runs = Runs.of(ipython)
     ipython.register_magics(SpawnMagics(ipython, runs), ControlMagics(ipython, runs, help_text()),
                             ClusterMagics(ipython), ServeMagics(ipython, runs), EvalMagics(ipython, runs))

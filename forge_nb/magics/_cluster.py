@@ -1,5 +1,5 @@
 """%forge_cluster: where the run's processes go: the kernel's host or a monarch job's hosts
-(forge_nb.system.cluster)."""
+(forge_nb.system.hosts.cluster)."""
 
 from __future__ import annotations
 
@@ -72,11 +72,11 @@ class ClusterMagics(Magics):
         return self._show()
 
     async def _use(self, job: Any, save: str | None) -> None:
-        from forge_nb.system import cluster
+        from forge_nb.system.hosts import cluster
 
         if cluster.current() is not None:
             raise UsageError(f"a job is in use already ({cluster.current()}); %forge_cluster --release first")
-        from forge_nb.system.slurm import SlurmRefused
+        from forge_nb.system.hosts.slurm import SlurmRefused
 
         try:
             used = await cluster.use_job(job, cached_path=save)
@@ -93,14 +93,15 @@ class ClusterMagics(Magics):
                  if used.cached_path else ""))
 
     async def _show(self) -> None:
-        from forge_nb.system import cluster, runtime
+        from forge_nb.system.hosts import cluster
+        from forge_nb.system.runtime import registry
 
         job = cluster.current()
         if job is None:
             print("no job in use: every process runs on the kernel's host (%forge_cluster --processes "
                   "trainer=1 generators=2 simulates hosts; %forge_cluster JOB takes a monarch job)")
             return
-        meshes = runtime.meshes()
+        meshes = registry.meshes()
         if job.described:
             print(cluster.job_line(job.status()))
         for h in job.hosts:
@@ -110,12 +111,13 @@ class ClusterMagics(Magics):
                   f"meshes: {', '.join(names) or 'none'}")
 
     async def _release(self) -> None:
-        from forge_nb.system import cluster, runtime
+        from forge_nb.system.hosts import cluster
+        from forge_nb.system.runtime import registry
 
         job = cluster.current()
         if job is None:
             raise UsageError("no job is in use")
-        on_job = [m.name for m in runtime.meshes() if m.host != cluster.KERNEL]
+        on_job = [m.name for m in registry.meshes() if m.host != cluster.KERNEL]
         if on_job:
             raise UsageError(f"meshes still run on the job's hosts ({', '.join(on_job)}); %forge_shutdown first")
         await cluster.release_job()
@@ -141,7 +143,7 @@ def _slurm_job(args: Any) -> Any:
     if shutil.which("sbatch") is None:
         raise UsageError("no sbatch on this machine's PATH: %forge_cluster slurm runs where SLURM's commands do "
                          "(a login node), or give a monarch job: %forge_cluster JOB")
-    from forge_nb.system.slurm import SlurmJob
+    from forge_nb.system.hosts.slurm import SlurmJob
 
     try:
         return SlurmJob(meshes, partition=args.partition, gpus_per_node=args.gpus_per_node or None,

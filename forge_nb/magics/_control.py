@@ -144,7 +144,7 @@ class ControlMagics(Magics):
         """Services and replicas (state, pids, in flight, served, failures, restarts), loops, step, last values.
 
         With several live runs and no ``--name``: one line per run (``--name NAME`` shows one in full)."""
-        from forge_nb.system import warm
+        from forge_nb.system.runtime import warm
 
         name = parse_argstring(self.forge_status, line).name
         live, kept = self.runs.live(), warm.summary()

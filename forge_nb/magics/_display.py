@@ -7,7 +7,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from forge_nb.system.cluster import job_line
+from forge_nb.system.hosts.cluster import job_line
 
 _MAX_CELL = 60  # characters shown of a long value (a prompt, a response, an error)
 

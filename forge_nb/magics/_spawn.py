@@ -100,12 +100,13 @@ class SpawnMagics(Magics):
         self._bind(run, var)
 
     async def _spawn_mesh(self, name: str, procs: int, gpus: bool, hosts: str | None, var: str) -> None:
-        from forge_nb.system import runtime
+        from forge_nb.system.hosts.gpus import ResourceError
+        from forge_nb.system.runtime import spawning
 
         try:
-            mesh = await runtime.spawn_mesh(name, procs, gpus, owner="user",
-                                            hosts=int(hosts) if hosts is not None and hosts.isdigit() else hosts)
-        except (ValueError, runtime.ResourceError) as e:
+            mesh = await spawning.spawn_mesh(name, procs, gpus, owner="user",
+                                             hosts=int(hosts) if hosts is not None and hosts.isdigit() else hosts)
+        except (ValueError, ResourceError) as e:
             raise UsageError(str(e)) from None
         self.shell.user_ns[var] = mesh
         where = "" if mesh.host == "kernel" else f" on host {mesh.host}"
@@ -185,12 +186,12 @@ class SpawnMagics(Magics):
     @line_magic
     def forge_meshes(self, line: str) -> None:
         """Every process mesh this kernel holds: name, procs, pids, state, GPUs, owner, failures; then the
-        processes kept warm for the next run, if any (``forge_nb.system.warm``)."""
+        processes kept warm for the next run, if any (``forge_nb.system.runtime.warm``)."""
         if line.strip():
             raise UsageError("%forge_meshes takes no arguments")
-        from forge_nb.system import runtime, warm
+        from forge_nb.system.runtime import registry, warm
 
-        infos, kept = [m.info() for m in runtime.meshes()], warm.summary()
+        infos, kept = [m.info() for m in registry.meshes()], warm.summary()
         if infos:
             display(_display.meshes_table(infos))
         elif not kept:
@@ -224,7 +225,7 @@ class SpawnMagics(Magics):
         """One run (``only``; its processes kept warm for the kernel's next run where they can be), or everything:
         ``forge_nb.shutdown_all()``, kept processes included."""
         from forge_nb.run import shutdown_all
-        from forge_nb.system import warm
+        from forge_nb.system.runtime import warm
 
         known = [only] if only is not None else self.runs.live()
         for run in known:
@@ -248,7 +249,7 @@ class SpawnMagics(Magics):
                       f"with {', '.join(map(repr, staying))}, which train on")
                 return
             kept = {p for k in warm.kept() for p in k["pids"]} & set(pids)
-            if kept:  # forge_nb.system.warm: the next spawn of the kernel takes them
+            if kept:  # forge_nb.system.runtime.warm: the next spawn of the kernel takes them
                 print(f"shut down run {only.name!r}: its process(es) {sorted(kept)} are kept warm for the next run "
                       f"for {warm.keep_s() / 60:.0f} min (%forge_shutdown --all stops them now)")
             pids = sorted(set(pids) - kept)
@@ -271,9 +272,9 @@ def _held(runs: Runs, value: Any) -> str:
 
 
 def _require_gpus() -> None:
-    from forge_nb.system import runtime
+    from forge_nb.system.runtime import spawning
 
-    if runtime.visible_gpus() == 0:
+    if spawning.visible_gpus() == 0:
         raise UsageError("--gpus: this machine has no CUDA device; leave --gpus out to run on CPU")
 
 
@@ -282,7 +283,7 @@ def _run_pids(run: Run) -> list[int]:
 
 
 async def _wait_gone(pids: list[int], within: float) -> list[int]:
-    from forge_nb.system.procs import pid_alive
+    from forge_nb.system.processes.procs import pid_alive
 
     deadline = time.monotonic() + within
     while True:
@@ -294,17 +295,17 @@ async def _wait_gone(pids: list[int], within: float) -> list[int]:
 
 def _children(root: int) -> dict[int, str]:
     """Live descendants of ``root`` -> the start of their command line."""
-    from forge_nb.system.procs import descendants
+    from forge_nb.system.processes.procs import descendants
 
     return {pid: command[:80] for pid, command in descendants(root).items()}
 
 
 def _spawning() -> Any:
     """``forge_nb.run`` (spawn, resume), imported after the runtime has set monarch's environment (see
-    forge_nb.system.runtime)."""
-    from forge_nb.system import runtime
+    forge_nb.system.runtime.lifecycle)."""
+    from forge_nb.system.runtime import lifecycle
 
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     from forge_nb import run
 
     return run

@@ -36,7 +36,7 @@ from typing import Any
 
 from monarch._src.actor.endpoint import EndpointProperty
 
-from forge_nb.system import startup_gc
+from forge_nb.system.processes import startup_gc
 
 _INIT_ERROR = "_forge_nb_init_error"
 #: True while a ForgeActor's ``__init__`` runs in this context.

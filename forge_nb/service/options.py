@@ -35,7 +35,7 @@ class Options:
     """Replicas of a service (``as_service``); an actor has one."""
     hosts: int | str | None = None
     """Where each replica runs: None or 1 (TorchForge's hosts per replica: one host; a job's host chosen by
-    ``forge_nb.system.cluster`` when one is in use), the name of one of the job's host meshes, or "kernel"."""
+    ``forge_nb.system.hosts.cluster`` when one is in use), the name of one of the job's host meshes, or "kernel"."""
     mesh_name: str | None = None
     """Base name of the replicas' meshes; defaults to the class name in lower case."""
     max_restarts: int = 3
@@ -57,7 +57,7 @@ class Options:
     """First delay before a respawn; doubles with each restart of the same replica."""
     log_dir: str | None = None
     """Folder for the replicas' process output (``<mesh>.log``); a run's services log into ``<run_dir>/logs``,
-    others into a private folder of the kernel's (``forge_nb.system.proclogs.default_log_dir``)."""
+    others into a private folder of the kernel's (``forge_nb.system.processes.proclogs.default_log_dir``)."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables for the replicas' processes."""
 

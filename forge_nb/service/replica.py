@@ -35,9 +35,9 @@ from monarch.actor import ActorError
 
 from forge_nb.service.errors import ActorStartFailed, ReplicaDied
 from forge_nb.service.options import ActorClass, Options
-from forge_nb.system import runtime, warm
-from forge_nb.system.gpus import JobEnded
-from forge_nb.system.procs import kill_pids
+from forge_nb.system.hosts.gpus import JobEnded
+from forge_nb.system.processes.procs import kill_pids
+from forge_nb.system.runtime import registry, spawning, warm
 
 __all__ = ["STATES", "Replica", "ReplicaDied", "ReplicaStatus"]
 
@@ -63,7 +63,7 @@ class ReplicaStatus:
     last_error: str | None
     version: int | None
     host: str = "kernel"
-    """The host its processes run on: "kernel", or a job's host (``forge_nb.system.cluster``)."""
+    """The host its processes run on: "kernel", or a job's host (``forge_nb.system.hosts.cluster``)."""
 
 
 class Replica:
@@ -80,7 +80,7 @@ class Replica:
         self.setup_after: asyncio.Future[Any] | None = None  # the first setup waits for it (Service.start)
         self.host: Replica | None = None  # a guest's: the replica whose processes its actor runs in (start_on)
         self.state = "starting"
-        self.mesh: runtime.Mesh | None = None
+        self.mesh: registry.Mesh | None = None
         self.actor: Any = None
         self.in_flight = self.served = self.failures = self.restarts = 0
         self._streak = 0  # respawns since the replica last served restart_reset_s
@@ -116,7 +116,7 @@ class Replica:
             self.mesh = self.host.mesh
         else:  # a process an earlier run of the kernel left warm, or new ones
             name, o = f"{base}-r{self.index}", self._options
-            self.mesh = await warm.take(self._warm_shape(), name, self.owner, o.log_dir) or await runtime.spawn_mesh(
+            self.mesh = await warm.take(self._warm_shape(), name, self.owner, o.log_dir) or await spawning.spawn_mesh(
                 name, o.procs, o.with_gpus, hosts=o.hosts, env=o.env, owner=self.owner, log_dir=o.log_dir)
         self.mesh.on_failure(self._process_died)
         self.actor = self.mesh.spawn(self._cls.__name__.lower(), self._cls.spawn_class(),
@@ -142,7 +142,7 @@ class Replica:
 
     async def stop(self) -> None:
         """Stop serving; a healthy replica's processes are kept warm for the kernel's next run when they can be
-        (``forge_nb.system.warm``), else stopped."""
+        (``forge_nb.system.runtime.warm``), else stopped."""
         if self._recovery is not None and self._recovery is not asyncio.current_task():
             self._recovery.cancel()
         healthy = self.healthy
@@ -171,7 +171,7 @@ class Replica:
                 raise TimeoutError(f"{self.name} still {self.state} after {timeout:.0f} s: {self.last_error}")
             await asyncio.sleep(0.1)
 
-    def _process_died(self, failure: runtime.Failure) -> None:
+    def _process_died(self, failure: registry.Failure) -> None:
         self._death_report = self._death_report or failure.message
         self._mark_dead(f"process died: {failure.message.splitlines()[0][:200]}")
 

@@ -41,8 +41,9 @@ from forge_nb.service.coalesce import Coalescer
 from forge_nb.service.errors import ActorStartFailed, NoHealthyReplica, ReplicaDied
 from forge_nb.service.options import ActorClass, Options
 from forge_nb.service.replica import Replica, ReplicaStatus
-from forge_nb.system import cluster, runtime
-from forge_nb.system.runtime import ResourceError
+from forge_nb.system.hosts import cluster
+from forge_nb.system.hosts.gpus import ResourceError
+from forge_nb.system.runtime import lifecycle, spawning
 
 __all__ = ["ActorHandle", "Affinity", "NoHealthyReplica", "Service", "ServiceEvent"]
 
@@ -109,11 +110,11 @@ class Service:
         processes and actors start at once, their ``setup`` once it is done (its error fails the start)."""
         cluster.check(options.hosts, actor_cls.__name__)
         if options.with_gpus:
-            runtime.check_gpus(options.procs * options.num_replicas,
+            spawning.check_gpus(options.procs * options.num_replicas,
                                f"{actor_cls.__name__} ({options.num_replicas} replica(s) x {options.procs} procs)")
         svc = cls(actor_cls, options, args, kwargs)
         try:
-            await runtime.lease(svc.holder)
+            await lifecycle.lease(svc.holder)
         except BaseException:
             await svc._release()
             raise
@@ -195,7 +196,7 @@ class Service:
 
                 await weights.release_store(self.holder)
         finally:
-            await runtime.release(self.holder)
+            await lifecycle.release(self.holder)
 
     def __repr__(self) -> str:
         states = ", ".join(r.state for r in self.replicas)
@@ -331,7 +332,7 @@ class ActorHandle(Service):
         respawned (a death of the processes is the host's to deal with)."""
         handle = cls(actor_cls, dataclasses.replace(host.options, max_restarts=0), (), kwargs)
         handle.replica.host = host.replica
-        await runtime.lease(handle.holder)
+        await lifecycle.lease(handle.holder)
         try:
             if actor_cls.needs_store:
                 from forge_nb import weights

@@ -7,7 +7,7 @@ import asyncio
 
 from aiohttp import web
 
-from forge_nb.system.proclogs import run_context
+from forge_nb.system.processes.proclogs import run_context
 
 __all__ = ["serve_local"]
 

@@ -16,7 +16,7 @@ The transports behind the same calls (``push_state_dict``, ``load_state_dict``/`
   manifest (``<key>/__shm__``) in torchstore; see ``forge_nb.weights.shm``. ``bench/weight_sync.py``
   measures both.
 * ``"shm+stream"`` (the default in a process placed on a job's host when the job has several,
-  ``forge_nb.system.cluster``): shm, and the writer's process serves the file over TCP. Readers on the writer's
+  ``forge_nb.system.hosts.cluster``): shm, and the writer's process serves the file over TCP. Readers on the writer's
   host map its file; on any other host the first reader of a version pulls it through one stream into
   that host's shared memory, where the host's other readers map it (a host keeps only the newest version
   it copied); a reader that cannot reach the stream has the writer put the tensors in torchstore and
@@ -32,7 +32,7 @@ is started either directly, ``await initialize_store()`` (tests, benches, a note
 and services whose actor class ``needs_store`` lease it, so a second run's shutdown never tears the
 store down under the first. The last release stops the store only if a lease started it: a store
 started directly stays until ``shutdown_store()``, which stops it whoever holds leases (the next
-lease starts it again). While leased, the store holds a runtime lease (``runtime.lease``).
+lease starts it again). While leased, the store holds a runtime lease (``forge_nb.system.runtime.lifecycle.lease``).
 
 Every function works in any process (kernel or actor): torchstore is reached through
 ``forge_nb.weights.torchstore``, which carries the monarch-0.7 compatibility binding.

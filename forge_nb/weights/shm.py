@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from forge_nb.system.procs import remove_left_by_dead, weight_files_root
+from forge_nb.system.processes.procs import remove_left_by_dead, weight_files_root
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import weakref
 
-from forge_nb.system import runtime
 from forge_nb.system.leases import Shared
+from forge_nb.system.runtime import lifecycle
 from forge_nb.weights.shm import remove_orphaned_shm, remove_spares
 from forge_nb.weights.versions import PREFIX, VERSION_KEY, drop_version, store_client
 
@@ -57,7 +57,7 @@ async def shutdown_store() -> None:
     global _store_up, _store_leased
     _store_leased = False
     STORE.forget_all()
-    await runtime.release(_RUNTIME_HOLDER)
+    await lifecycle.release(_RUNTIME_HOLDER)
     if not _store_up:
         return
     ts = store_client()
@@ -79,11 +79,11 @@ def store_running() -> bool:
 
 async def _start_leased() -> None:
     global _store_leased
-    await runtime.lease(_RUNTIME_HOLDER)
+    await lifecycle.lease(_RUNTIME_HOLDER)
     try:
         _store_leased = await initialize_store() or _store_leased
     except BaseException:
-        await runtime.release(_RUNTIME_HOLDER)
+        await lifecycle.release(_RUNTIME_HOLDER)
         raise
 
 
@@ -92,7 +92,7 @@ async def _stop_leased() -> None:
         if _store_leased:
             await shutdown_store()
     finally:
-        await runtime.release(_RUNTIME_HOLDER)
+        await lifecycle.release(_RUNTIME_HOLDER)
 
 
 STORE = Shared("torchstore", start=_start_leased, stop=_stop_leased, alive=store_running)

@@ -92,7 +92,7 @@ class Unreachable(ConnectionError):
 def bind_address() -> str:
     """The address this process's server binds to: ``FORGE_NB_WEIGHTS_ADDR`` if set; loopback outside a job
     of several hosts or when all of them are on this machine (``FORGE_NB_JOB_LOCAL``, from
-    ``forge_nb.system.cluster``); otherwise the address this host's name resolves to, as monarch's TCP transport
+    ``forge_nb.system.hosts.cluster``); otherwise the address this host's name resolves to, as monarch's TCP transport
     binds (a host whose name names only loopback gets loopback, and readers elsewhere take torchstore's path)."""
     if os.environ.get("FORGE_NB_WEIGHTS_ADDR"):
         return os.environ["FORGE_NB_WEIGHTS_ADDR"]

@@ -6,13 +6,13 @@ endpoint made async and bind the subclass where torchstore looks it up (``torchs
 The controller class travels between processes by reference, so the binding must exist in every
 process that uses torchstore: import torchstore through this module, never directly
 (``from forge_nb.weights.torchstore import ts``). Importing it imports monarch, so the kernel calls
-``forge_nb.system.runtime.ensure_started()`` first; spawned procs inherit its environment.
+``forge_nb.system.runtime.lifecycle.ensure_started()`` first; spawned procs inherit its environment.
 
 torchstore also logs through the root logger's module functions (``logging.debug(...)`` on every put,
 get and delete). With no handler on the root logger, that runs ``logging.basicConfig()`` in the
 kernel, after which every library's warnings print into the cells. Its modules get a stand-in for
 ``logging`` whose record functions go to the ``torchstore`` logger instead (which a run's kernel.log
-records: ``forge_nb.system.proclogs.KernelLog``).
+records: ``forge_nb.system.processes.proclogs.KernelLog``).
 """
 
 import logging

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from forge_nb.system import runtime
+from forge_nb.system.runtime import lifecycle
 from forge_nb.weights.shm import (
     LoadedVersion,
     host_id,
@@ -62,7 +62,7 @@ def weights_key(version: int, namespace: str = PREFIX) -> str:
 
 def store_client() -> Any:
     """torchstore's client in this process (the runtime started first: monarch reads its settings then)."""
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     from forge_nb.weights.torchstore import ts
 
     return ts

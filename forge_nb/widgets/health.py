@@ -19,7 +19,7 @@ from typing import Any
 
 import ipywidgets as w
 
-from forge_nb.system.cluster import job_line
+from forge_nb.system.hosts.cluster import job_line
 from forge_nb.widgets._throttle import Throttle
 
 FIELDS = ("service", "index", "state", "pids", "in_flight", "served", "failures", "restarts",

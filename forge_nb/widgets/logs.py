@@ -1,6 +1,6 @@
 """LogsView: the dashboard's view of what a run's processes wrote (vLLM, monarch, torch), read back from its log files.
 
-Every process a run spawns writes to ``<run_dir>/logs/<mesh>.log`` (``forge_nb.system.proclogs``), not to
+Every process a run spawns writes to ``<run_dir>/logs/<mesh>.log`` (``forge_nb.system.processes.proclogs``), not to
 the cells; this view shows the last lines of one service or replica (``run.logs(service, index, n,
 level)``, as ``%forge_logs`` prints them), filtered by level, with warnings and errors coloured.
 
@@ -24,7 +24,7 @@ import time
 
 import ipywidgets as w
 
-from forge_nb.system.proclogs import LEVELS
+from forge_nb.system.processes.proclogs import LEVELS
 from forge_nb.widgets._errors import ErrorLog
 from forge_nb.widgets._run import RunView
 

@@ -21,6 +21,7 @@ import pytest
 from forge_nb.actors import _sandbox
 from forge_nb.actors.coder import SandboxedPythonCoder, check_isolation, run_sandboxed
 from forge_nb.rundir import RunDir
+from forge_nb.system.runtime import registry
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(bool(_sandbox.missing_tools()), reason="needs bubblewrap: apt-get install bubblewrap")]
@@ -253,4 +254,4 @@ async def test_without_bwrap_the_coder_refuses_and_none_warns(monkeypatch, runti
     monkeypatch.setattr(_sandbox.shutil, "which", lambda name, path=None: None)  # a machine without bwrap
     with pytest.raises(RuntimeError, match="apt-get install -y bubblewrap"):
         await SandboxedPythonCoder.as_service()
-    assert runtime.meshes() == []
+    assert registry.meshes() == []

@@ -22,8 +22,8 @@ from forge_nb import weights
 from forge_nb.actors.generator import Generator, Policy
 from forge_nb.models import TinyModelConfig, build_tiny_model
 from forge_nb.rl.types import Completion
-from forge_nb.system import runtime
-from forge_nb.system.leftovers import SOCKETS_ROOT
+from forge_nb.system.processes.leftovers import SOCKETS_ROOT
+from forge_nb.system.runtime import lifecycle, spawning
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.heavy]
 
@@ -51,9 +51,9 @@ def descendants(pids: list[int]) -> list[psutil.Process]:
 async def gen(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """One Generator with a running engine, torchstore started; everything stopped afterwards."""
     model = build_tiny_model(tmp_path_factory.mktemp("generator") / "tiny")
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     await weights.initialize_store()
-    mesh = await runtime.spawn_mesh("gen", 1)
+    mesh = await spawning.spawn_mesh("gen", 1)
     killed = SOCKETS_ROOT / "999999999"  # the socket folder of a generator process that was killed
     (killed / "sockets").mkdir(parents=True, exist_ok=True)
     try:

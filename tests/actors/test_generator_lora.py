@@ -12,8 +12,8 @@ import torch
 
 from forge_nb import weights
 from forge_nb.models import build_tiny_model
-from forge_nb.system import runtime
-from forge_nb.system.leftovers import SOCKETS_ROOT
+from forge_nb.system.processes.leftovers import SOCKETS_ROOT
+from forge_nb.system.runtime import lifecycle, spawning
 from tests.actors.test_trainer import first, make_batch
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.heavy]
@@ -28,10 +28,10 @@ async def pair(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from forge_nb.actors.trainer import RLTrainer
 
     model = str(build_tiny_model(tmp_path_factory.mktemp("lora-gen") / "tiny"))
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     await weights.initialize_store()
-    gen_mesh = await runtime.spawn_mesh("lora-gen", 1)
-    trainer_mesh = await runtime.spawn_mesh("lora-train", 1)
+    gen_mesh = await spawning.spawn_mesh("lora-gen", 1)
+    trainer_mesh = await spawning.spawn_mesh("lora-train", 1)
     try:
         generator = gen_mesh.spawn("gen", Generator, engine_args={"model": model}, weights_namespace=NAMESPACE,
                                    sampling_params={"n": 4, "max_tokens": 8, "temperature": 1.0}, lora=LORA)

@@ -18,8 +18,8 @@ import pytest_asyncio
 from forge_nb import weights
 from forge_nb.actors.generator import Generator
 from forge_nb.models import build_tiny_model
-from forge_nb.system import runtime
-from forge_nb.system.leftovers import SOCKETS_ROOT
+from forge_nb.system.processes.leftovers import SOCKETS_ROOT
+from forge_nb.system.runtime import lifecycle, spawning
 from tests.actors.test_generator import DOMINANT, SAMPLING, dominant_state_dict, running
 from tests.procs import descendants
 
@@ -29,9 +29,9 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.heavy, pytes
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def gen(tmp_path_factory: pytest.TempPathFactory) -> Any:
     model = build_tiny_model(tmp_path_factory.mktemp("generator-mp") / "tiny")
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     await weights.initialize_store()
-    mesh = await runtime.spawn_mesh("gen-mp", 1)
+    mesh = await spawning.spawn_mesh("gen-mp", 1)
     try:
         # vLLM's packed (oneDNN) CPU weights here, reloaded by reload_weights; in-process tests load plain ones
         actor = mesh.spawn("gen", Generator, engine_args={"model": str(model), "distributed_executor_backend": "mp"},

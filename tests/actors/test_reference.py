@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from forge_nb.models import build_tiny_model
-from forge_nb.system import runtime
+from forge_nb.system.runtime import lifecycle, spawning
 from tests.actors.test_trainer import first, make_batch
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,8 +21,8 @@ async def test_reference_logprobs_equal_the_initial_policy_and_ignore_padding(tm
     from forge_nb.actors.trainer import RLTrainer
 
     model = str(build_tiny_model(tmp_path / "tiny"))
-    runtime.ensure_started()
-    mesh = await runtime.spawn_mesh("reference-t", 1)
+    lifecycle.ensure_started()
+    mesh = await spawning.spawn_mesh("reference-t", 1)
     try:
         ref = mesh.spawn("ref", ReferenceModel, model=model)
         trainer = mesh.spawn("policy", RLTrainer, model=model)

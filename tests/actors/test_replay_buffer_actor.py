@@ -7,6 +7,7 @@ import torch
 
 from forge_nb.actors.replay_buffer import ReplayBuffer
 from forge_nb.rl import Completion, Episode
+from forge_nb.system.runtime import registry
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,7 +37,7 @@ async def test_seed_style_actor_buffer(runtime):
 async def test_bad_arguments_reach_the_caller(runtime):
     with pytest.raises(RuntimeError, match="batch_size"):
         await ReplayBuffer.as_actor(batch_size=0, max_policy_age=1)
-    assert runtime.meshes() == []
+    assert registry.meshes() == []
 
 
 async def test_a_killed_buffer_comes_back_from_its_snapshot_with_nothing_acknowledged_lost(runtime, tmp_path):

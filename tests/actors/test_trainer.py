@@ -19,7 +19,7 @@ import torch
 from forge_nb import weights
 from forge_nb.models import build_tiny_model
 from forge_nb.rl import Completion, Episode, ForwardBackwardResult, TrainBatch, collate
-from forge_nb.system import runtime
+from forge_nb.system.runtime import lifecycle, spawning
 
 pytestmark = pytest.mark.timeout(120)
 # The async tests share the module's event loop, on which the module's mesh was spawned.
@@ -65,9 +65,9 @@ def differs(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def env(tmp_path_factory: pytest.TempPathFactory) -> Any:
     model = build_tiny_model(tmp_path_factory.mktemp("trainer") / "tiny")
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     await weights.initialize_store()
-    mesh = await runtime.spawn_mesh("trainer-t", 1)
+    mesh = await spawning.spawn_mesh("trainer-t", 1)
     try:
         yield SimpleNamespace(mesh=mesh, model=str(model), tmp=tmp_path_factory)
     finally:
@@ -348,7 +348,7 @@ def _flat(optim_state: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 @on_module_loop
 async def test_fsdp_over_two_procs_matches_one_proc(env: Any) -> None:
-    mesh2 = await runtime.spawn_mesh("trainer-fsdp", 2)
+    mesh2 = await spawning.spawn_mesh("trainer-fsdp", 2)
     try:
         folder = env.tmp.mktemp("ckpt-fsdp")
         sharded = await spawn(mesh2, "fsdp", env.model, checkpoint={"folder": str(folder)})

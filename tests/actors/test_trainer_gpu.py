@@ -14,7 +14,7 @@ import torch
 
 from forge_nb import weights
 from forge_nb.models import build_tiny_model
-from forge_nb.system import runtime
+from forge_nb.system.runtime import lifecycle, spawning
 from tests.actors.test_trainer import METRIC_KEYS, assert_same, differs, first, make_batch
 
 pytestmark = [
@@ -27,7 +27,7 @@ pytestmark = [
 async def _train_and_push(model: str, procs: int, dtype: str) -> None:
     from forge_nb.actors.trainer import RLTrainer
 
-    mesh = await runtime.spawn_mesh(f"trainer-gpu{procs}", procs, with_gpus=True)
+    mesh = await spawning.spawn_mesh(f"trainer-gpu{procs}", procs, with_gpus=True)
     try:
         trainer = mesh.spawn(
             "trainer", RLTrainer, model=model, optimizer={"lr": 1e-3}, training={"dtype": dtype}
@@ -58,7 +58,7 @@ async def _train_and_push(model: str, procs: int, dtype: str) -> None:
 
 async def test_train_steps_and_push_on_one_gpu(tmp_path) -> None:
     model = str(build_tiny_model(tmp_path / "tiny"))
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     await weights.initialize_store()
     try:
         await _train_and_push(model, procs=1, dtype="bfloat16")
@@ -73,8 +73,8 @@ async def test_reference_model_on_a_gpu_scores_as_the_trainers_initial_policy(tm
     from forge_nb.actors.trainer import RLTrainer
 
     model = str(build_tiny_model(tmp_path / "tiny"))
-    runtime.ensure_started()
-    mesh = await runtime.spawn_mesh("reference-gpu", 1, with_gpus=True)
+    lifecycle.ensure_started()
+    mesh = await spawning.spawn_mesh("reference-gpu", 1, with_gpus=True)
     try:
         ref = mesh.spawn("ref", ReferenceModel, model=model)
         trainer = mesh.spawn("policy", RLTrainer, model=model, optimizer={"lr": 1e-3})
@@ -95,7 +95,7 @@ async def test_reference_model_on_a_gpu_scores_as_the_trainers_initial_policy(tm
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 async def test_fsdp_over_two_gpus(tmp_path) -> None:
     model = str(build_tiny_model(tmp_path / "tiny"))
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     await weights.initialize_store()
     try:
         await _train_and_push(model, procs=2, dtype="float32")

@@ -44,11 +44,11 @@ def fake_run(service: Any, model: str) -> SimpleNamespace:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from forge_nb.system import runtime
+    from forge_nb.system.runtime import lifecycle
 
     model = teach(tmp_path_factory.mktemp("endpoint") / "tiny",
                   [(QUESTION, CALL), (QUESTION + CALL + "<eos>" + "3", ANSWER)])
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     service = await Generator.options(num_replicas=2).as_service(model=str(model), sampling_params={"n": 1})
     endpoint = await OpenAIEndpoint.start(fake_run(service, str(model)))
     try:

@@ -110,12 +110,12 @@ async def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from forge_nb.actors.coder import SandboxedPythonCoder
     from forge_nb.actors.generator import Generator
     from forge_nb.agents import OpenAIEndpoint
-    from forge_nb.system import runtime
+    from forge_nb.system.runtime import lifecycle
     from tests.agents.taught import teach
 
     model = teach(tmp_path_factory.mktemp("verifiers") / "taught",
                   [(TOOL_PROMPT, CALL), (TOOL_PROMPT + CALL + "<eos>" + "sandbox", DONE), (MCP_PROMPT, MCP_CALL)])
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     policy = await Generator.options(num_replicas=1).as_service(
         model=str(model), sampling_params={"n": 1, "max_tokens": 8, "temperature": 1.0})
     coder = await SandboxedPythonCoder.options(num_replicas=1).as_service(timeout_s=5.0)

@@ -15,7 +15,7 @@ import pytest
 
 from forge_nb.envs import EnvPool, ReasoningGymEnv, StepResult, TextArenaEnv
 from forge_nb.envs.adapters import clean_action
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.processes.procs import pid_alive
 
 on_module_loop = pytest.mark.asyncio(loop_scope="module")
 
@@ -275,9 +275,9 @@ async def stop(env: Any) -> None:
 @on_module_loop
 @pytest.mark.timeout(240)
 async def test_reasoning_gym_episodes_through_an_env_pool_service() -> None:
-    from forge_nb.system import runtime
+    from forge_nb.system.runtime import lifecycle
 
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     env = await EnvPool.options(num_replicas=2).as_service(ReasoningGymEnv, **ARITHMETIC, attempts=2)
     try:
         def right(seed: int) -> Callable[[str, list[StepResult]], str]:
@@ -309,9 +309,9 @@ async def test_reasoning_gym_episodes_through_an_env_pool_service() -> None:
 @on_module_loop
 @pytest.mark.timeout(240)
 async def test_guess_the_number_games_through_an_env_pool_service() -> None:
-    from forge_nb.system import runtime
+    from forge_nb.system.runtime import lifecycle
 
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     env = await EnvPool.options(num_replicas=2).as_service(TextArenaEnv, env_id="GuessTheNumber-v0")
     try:
         seeds = [0, 0, 1, 2, 3, 3]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from forge_nb.actors.coder import PythonTaskEnv, SandboxedPythonCoder
+from forge_nb.system.runtime import registry
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,4 +47,4 @@ async def test_environment_contract_reset_then_step(runtime):
 async def test_bad_limits_are_clear_errors_and_nothing_is_left(runtime):
     with pytest.raises(RuntimeError, match="timeout_s=0: must be > 0"):
         await SandboxedPythonCoder.as_service(timeout_s=0)
-    assert runtime.meshes() == []
+    assert registry.meshes() == []

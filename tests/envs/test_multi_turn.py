@@ -38,10 +38,10 @@ def ids(text: str) -> list[int]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def policy(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from forge_nb.system import runtime
+    from forge_nb.system.runtime import lifecycle
 
     model = build_tiny_model(tmp_path_factory.mktemp("multi-turn") / "tiny", WIDE)
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     service = await Generator.options(num_replicas=1).as_service(
         model=str(model), sampling_params={"n": 1, "max_tokens": 8, "temperature": 1.0})
     try:

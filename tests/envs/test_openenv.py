@@ -18,7 +18,7 @@ from openenv.core.env_server.types import Action, Observation, State
 
 from forge_nb.envs import EnvPool, OpenEnvEnv, StepResult
 from forge_nb.envs.openenv_env import render_observation
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.processes.procs import pid_alive
 from tests.envs.test_adapters import Bisect, bisecting, play
 from tests.openenv_envs import (
     AsyncBoardEnvironment,
@@ -237,9 +237,9 @@ class MoveObservationLike(Observation):
 @on_module_loop
 @pytest.mark.timeout(240)
 async def test_guessing_games_through_an_env_pool_service() -> None:
-    from forge_nb.system import runtime
+    from forge_nb.system.runtime import lifecycle
 
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     env = await EnvPool.options(num_replicas=2).as_service(
         OpenEnvEnv, environment="tests.openenv_envs:GuessNumberEnvironment", to_text=guess_prompt_only, turns=6)
     pids = [p for r in env.replicas for p in r.mesh.pids]

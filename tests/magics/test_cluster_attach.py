@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.processes.procs import pid_alive
 from tests.kernel_client import Kernel, Reply
 
 pytestmark = pytest.mark.timeout(400)
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(400)
 SETUP = """%load_ext forge_nb
 import json, os
 import forge_nb
-from forge_nb.system import cluster
+from forge_nb.system.hosts import cluster
 from forge_nb.config import GeneratorConfig, LoopConfig, TrainerConfig
 from tests.controller.conftest import light_config
 from tests.light_actors import LightGenerator, LightTrainer

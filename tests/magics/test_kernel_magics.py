@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_nb.system.procs import SHM, SOCKETS_ROOT, files_in_use, pid_alive, weight_files_root
+from forge_nb.system.processes.procs import SHM, SOCKETS_ROOT, files_in_use, pid_alive, weight_files_root
 from tests.kernel_client import Kernel, Reply
 from tests.procs import descendants
 
@@ -193,7 +193,8 @@ def test_no_process_at_all_is_left_under_the_kernel(kernel):
     assert not leftover, f"processes left under the kernel after %forge_shutdown: {leftover}"
 
 
-#: How long a file must have gone unused before a spawn takes it (``forge_nb.system.leftovers.remove_leftovers``).
+#: How long a file must have gone unused before a spawn takes it
+#: (``forge_nb.system.processes.leftovers.remove_leftovers``).
 UNUSED_FOR_S = 30.0
 
 

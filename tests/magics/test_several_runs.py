@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from IPython.core.error import UsageError
 
-from forge_nb.system import runtime
+from forge_nb.system.runtime import registry
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -92,7 +92,7 @@ def test_name_picks_one_run_by_its_name_or_its_variable(ip, runs, capsys):
 
 def test_spawn_refuses_a_variable_or_name_of_a_live_run_before_spawning(ip, runs):
     run_a, _ = runs
-    meshes = len(runtime.meshes())
+    meshes = len(registry.meshes())
     ip.user_ns["run"] = run_a  # the default -o
     ip.user_ns["policy"] = run_a.policy
     checks = {
@@ -109,7 +109,7 @@ def test_spawn_refuses_a_variable_or_name_of_a_live_run_before_spawning(ip, runs
     }
     for cell, says in checks.items():
         assert says in usage_error(ip, cell), cell
-    assert len(runtime.meshes()) == meshes and "run_c" not in ip.user_ns
+    assert len(registry.meshes()) == meshes and "run_c" not in ip.user_ns
     assert ip.user_ns["run"] is run_a and ip.user_ns["run_b"] is runs[1]
 
 

@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 from forge_nb.config import RunConfig
 from forge_nb.magics import help_text
 from forge_nb.magics._await import AWAITED
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.processes.procs import pid_alive
 
 pytestmark = pytest.mark.timeout(180)
 

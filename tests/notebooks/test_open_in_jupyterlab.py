@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from forge_nb.system.procs import same_start, started
+from forge_nb.system.processes.procs import same_start, started
 from tests.procs import descendants
 from tests.waiting import until_sync
 

@@ -16,7 +16,7 @@ import forge_nb
 from forge_nb.magics._display import status_report
 from forge_nb.models import TinyModelConfig
 from forge_nb.rl import ToyTask
-from forge_nb.system import runtime
+from forge_nb.system.runtime import registry
 from forge_nb.widgets.health import render_health, sharing, snapshot
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900), pytest.mark.asyncio]
@@ -42,12 +42,12 @@ def mean(rows: list[dict], key: str = "reward/mean") -> float:
 async def test_two_runs_on_one_base_learn_their_own_and_outlive_each_other(tmp_path):
     a = await forge_nb.spawn(forge_nb.quickstart(name="base-a", run_dir=str(tmp_path / "a")), overrides=LORA,
                              progress=False)
-    b, meshes = None, {m.name for m in runtime.meshes()}
+    b, meshes = None, {m.name for m in registry.meshes()}
     try:
         b = await forge_nb.spawn(forge_nb.quickstart(name="base-b", run_dir=str(tmp_path / "b"),
                                                      task=f"{__name__}:NextLetter", task_args={"response_chars": 4}),
                                  overrides={**LORA, "trainer.lora": B_LORA}, base="base-a", progress=False)
-        assert {m.name for m in runtime.meshes()} == meshes  # no process of its own
+        assert {m.name for m in registry.meshes()} == meshes  # no process of its own
         assert a.status()["shares_base_with"] == ["base-b"] and b.status()["shares_base_with"] == ["base-a"]
         # what cannot run on a's base is refused before anything spawns, and leaves no run directory
         refused = [({}, LORA, "base='nope': no live run", "nope"),
@@ -59,7 +59,7 @@ async def test_two_runs_on_one_base_learn_their_own_and_outlive_each_other(tmp_p
             with pytest.raises(ValueError, match=message):
                 await forge_nb.spawn(forge_nb.quickstart(name="refused", run_dir=str(tmp_path / "refused"), **fields),
                                      overrides=overrides, base=on, progress=False)
-            assert not (tmp_path / "refused").exists() and {m.name for m in runtime.meshes()} == meshes
+            assert not (tmp_path / "refused").exists() and {m.name for m in registry.meshes()} == meshes
         assert await a.policy.adapters.fanout() == [{a.weights_namespace: 0, b.weights_namespace: 0}]
         # a run on the base samples with its own settings, not the base's (groups of 4, 4 tokens)
         c = await forge_nb.spawn(forge_nb.quickstart(name="base-c", run_dir=str(tmp_path / "c"), group_size=2,
@@ -104,7 +104,7 @@ async def test_two_runs_on_one_base_learn_their_own_and_outlive_each_other(tmp_p
         assert await a.policy.adapters.fanout() == [{a.weights_namespace: a.version}]
         assert (await a.trainer.info.call())[0]["adapters"] == [a.weights_namespace]
         rows = await a.step(3)
-        assert len(rows) == 3 and a.ledger()["balanced"] and {m.name for m in runtime.meshes()} == meshes
+        assert len(rows) == 3 and a.ledger()["balanced"] and {m.name for m in registry.meshes()} == meshes
 
         last = b.current_step  # the steps after the checkpoint are trained again, numbered on from here
         b = await forge_nb.resume(b.dir.path, base=a, progress=False)  # b goes on from its checkpoint, on a's base
@@ -116,4 +116,4 @@ async def test_two_runs_on_one_base_learn_their_own_and_outlive_each_other(tmp_p
         if b is not None:
             await b.shutdown()
         await a.shutdown()
-    assert not {m.name for m in runtime.meshes()} & meshes  # the shared processes went with the last run
+    assert not {m.name for m in registry.meshes()} & meshes  # the shared processes went with the last run

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600), pytest.mark.asyncio(l
 async def run(tmp_path_factory):
     import time
 
-    from forge_nb.system.leftovers import engine_patterns, orphaned
+    from forge_nb.system.processes.leftovers import engine_patterns, orphaned
 
     started = time.time()
     cfg = forge_nb.quickstart(run_dir=str(tmp_path_factory.mktemp("run")))
@@ -35,9 +35,9 @@ async def run(tmp_path_factory):
                                actors={"policy": BreakableGenerator})  # and one engine to break
     yield run
     await run.shutdown()
-    from forge_nb.system import runtime
+    from forge_nb.system.runtime import registry
 
-    assert runtime.meshes() == [], "shutdown left meshes behind"
+    assert registry.meshes() == [], "shutdown left meshes behind"
     # the tests killed generators, engines and the trainer: nothing of theirs may be left in /dev/shm or /tmp
     left = [p for p in orphaned(engine_patterns(), min_age_s=0) if p.stat().st_mtime >= started]
     assert left == [], f"killed engines left {len(left)} file(s), e.g. {left[:3]}"
@@ -371,7 +371,7 @@ async def test_damaged_checkpoints_are_skipped_by_name_and_none_whole_refuses_be
     short, the one before lost its trainer folder's commit marker: resume comes back from the third, says
     why it skipped each, and sets them aside. With that one damaged too, resume refuses before spawning."""
     from forge_nb.rundir import CheckpointsDamaged
-    from forge_nb.system import runtime
+    from forge_nb.system.runtime import registry
 
     checkpoints = run.dir.checkpoints
     states = sorted(checkpoints.glob("state_*.pt"))
@@ -401,8 +401,8 @@ async def test_damaged_checkpoints_are_skipped_by_name_and_none_whole_refuses_be
         await again.shutdown()
 
     (checkpoints / f"step_{versions[0]:08d}" / ".metadata").unlink()
-    before = len(runtime.meshes())
+    before = len(registry.meshes())
     with pytest.raises(CheckpointsDamaged, match=rf"no whole checkpoint to resume from; state_{versions[0]:08d}.pt: "
                        rf"trainer checkpoint step_{versions[0]:08d}: .metadata is missing\. Nothing was spawned"):
         await forge_nb.resume(run.dir.path, progress=False)
-    assert len(runtime.meshes()) == before
+    assert len(registry.meshes()) == before

@@ -10,7 +10,7 @@ import pytest
 
 import forge_nb
 from forge_nb import weights
-from forge_nb.system import runtime
+from forge_nb.system.runtime import registry
 from tests.waiting import waiter
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900), pytest.mark.asyncio]
@@ -31,7 +31,7 @@ async def test_two_quickstart_runs_train_together_and_one_shuts_down_alone(tmp_p
         assert a.state == b.state == "running" and a.error is None and b.error is None
         await b.shutdown()
         assert await weights.stored_versions(namespace=b.weights_namespace) == []
-        assert not [m for m in runtime.meshes() if m.name.startswith("side-b")]
+        assert not [m for m in registry.meshes() if m.name.startswith("side-b")]
         step = a.current_step
         assert await _until(lambda: a.current_step >= step + 3)  # a trains on, through the shared store
         await a.stop()
@@ -44,4 +44,4 @@ async def test_two_quickstart_runs_train_together_and_one_shuts_down_alone(tmp_p
     finally:
         await a.shutdown()
         await b.shutdown()
-    assert runtime.meshes() == [] and not weights.store_running(), "both runs shut down: nothing may be left"
+    assert registry.meshes() == [] and not weights.store_running(), "both runs shut down: nothing may be left"

@@ -1,4 +1,4 @@
-"""Processes kept warm between the runs of one kernel (``forge_nb.system.warm``): a run's second spawn takes the
+"""Processes kept warm between the runs of one kernel (``forge_nb.system.runtime.warm``): a run's second spawn takes the
 first run's generator and trainer processes, trains in them with its own logs, and everything kept is stopped by
 ``forge_nb.shutdown_all()`` and by the kernel's exit; a kernel that loads the extension and exits leaves nothing."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import forge_nb
-from forge_nb.system import runtime, warm
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.processes.procs import pid_alive
+from forge_nb.system.runtime import registry, warm
 from tests.kernel_client import Kernel
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600)]
@@ -37,7 +37,7 @@ async def test_a_second_run_trains_in_the_first_runs_processes_until_shutdown_al
     kept = {k["role"]: k["pids"] for k in warm.kept()}
     assert kept == {"Generator": used["policy"], "RLTrainer": used["trainer"]}, kept
     assert all(pid_alive(p) for ps in used.values() for p in ps)
-    assert not {p for m in runtime.meshes() for p in m.pids} & {p for ps in used.values() for p in ps}
+    assert not {p for m in registry.meshes() for p in m.pids} & {p for ps in used.values() for p in ps}
     assert "kept warm for the next run" in warm.summary()
 
     second = await forge_nb.spawn(forge_nb.quickstart(name="warm-b", run_dir=str(tmp_path / "b")), progress=False)
@@ -102,7 +102,7 @@ def test_a_kernel_that_exits_leaves_no_process_behind(tmp_path):
         code = f"""
 %load_ext forge_nb
 import forge_nb
-from forge_nb.system import warm
+from forge_nb.system.runtime import warm
 run = await forge_nb.spawn(forge_nb.quickstart(name="warm-exit", run_dir={str(tmp_path / "r")!r}), progress=False)
 await run.step(1)
 """

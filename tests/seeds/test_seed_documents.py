@@ -28,7 +28,7 @@ import torch
 
 from forge_nb import weights
 from forge_nb.models import build_tiny_model
-from forge_nb.system import runtime
+from forge_nb.system.runtime import lifecycle, registry
 from tests.seeds.documents import PLANS, SEEDS, all_blocks, prepared
 
 pytestmark = pytest.mark.skipif(not SEEDS.is_dir(), reason=f"the TorchForge documents are not at {SEEDS}")
@@ -160,7 +160,7 @@ async def test_gpu_requests_are_refused_before_anything_is_spawned(runtime: Any)
               "RewardActor": RewardActor}
         with pytest.raises(ResourceError, match="GPU"):
             await run_block(key, ns)
-        assert runtime.meshes() == [], f"{key} spawned processes before refusing"
+        assert registry.meshes() == [], f"{key} spawned processes before refusing"
 
 
 # -- the documents' RL code on real services ---------------------------------------------------------------
@@ -177,7 +177,7 @@ async def system(tmp_path_factory: pytest.TempPathFactory) -> Any:
     rows = [{"question": f"{a}{b}", "answer": f"{b}{a}\n#### {i}"} for i, (a, b) in
             enumerate(zip(ALPHA, ALPHA[::-1], strict=True))]
     dataset.write_text("\n".join(json.dumps(r) for r in rows))
-    runtime.ensure_started()
+    lifecycle.ensure_started()
     ns: dict[str, Any] = {"__name__": "seed_system"}
     key = ("rl_fundamentals_part1.md", 5)
     code = prepared(key, model, str(dataset))
@@ -191,8 +191,8 @@ async def system(tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield ns
     finally:
         await weights.shutdown_store()  # the Generator and RLTrainer started it, as a kernel's first spawn does
-        await runtime.stop_all(timeout=30)
-        assert runtime.meshes() == []
+        await registry.stop_all(timeout=30)
+        assert registry.meshes() == []
 
 
 def given(ns: dict[str, Any]) -> dict[str, Any]:
@@ -370,7 +370,7 @@ async def test_the_skill_cards_custom_loss_trains_a_run_and_reaches_its_metrics_
     import forge_nb
     from forge_nb.widgets import Dashboard
 
-    await runtime.stop_all(timeout=30)  # the documents' system is done with; free the cores for this run
+    await registry.stop_all(timeout=30)  # the documents' system is done with; free the cores for this run
     ns: dict[str, Any] = {"__name__": "seed_custom_loss"}
     await run_block(("torchforge_skill_card.md", 1), ns)
     base = forge_nb.quickstart(run_dir=str(tmp_path))

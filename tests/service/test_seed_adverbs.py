@@ -11,7 +11,8 @@ import pytest
 from monarch.actor import ActorError
 
 from forge_nb.service import ActorFailure, ActorStartFailed, NoHealthyReplica, ReplicaDied
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.processes.procs import pid_alive
+from forge_nb.system.runtime import registry, spawning
 from tests.actors_for_tests import BadInitEnv, BadSetupEnv, CustomEnv, WaitingInitEnv, Worker
 from tests.waiting import waiter
 
@@ -78,13 +79,13 @@ async def test_a_service_with_no_replica_left_raises_an_actor_failure(runtime):
 
 async def test_an_exception_in_init_reaches_the_caller_with_its_type_message_and_traceback(runtime, monkeypatch):
     spawned = []
-    spawn_mesh = runtime.spawn_mesh
+    spawn_mesh = spawning.spawn_mesh
 
     async def recording(*args, **kwargs):
         spawned.append(await spawn_mesh(*args, **kwargs))
         return spawned[-1]
 
-    monkeypatch.setattr(runtime, "spawn_mesh", recording)
+    monkeypatch.setattr(spawning, "spawn_mesh", recording)
     for start in (lambda: BadInitEnv.options(num_replicas=2).as_service(), lambda: BadInitEnv.as_actor()):
         with pytest.raises(ActorStartFailed) as raised:
             await start()
@@ -95,7 +96,7 @@ async def test_an_exception_in_init_reaches_the_caller_with_its_type_message_and
         assert "raised in BadInitEnv.__init__" in text
         assert isinstance(error.__cause__, ValueError) and isinstance(error.exception, ValueError)
         assert isinstance(error, ActorFailure) and "_check_size" in error.remote_traceback
-        assert runtime.meshes() == []  # nothing left running
+        assert registry.meshes() == []  # nothing left running
     assert len(spawned) == 3 and not [p for m in spawned for p in m.pids if pid_alive(p)]
     actor = await BadInitEnv.as_actor(size=3)  # the same class starts when __init__ does not raise
     try:
@@ -108,7 +109,7 @@ async def test_an_exception_in_setup_reaches_the_caller_and_nothing_is_left(runt
     with pytest.raises(ActorStartFailed, match=r"BadSetupEnv\[\d\] failed to start: KeyError: .*tic-tac-toe") as raised:
         await BadSetupEnv.options(num_replicas=2).as_service()
     assert "in setup" in str(raised.value) and isinstance(raised.value.__cause__, KeyError)
-    assert runtime.meshes() == []
+    assert registry.meshes() == []
 
 
 async def test_a_process_death_during_start_reports_monarchs_whole_text(runtime, tmp_path):
@@ -117,7 +118,7 @@ async def test_a_process_death_during_start_reports_monarchs_whole_text(runtime,
     with pytest.raises(ActorStartFailed, match=r"Worker\[0\] failed to start: its process died") as raised:
         await Worker.as_actor(crash_marker=str(marker))
     assert raised.value.exception is None and raised.value.remote_traceback
-    assert runtime.meshes() == []
+    assert registry.meshes() == []
 
 
 async def test_the_documents_custom_environment_as_a_service(runtime):
@@ -147,7 +148,7 @@ async def test_an_endpoint_that_must_wait_called_from_init_says_to_use_setup(run
     with pytest.raises(ActorStartFailed, match=r"WaitingInitEnv.reset\(\) was called from __init__") as raised:
         await WaitingInitEnv.as_actor()
     assert "await self.reset()" in str(raised.value) and isinstance(raised.value.__cause__, TypeError)
-    assert runtime.meshes() == []
+    assert registry.meshes() == []
 
 
 def test_a_forge_actor_constructed_in_the_kernel_raises_as_any_class():

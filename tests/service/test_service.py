@@ -10,7 +10,8 @@ import pytest
 from monarch.actor import ActorError
 
 from forge_nb.service import NoHealthyReplica
-from forge_nb.system.procs import pid_alive
+from forge_nb.system.processes.procs import pid_alive
+from forge_nb.system.runtime import faults, registry
 from tests.actors_for_tests import Ledger, OwnSquare, Squarer, Worker
 from tests.waiting import waiter
 
@@ -108,7 +109,7 @@ async def test_respawn_works_when_monarch_reports_the_death_before_the_watchdog(
     # monarch's fault hook runs on its own thread, inside a context that names another actor; a respawn
     # started from there used to fail ("'NoneType' object has no attribute 'slice'"), which happened
     # whenever monarch beat the pid watchdog, as on a loaded CI machine.
-    monkeypatch.setattr(runtime, "WATCHDOG_PERIOD_S", 120.0)
+    monkeypatch.setattr(faults, "WATCHDOG_PERIOD_S", 120.0)
     await asyncio.sleep(2 * 0.25)  # let a running watchdog pick up the new period
     svc = await Worker.options(num_replicas=2, **FAST).as_service()
     try:
@@ -120,7 +121,7 @@ async def test_respawn_works_when_monarch_reports_the_death_before_the_watchdog(
         assert await svc.get_setups.fanout() == [1, 1]
     finally:
         await svc.shutdown()
-        runtime._watchdog.cancel()  # it sleeps the long period; the next spawn starts a fresh one
+        faults._watchdog.cancel()  # it sleeps the long period; the next spawn starts a fresh one
 
 
 async def test_hung_replica_times_out_and_the_late_answer_is_discarded(runtime):
@@ -166,7 +167,7 @@ async def test_crash_loop_stops_at_max_restarts_and_traffic_goes_elsewhere(runti
         assert await _until(lambda: svc.replicas[0].state == "failed", timeout=60)
         assert svc.replicas[0].restarts == 2
         assert svc.replicas[0].mesh.alive_pids() == []  # no process left behind by the attempts
-        assert len([m for m in runtime.meshes() if m.owner == svc.holder]) == 1
+        assert len([m for m in registry.meshes() if m.owner == svc.holder]) == 1
         assert {await svc.pid.route() for _ in range(3)} == {svc.replicas[1].mesh.pids[0]}
     finally:
         await svc.shutdown()
@@ -260,7 +261,7 @@ async def test_a_setup_error_reaches_the_caller_and_nothing_is_left(runtime, tmp
     marker.write_text("x")
     with pytest.raises(RuntimeError, match=r"Worker\[\d\] failed to start"):
         await Worker.options(num_replicas=2).as_service(crash_marker=str(marker))
-    assert runtime.meshes() == []
+    assert registry.meshes() == []
 
 
 async def test_shutdown_leaves_no_process(runtime):
@@ -280,7 +281,7 @@ async def test_setup_after_starts_the_processes_first_and_setup_once_it_is_done(
     configured = Worker.options(num_replicas=2, **FAST)
     ready = asyncio.get_running_loop().create_future()
     starting = asyncio.ensure_future(Service.start(configured, configured._options, (), {}, setup_after=ready))
-    assert await _until(lambda: len(runtime.meshes()) == 2)  # both processes are up before the future is done
+    assert await _until(lambda: len(registry.meshes()) == 2)  # both processes are up before the future is done
     await asyncio.sleep(0.5)
     assert not starting.done()  # ... and no replica ran its setup
     ready.set_result(None)
@@ -292,12 +293,12 @@ async def test_setup_after_starts_the_processes_first_and_setup_once_it_is_done(
 
     broken = asyncio.get_running_loop().create_future()
     starting = asyncio.ensure_future(Service.start(configured, configured._options, (), {}, setup_after=broken))
-    assert await _until(lambda: len(runtime.meshes()) == 2)
-    pids = [p for m in runtime.meshes() for p in m.pids]
+    assert await _until(lambda: len(registry.meshes()) == 2)
+    pids = [p for m in registry.meshes() for p in m.pids]
     broken.set_exception(FileNotFoundError("the model was never written"))
     with pytest.raises(Exception, match="the model was never written"):
         await starting
-    assert runtime.meshes() == [] and not [p for p in pids if pid_alive(p)]
+    assert registry.meshes() == [] and not [p for p in pids if pid_alive(p)]
 
 
 async def test_route_calls_made_together_go_out_as_one_message_per_replica(runtime):

@@ -6,6 +6,7 @@ import pytest
 
 from forge_nb import weights
 from forge_nb.service.errors import ActorStartFailed
+from forge_nb.system.runtime import lifecycle, registry
 from tests.store_actors import WeightsUser
 
 pytestmark = pytest.mark.timeout(180)
@@ -15,14 +16,14 @@ async def test_a_service_starts_the_store_and_its_shutdown_stops_it(no_store, ru
     assert not weights.store_running()
     svc = await WeightsUser.options(num_replicas=2).as_service(namespace="policy-svc")
     assert weights.store_running() and weights.store_holders() == {svc.holder}
-    assert svc.holder in runtime.lease_holders()
-    assert {m.owner for m in runtime.meshes() if m.name.startswith("weightsuser")} == {svc.holder}
+    assert svc.holder in lifecycle.lease_holders()
+    assert {m.owner for m in registry.meshes() if m.name.startswith("weightsuser")} == {svc.holder}
     assert await svc.push.route(1, 2.5) == [1]
     assert await svc.value.fanout(1) == [2.5, 2.5]
     await svc.shutdown()
     assert not weights.store_running() and weights.store_holders() == frozenset()
-    assert svc.holder not in runtime.lease_holders()
-    assert [m for m in runtime.meshes() if m.owner in ("torchstore", svc.holder)] == []
+    assert svc.holder not in lifecycle.lease_holders()
+    assert [m for m in registry.meshes() if m.owner in ("torchstore", svc.holder)] == []
 
 
 async def test_two_services_share_the_store_until_the_last_one_shuts_down(no_store):
@@ -44,7 +45,7 @@ async def test_a_service_that_fails_to_start_gives_its_store_lease_back(no_store
     with pytest.raises(ActorStartFailed, match="setup failed on purpose"):
         await WeightsUser.options(num_replicas=1).as_service(fail_setup=True)
     assert not weights.store_running() and weights.store_holders() == frozenset()
-    assert not [h for h in runtime.lease_holders() if h.startswith("WeightsUser#")]
+    assert not [h for h in lifecycle.lease_holders() if h.startswith("WeightsUser#")]
 
 
 async def test_a_service_leaves_a_store_started_directly_running(no_store):

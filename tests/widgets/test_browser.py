@@ -42,7 +42,7 @@ pytestmark = [
 ]
 
 CELLS = [
-    "from forge_nb.system import runtime\nruntime.ensure_started()\nimport forge_nb\n"
+    "from forge_nb.system.runtime import lifecycle\nlifecycle.ensure_started()\nimport forge_nb\n"
     "from forge_nb.widgets import dashboard, serve\n"
     "run = await forge_nb.spawn(forge_nb.quickstart(run_dir='run'), progress=False)\n"  # beside the notebook
     "run.start()",

@@ -14,8 +14,8 @@ import forge_nb.widgets
 pytestmark = pytest.mark.timeout(120)
 
 WIDGETS = Path(forge_nb.widgets.__file__).parent
-FORBIDDEN = ("monarch", "forge_nb.service", "forge_nb.system.runtime", "forge_nb.system.procinfo", "forge_nb.weights",
-             "forge_nb.actors", "forge_nb.run", "forge_nb.controller", "torch", "vllm")
+FORBIDDEN = ("monarch", "forge_nb.service", "forge_nb.system.runtime", "forge_nb.weights", "forge_nb.actors",
+             "forge_nb.run", "forge_nb.controller", "torch", "vllm")
 # the words of a run's public ``state`` (a StrEnum, no code of the controller's): the badge and buttons read them
 ALLOWED = {"forge_nb.controller.state"}
 

@@ -141,7 +141,7 @@ class InprocEngine:
         from vllm.v1.engine.llm_engine import LLMEngine
 
         from forge_nb.actors.engine import cpu_norm
-        from forge_nb.system import startup_gc
+        from forge_nb.system.processes import startup_gc
 
         startup_gc.keep_what_is_loaded()  # vLLM's engine collects garbage three times as it starts
 

@@ -8,7 +8,7 @@ Generator's process spent 4.1 s of its 19 s start in them and the trainer's 1.1 
 almost nothing (759 objects in the 9 that ``import vllm`` alone makes). The Generator is the last process to
 be ready, so those seconds are seconds of ``%forge_spawn``.
 
-:func:`pause`, called first by the spawned process's bootstrap (``forge_nb.system.proclogs.bootstrap``, before
+:func:`pause`, called first by the spawned process's bootstrap (``forge_nb.system.processes.proclogs.bootstrap``, before
 the actor's classes and what they import are loaded), keeps the young generations collecting (cycles made and
 dropped during the start are still freed) and stops only the full collections. :func:`keep_what_is_loaded`
 freezes what the imports made before a library that collects on its own starts (vLLM's engine asks for three

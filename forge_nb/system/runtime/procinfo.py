@@ -19,7 +19,7 @@ def machine() -> tuple[str, str, int]:
 
 def _siblings() -> list[tuple[int, int]]:
     """(pid, process group) of every other live process this one's parent started."""
-    from forge_nb.system.procs import live_children
+    from forge_nb.system.processes.procs import live_children
 
     found = []
     for child in live_children(os.getppid()):
@@ -32,7 +32,7 @@ def _siblings() -> list[tuple[int, int]]:
 
 
 def _end(processes: list[tuple[int, int]], grace_s: float) -> list[int]:
-    from forge_nb.system.procs import kill_groups, kill_pids
+    from forge_nb.system.processes.procs import kill_groups, kill_pids
 
     kill_pids([pid for pid, _ in processes], grace=grace_s)
     kill_groups([group for pid, group in processes if group == pid])
@@ -41,7 +41,7 @@ def _end(processes: list[tuple[int, int]], grace_s: float) -> list[int]:
 
 class ProcInfo(Actor):
     """Answers with its pid, so the kernel can account for, and if need be kill, every proc; on a job's
-    host it is also the host's probe (``forge_nb.system.cluster``)."""
+    host it is also the host's probe (``forge_nb.system.hosts.cluster``)."""
 
     @endpoint
     async def pid(self) -> tuple[int, int]:
@@ -76,7 +76,7 @@ class ProcInfo(Actor):
     @endpoint
     async def relog(self, log_file: str) -> None:
         """This process's output into ``log_file`` from now on (a kept process taken by another run)."""
-        from forge_nb.system.proclogs import output_to
+        from forge_nb.system.processes.proclogs import output_to
 
         output_to(log_file)
 
@@ -87,6 +87,6 @@ class ProcInfo(Actor):
     @endpoint
     async def host(self) -> tuple[tuple[str, str, int], int]:
         """(:func:`machine`, the CUDA devices this host's processes can see)."""
-        from forge_nb.system.gpus import visible
+        from forge_nb.system.hosts.gpus import visible
 
         return machine(), visible()

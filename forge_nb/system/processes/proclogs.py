@@ -31,7 +31,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from forge_nb.system import startup_gc
+from forge_nb.system.processes import startup_gc
 
 #: What a level keeps of a log (a line matching it, plus the traceback lines that follow an error).
 _TRACEBACK = r"Traceback \(most recent call last\)"
@@ -190,7 +190,7 @@ def native_stderr_to(path: Path) -> Iterator[None]:
 
 def bootstrap(env: dict[str, str], log_file: str | None) -> None:
     """Runs first in every spawned process: no full garbage collections until its actor is set up
-    (:mod:`forge_nb.system.startup_gc`), its environment, a thread lock for its progress bars, then its
+    (:mod:`forge_nb.system.processes.startup_gc`), its environment, a thread lock for its progress bars, then its
     output into ``log_file``."""
     startup_gc.pause()
     os.environ.update(env)

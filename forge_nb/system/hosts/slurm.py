@@ -1,8 +1,8 @@
 """SLURM allocations for the notebook: monarch's ``SlurmJob``, made to work with the SLURM a cluster runs.
 
-``%forge_cluster slurm --nodes 3`` (or ``await forge_nb.use_job(forge_nb.system.slurm.SlurmJob({"hosts": 3}))``)
+``%forge_cluster slurm --nodes 3`` (or ``await forge_nb.use_job(forge_nb.system.hosts.slurm.SlurmJob({"hosts": 3}))``)
 asks SLURM for nodes with ``sbatch``; each node runs one monarch worker, and forge_nb places the run's meshes on
-them (``forge_nb.system.cluster``). :class:`SlurmJob` is monarch's job class (``monarch.job.SlurmJob``: the batch
+them (``forge_nb.system.hosts.cluster``). :class:`SlurmJob` is monarch's job class (``monarch.job.SlurmJob``: the batch
 script, the workers' bootstrap, ``scancel`` on release, the pickled state a later kernel re-attaches to) with
 three differences, each a place where monarch 0.7 assumes more than clusters give:
 
@@ -13,7 +13,7 @@ three differences, each a place where monarch 0.7 assumes more than clusters giv
 * **Workers answer to their node's name.** The kernel dials each node by the name SLURM allocated
   (``tcp://<node>:<port>``), while monarch's worker listens on ``socket.gethostname()``. They agree where the
   node name is the host name; where they differ (several nodes on one machine, node names that are not host
-  names) the worker is unreachable. The workers run through :mod:`forge_nb.system.slurm_worker`, which starts
+  names) the worker is unreachable. The workers run through :mod:`forge_nb.system.hosts.slurm_worker`, which starts
   monarch's own bootstrap with the host name read as ``$SLURMD_NODENAME``.
 * **A kernel whose host name is loopback.** monarch switches the process to ``TcpWithHostname``, which panics
   in the first monarch context where the host name resolves only to 127.x (a laptop, a container): there
@@ -26,7 +26,7 @@ waiting cannot cure (more nodes than the partition has, ...) is cancelled with t
 waited on for ever; the job's logs (SLURM's ``slurm_<id>_*.out``,
 monarch's messages) go to the kernel's log folder, not the notebook's folder and cell; and
 :meth:`SlurmJob.describe` says the job's id, state and nodes for ``%forge_status``, ``%forge_cluster`` and
-the dashboard, and whether SLURM ended it (``scancel``, its time limit): ``forge_nb.system.cluster``'s watch asks.
+the dashboard, and whether SLURM ended it (``scancel``, its time limit): ``forge_nb.system.hosts.cluster``'s watch asks.
 
 Considered: our own ``sbatch``/``srun`` launcher (monarch's job class is the cluster API the seeds use, and
 its pickled state is what re-attaching needs); patching monarch (a fix here must work with the monarch a user
@@ -162,14 +162,14 @@ class SlurmJob(_MonarchSlurmJob):
 
     def __init__(self, meshes: dict[str, int], *, python_exe: str | None = None, log_dir: str | None = None,
                  no_kill: bool = True, **kwargs: Any) -> None:
-        from forge_nb.system.proclogs import default_log_dir
+        from forge_nb.system.processes.proclogs import default_log_dir
 
         bad = {k: v for k, v in meshes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1}
         if not meshes or bad:
             raise ValueError(f"SlurmJob({meshes!r}): give each host mesh a whole number of nodes >= 1")
         logs = Path(log_dir or default_log_dir() / "slurm")
         _quiet(logs)
-        python_exe = python_exe or f"{shlex.quote(sys.executable)} -m forge_nb.system.slurm_worker"
+        python_exe = python_exe or f"{shlex.quote(sys.executable)} -m forge_nb.system.hosts.slurm_worker"
         slurm_args = list(kwargs.pop("slurm_args", ()))
         if no_kill:
             slurm_args.append("--no-kill")

@@ -39,8 +39,9 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable
 
-from forge_nb.system import cluster, runtime
-from forge_nb.system.procs import live_children
+from forge_nb.system.hosts import cluster
+from forge_nb.system.processes.procs import live_children
+from forge_nb.system.runtime import registry
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class _Reservation:
             if child.pid not in self.seen:  # it took the narrow mask from the kernel's thread that started it
                 self.seen.add(child.pid)
                 _set_mask(child.pid, self.cores, only_from=self.narrow)
-        local = [mesh for mesh in runtime.meshes() if mesh.local]
+        local = [mesh for mesh in registry.meshes() if mesh.local]
         generators = {pid for mesh in local if mesh.name.startswith(self.prefix) for pid in mesh.pids}
         self.others |= {pid for mesh in local for pid in mesh.pids} - generators - self.before
         for pid in self.others:

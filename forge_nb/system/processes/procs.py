@@ -7,7 +7,7 @@ segments the group's processes map before it kills them and removes those no oth
 ``psm_*`` message queues, hundreds of MB of apparent size each), and the reaper, once the kernel is gone,
 also removes the kernel's and the procs' socket folders and weight files. What these miss (the
 ``vllm_dist_*`` files, which nobody holds open; a reaper that was itself killed) goes at the next spawn or
-shutdown (``forge_nb.system.leftovers``).
+shutdown (``forge_nb.system.processes.leftovers``).
 
 Which processes live, their parents, states and start times come from psutil. Which files a process maps
 or holds open is read from ``/proc/<pid>/maps`` and ``fd`` directly: psutil's ``memory_maps()`` parses
@@ -369,7 +369,7 @@ def start_reaper(pgids: list[int], period: float = 0.5,
     if not groups:
         return None
     kernel, package_parent = os.getpid(), str(Path(__file__).resolve().parents[1])
-    code = (f"import sys; sys.path.insert(0, {package_parent!r}); from forge_nb.system.procs import reap; "
+    code = (f"import sys; sys.path.insert(0, {package_parent!r}); from forge_nb.system.processes.procs import reap; "
             f"reap({kernel}, {groups!r}, leaders={leaders or {}!r})")
     bash = shutil.which("bash")
     life = _life_pipe()

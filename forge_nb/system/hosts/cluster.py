@@ -18,16 +18,17 @@ torchstore volume lives there). GPUs are counted per host: each host's probe rep
 Health: monarch tells the kernel of a process that dies on a live host (the runtime's fault hook), but a
 host that dies whole (its worker killed, its machine gone) leaves calls to it waiting for monarch's
 supervision timeout (60 s) and reports nothing for meshes nobody calls (measured with ProcessJob). So
-each host runs a probe, a one-process mesh with a :class:`~forge_nb.system.procinfo.ProcInfo` actor that the
+each host runs a probe, a one-process mesh with a :class:`~forge_nb.system.runtime.procinfo.ProcInfo` actor that the
 kernel calls every ``PROBE_PERIOD_S``; a probe that fails, or misses ``PROBE_MISSES`` answers in a row, marks
 the host lost (:attr:`Host.lost`), the runtime's watchdog fails every mesh on it (their services respawn
 them on the hosts left), and placement skips it from then on. A job that can say its scheduler ended it
-(``forge_nb.system.slurm.SlurmJob.describe``: ``scancel``, a time limit) is asked every ``JOB_CHECK_S``; then every host
-is lost with that reason, so what fails next names the job.
+(``forge_nb.system.hosts.slurm.SlurmJob.describe``: ``scancel``, a time limit) is asked every ``JOB_CHECK_S``; then
+every host is lost with that reason, so what fails next names the job.
 
-Pids: a host whose probe runs on the kernel's machine and pid namespace (:func:`~forge_nb.system.procinfo.machine`)
-is *local*: the runtime may watch and signal its processes' pids, as for the kernel's own. On any other host
-it does neither (a pid there names nothing here) and relies on monarch and the probe.
+Pids: a host whose probe runs on the kernel's machine and pid namespace
+(:func:`~forge_nb.system.runtime.procinfo.machine`) is *local*: the runtime may watch and signal its processes'
+pids, as for the kernel's own. On any other host it does neither (a pid there names nothing here) and relies on
+monarch and the probe.
 
 Considered: a launcher of our own (ssh, srun), which the job classes already are; pinging every mesh
 instead of one probe per host (the calls grow with the meshes, and a respawn would still pick a dead host,
@@ -47,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forge_nb.system.gpus import JobEnded, ResourceError
+from forge_nb.system.hosts.gpus import JobEnded, ResourceError
 from forge_nb.system.monarch_compat import await_maybe
 
 __all__ = ["KERNEL", "Cluster", "Host", "current", "job_line", "lost", "one_host", "release_job", "use_job", "where"]
@@ -180,9 +181,9 @@ class Cluster:
                     logger.warning("could not ask the job how its scheduler sees it: %s", e)
 
     async def _check_job(self) -> None:
-        """Ask the job how its scheduler sees it (``forge_nb.system.slurm.SlurmJob.describe``; kept for tables). A job
-        the scheduler ended (``scancel``, a time limit) takes every host with it, and says so: what fails on
-        them next names the job."""
+        """Ask the job how its scheduler sees it (``forge_nb.system.hosts.slurm.SlurmJob.describe``; kept for
+        tables). A job the scheduler ended (``scancel``, a time limit) takes every host with it, and says so: what
+        fails on them next names the job."""
         self.described = await asyncio.to_thread(self.job.describe)
         why = self.described.get("ended")
         if why is not None:
@@ -332,8 +333,8 @@ async def use_job(job: Any, *, cached_path: str | None = None, log_dir: str | Pa
     and (``reap``) ends what a controller that died left running on the hosts: a job has one controller.
     Meshes already running stay where they are."""
     global _current
-    from forge_nb.system.procinfo import ProcInfo, machine
-    from forge_nb.system.proclogs import bootstrap, default_log_dir
+    from forge_nb.system.processes.proclogs import bootstrap, default_log_dir
+    from forge_nb.system.runtime.procinfo import ProcInfo, machine
 
     if _current is not None:
         raise RuntimeError(f"a job is already in use ({_current}); `await forge_nb.release_job()` first")

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forge_nb.system import cluster, runtime
+from forge_nb.system.hosts import cluster
+from forge_nb.system.runtime import registry, spawning
 
 __all__ = ["KEEP_S", "MAX_KEPT", "MAX_RUNS", "Kept", "keep_s", "kept", "park", "shape", "summary", "take"]
 
@@ -49,7 +50,7 @@ MAX_RUNS = 8
 class Kept:
     """A mesh waiting for the next replica with the same ``key`` (:func:`shape`: its actor class first)."""
 
-    mesh: runtime.Mesh
+    mesh: registry.Mesh
     key: tuple[Any, ...]
     since: float
     stops_at: float
@@ -63,9 +64,9 @@ class Kept:
 
 _kept: list[Kept] = []
 #: A mesh taken warm -> how many of its actors are the runtime's (pid probes) or its earlier runs' (stopped).
-_before: weakref.WeakKeyDictionary[runtime.Mesh, int] = weakref.WeakKeyDictionary()
+_before: weakref.WeakKeyDictionary[registry.Mesh, int] = weakref.WeakKeyDictionary()
 #: A mesh taken warm -> how many runs it has served, this one included.
-_runs: weakref.WeakKeyDictionary[runtime.Mesh, int] = weakref.WeakKeyDictionary()
+_runs: weakref.WeakKeyDictionary[registry.Mesh, int] = weakref.WeakKeyDictionary()
 
 
 def keep_s() -> float:
@@ -86,7 +87,7 @@ def shape(role: str, procs: int, with_gpus: bool, hosts: Any, env: dict[str, str
     return role, procs, tuple(sorted(env.items()))
 
 
-async def park(mesh: runtime.Mesh, actor: Any, key: tuple[Any, ...] | None) -> bool:
+async def park(mesh: registry.Mesh, actor: Any, key: tuple[Any, ...] | None) -> bool:
     """Keep ``mesh`` (``actor`` being the one actor of its replica) for a later replica of the same ``key``:
     stops the actor, keeps the processes. False (and nothing done) when it cannot be kept: the caller then
     stops the mesh as before."""
@@ -96,7 +97,7 @@ async def park(mesh: runtime.Mesh, actor: Any, key: tuple[Any, ...] | None) -> b
         return False  # a dead proc, or actors of another run besides the replica's (e.g. a guest's)
     if _runs.get(mesh, 1) >= MAX_RUNS:
         return False
-    from forge_nb.system.procinfo import ProcInfo
+    from forge_nb.system.runtime.procinfo import ProcInfo
 
     try:
         await asyncio.wait_for(actor.stop(), 10.0)
@@ -106,7 +107,7 @@ async def park(mesh: runtime.Mesh, actor: Any, key: tuple[Any, ...] | None) -> b
         logger.info("mesh %s not kept: %s: %s", mesh.name, type(e).__name__, e)
         return False
     logger.debug("mesh %s: %d objects of its stopped actor collected", mesh.name, sum(n for _, n in freed.items()))
-    mesh.state = "parked"  # not among runtime.meshes(); still among the kernel's, which its exit kills
+    mesh.state = "parked"  # not among registry.meshes(); still among the kernel's, which its exit kills
     mesh._listeners.clear()
     now, keep = time.monotonic(), keep_s()
     entry = Kept(mesh, key, now, now + keep)
@@ -119,7 +120,7 @@ async def park(mesh: runtime.Mesh, actor: Any, key: tuple[Any, ...] | None) -> b
 
 
 async def take(key: tuple[Any, ...] | None, name: str, owner: str | None,
-               log_dir: str | Path | None) -> runtime.Mesh | None:
+               log_dir: str | Path | None) -> registry.Mesh | None:
     """A kept mesh of ``key``, renamed ``name`` (or the next free name like it), owned by ``owner``, its
     processes' output going to ``<log_dir>/<name>.log`` from now on; None when none is kept."""
     _prune()
@@ -129,8 +130,8 @@ async def take(key: tuple[Any, ...] | None, name: str, owner: str | None,
         if len(mesh.alive_pids()) != mesh.procs:  # killed while it waited
             await mesh.stop(timeout=2.0)
             continue
-        runtime.adopt(mesh, name, owner, log_dir)
-        from forge_nb.system.procinfo import ProcInfo
+        spawning.adopt(mesh, name, owner, log_dir)
+        from forge_nb.system.runtime.procinfo import ProcInfo
 
         try:
             await mesh.spawn("procinfo", ProcInfo).relog.call(str(mesh.log_path))
@@ -164,7 +165,7 @@ def summary() -> str:
 
 
 def _prune() -> None:
-    """Forget the kept meshes something else stopped (``runtime.stop_all``, the kernel's teardown)."""
+    """Forget the kept meshes something else stopped (``registry.stop_all``, the kernel's teardown)."""
     for entry in [e for e in _kept if e.mesh.state != "parked"]:
         _forget(entry)
 

@@ -10,7 +10,7 @@ being created right now by a starting engine is never taken). Folders and files 
 (generator sockets, weight files) go when that pid is gone. The run calls :func:`remove_leftovers`
 when it shuts down and when it spawns.
 
-Most of it is gone before that: whoever kills an engine (``forge_nb.system.procs.kill_groups``, and the
+Most of it is gone before that: whoever kills an engine (``forge_nb.system.processes.procs.kill_groups``, and the
 reaper of a killed kernel) removes the segments it mapped, and the reaper also the kernel's and its procs'
 socket folders and weight files. This module is the fallback for what they cannot attribute (the
 ``vllm_dist_*`` files, open in no process) and for processes killed some other way.
@@ -27,7 +27,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from forge_nb.system.procs import SEGMENTS, SHM, SOCKETS_ROOT, files_in_use, remove_left_by_dead, weight_files_root
+from forge_nb.system.processes.procs import (
+    SEGMENTS,
+    SHM,
+    SOCKETS_ROOT,
+    files_in_use,
+    remove_left_by_dead,
+    weight_files_root,
+)
 
 
 def orphaned(patterns: list[tuple[Path, str]], min_age_s: float = 30.0) -> list[Path]:
