@@ -42,9 +42,7 @@ def test_a_segment_nobody_maps_is_removed_one_in_use_stays():
 
 
 def test_a_file_held_open_is_in_use(tmp_path):
-    import tempfile
-
-    path = tempfile.gettempdir() + f"/vllm_dist_test{uuid.uuid4().hex}"
+    path = f"{SHM}/psm_test{uuid.uuid4().hex}"
     fd = os.open(path, os.O_CREAT | os.O_RDWR)
     try:
         assert path not in map(str, orphaned(engine_patterns(), min_age_s=0))
@@ -52,6 +50,24 @@ def test_a_file_held_open_is_in_use(tmp_path):
         os.close(fd)
     assert path in map(str, orphaned(engine_patterns(), min_age_s=0))
     os.unlink(path)
+
+
+def test_a_rendezvous_file_in_the_machine_s_temporary_folder_is_left_to_its_owner():
+    """A ``vllm_dist_*`` file in /tmp, an hour old and open in no process, is no run's of this kernel (its own
+    engines make theirs in their generators' folders): it may be another kernel's engine that is starting, so
+    the clean-up leaves it, whatever its age."""
+    import tempfile
+
+    path = f"{tempfile.gettempdir()}/vllm_dist_test{uuid.uuid4().hex}"
+    with open(path, "w"):
+        pass
+    an_hour_ago = time.time() - 3600
+    os.utime(path, (an_hour_ago, an_hour_ago))
+    try:
+        remove_leftovers(min_age_s=0)
+        assert os.path.exists(path)
+    finally:
+        os.unlink(path)
 
 
 @contextlib.contextmanager

@@ -48,7 +48,8 @@ import itertools
 import logging
 import os
 import shutil
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +101,27 @@ def _own_socket_dir() -> Path | None:
     path.mkdir(parents=True, exist_ok=True)
     os.environ["VLLM_RPC_BASE_PATH"] = str(path)
     return path
+
+
+@contextlib.contextmanager
+def _temp_files_in(folder: Path | None) -> Iterator[None]:
+    """Temporary files made meanwhile in this process (``tempfile``) and in processes it starts (``TMPDIR``) go
+    to ``folder``: vLLM's engine makes its torch.distributed rendezvous file (``vllm_dist_*``) there, which it
+    would otherwise leave in the machine's temporary folder, open in no process and named by nobody, whenever
+    the process is killed; in the generator's own folder it goes with the folder. None: nothing changes."""
+    if folder is None:
+        yield
+        return
+    before_dir, before_env = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir, os.environ["TMPDIR"] = str(folder), str(folder)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before_dir
+        if before_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before_env
 
 
 class Generator(ForgeActor):
@@ -166,12 +188,13 @@ class Generator(ForgeActor):
         engine_args = generator_engine_args(values, model_path, cuda=cuda, cpu_linear=self._cpu_linear)
         self._sockets = _own_socket_dir()
         if not cuda and "distributed_executor_backend" not in config.engine_args:
-            self._engine = await InprocEngine.start(engine_args)  # no EngineCore nor worker process (engine.inproc)
+            with _temp_files_in(self._sockets):  # no EngineCore nor worker process (engine.inproc)
+                self._engine = await InprocEngine.start(engine_args)
         else:
             from vllm.v1.engine.async_llm import AsyncLLM
 
             # vLLM's own processes on CPU: no CUDA to keep out of this one either
-            with contextlib.nullcontext() if cuda else inspect_models_here():
+            with contextlib.nullcontext() if cuda else inspect_models_here(), _temp_files_in(self._sockets):
                 self._engine = AsyncLLM.from_engine_args(engine_args)
         # Each weight update resets the prefix cache, and vLLM logs that at INFO: a line a training step in this
         # replica's log (where its engine runs in this process, as on CPU). Its warnings still get through.

@@ -46,6 +46,18 @@ async def run(tmp_path_factory):
 _until = waiter(timeout=240.0, interval=0.1)
 
 
+async def test_each_engine_makes_its_rendezvous_file_in_its_generator_s_own_folder(run):
+    """vLLM puts an engine's torch.distributed rendezvous file (``vllm_dist_*``, open in no process) in the
+    temporary folder: each generator points that at its own folder, named by its pid, which goes with the process
+    however it ends, so no clean-up has to guess whose such a file in the machine's /tmp is."""
+    from forge_nb.system.processes.procs import SOCKETS_ROOT
+
+    pids = [p for r in run.status()["services"]["policy"] for p in r.pids]
+    assert len(pids) == 2
+    for pid in pids:
+        assert list((SOCKETS_ROOT / str(pid)).glob("vllm_dist_*")), sorted((SOCKETS_ROOT / str(pid)).iterdir())
+
+
 async def test_step_trains_exactly_n_steps_and_versions_move_everywhere(run):
     rows = await run.step(3)
     assert [r["step"] for r in rows] == [1, 2, 3] and run.state == "paused"

@@ -1,29 +1,29 @@
-"""What killed processes leave on the machine, found and removed: vLLM's shared-memory segments and
-rendezvous files, generator socket folders and weight files of processes that are gone.
+"""What killed processes leave on the machine, found and removed: vLLM's shared-memory segments, and the
+generator folders and weight files of processes that are gone.
 
 A vLLM engine killed with SIGKILL cannot clean up: its ``/dev/shm/psm_*`` segments (each hundreds of
-MB of apparent size), multiprocessing's named semaphores (``/dev/shm/sem.mp-*``, where its resource
-tracker died with it) and the ``<tmp>/vllm_dist_*`` file of its torch.distributed rendezvous stay
-until reboot. Their names say nothing of their owner, so a file counts as left over when no live
-process maps it or holds it open (read from ``/proc``) and it is older than ``min_age_s`` (so one
-being created right now by a starting engine is never taken). Folders and files named after a pid
-(generator sockets, weight files) go when that pid is gone. The run calls :func:`remove_leftovers`
-when it shuts down and when it spawns.
+MB of apparent size) and multiprocessing's named semaphores (``/dev/shm/sem.mp-*``, where its resource
+tracker died with it) stay until reboot. Their names are fixed by Python (``multiprocessing.shared_memory``,
+whatever TMPDIR says) and say nothing of their owner, so such a file counts as left over only when no live
+process maps it or holds it open (read from ``/proc``) and it is older than ``min_age_s`` (so one being
+created right now by a starting engine is never taken): a live process's files, another kernel's included,
+are never touched. Folders and files named after a pid go when that pid is gone: a generator's own folder
+(vLLM's sockets, and the engine's torch.distributed rendezvous file, which vLLM would put in the machine's
+temporary folder, open in no process and named by nobody: ``forge_nb.actors.generator`` points it into the
+folder) and weight files. The run calls :func:`remove_leftovers` when it shuts down and when it spawns.
 
 Most of it is gone before that: whoever kills an engine (``forge_nb.system.processes.procs.kill_groups``, and the
 reaper of a killed kernel) removes the segments it mapped, and the reaper also the kernel's and its procs'
-socket folders and weight files. This module is the fallback for what they cannot attribute (the
-``vllm_dist_*`` files, open in no process) and for processes killed some other way.
+folders and weight files. This module is the fallback for processes killed some other way.
 
-Considered: letting each engine clean up after itself (a SIGKILLed process runs nothing) and
-pointing vLLM's temporary files into a per-process folder (``psm_*`` names are fixed by Python's
-``multiprocessing.shared_memory`` under ``/dev/shm``, whatever TMPDIR says).
+Considered: letting each engine clean up after itself (a SIGKILLed process runs nothing) and sweeping the
+machine's temporary folder for ``vllm_dist_*`` files unused for a while (which took another kernel's
+rendezvous file while its engine was still starting).
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -55,7 +55,8 @@ def orphaned(patterns: list[tuple[Path, str]], min_age_s: float = 30.0) -> list[
 
 
 def engine_patterns() -> list[tuple[Path, str]]:
-    return [*((SHM, pattern) for pattern in SEGMENTS), (Path(tempfile.gettempdir()), "vllm_dist_*")]
+    """The files of engines that only use tells apart: shared-memory segments and named semaphores."""
+    return [(SHM, pattern) for pattern in SEGMENTS]
 
 
 def remove_leftovers(min_age_s: float = 30.0) -> dict[str, int]:

@@ -5,9 +5,9 @@ the shared-memory segments only they used, and what is named by their pid in for
 A SIGKILLed process runs no clean-up, so whoever kills it cleans after it: :func:`kill_groups` reads which
 segments the group's processes map before it kills them and removes those no other process uses (vLLM's
 ``psm_*`` message queues, hundreds of MB of apparent size each), and the reaper, once the kernel is gone,
-also removes the kernel's and the procs' socket folders and weight files. What these miss (the
-``vllm_dist_*`` files, which nobody holds open; a reaper that was itself killed) goes at the next spawn or
-shutdown (``forge_nb.system.processes.leftovers``).
+also removes the kernel's and the procs' folders (a generator's sockets and rendezvous file) and weight files.
+What these miss (a reaper that was itself killed) goes at the next spawn or shutdown
+(``forge_nb.system.processes.leftovers``).
 
 Which processes live, their parents, states and start times come from psutil. Which files a process maps
 or holds open is read from ``/proc/<pid>/maps`` and ``fd`` directly: psutil's ``memory_maps()`` parses
