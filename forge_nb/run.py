@@ -33,7 +33,7 @@ from forge_nb.controller.build import RunParts, resume_parts, spawn_parts
 from forge_nb.controller.episodes import BaseInTrainer
 from forge_nb.controller.evaluate import evaluate_run
 from forge_nb.controller.state import RunState
-from forge_nb.controller.teardown import ShutdownReport, shutdown_kernel
+from forge_nb.controller.teardown import RunShutdown, ShutdownReport, run_gone, shutdown_kernel
 from forge_nb.data.sft import SftData
 from forge_nb.system.processes import proclogs
 
@@ -429,16 +429,20 @@ class Run:
         self._ctl.sft_data = None
         self.metrics.event("mode", mode="rl")
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, wait_s: float = 0.0) -> RunShutdown:
         """Stop loops, then fronts, then services, then this run's weights, then its records
         (``forge_nb.controller.assembly``); afterwards none of its processes serves it: each is stopped, or kept
         warm for the kernel's next run (``forge_nb.system.runtime.warm``; ``shutdown_all`` and the kernel's exit stop
-        those). Other runs in the kernel go on: the torchstore they share stops only with its last user."""
+        those), or left to the runs on the same base. Other runs in the kernel go on: the torchstore they share
+        stops only with its last user. Waits up to ``wait_s`` for the stopped processes to exit; the report says
+        which went which way (``forge_nb.controller.teardown.RunShutdown``)."""
         if self.state == "shut down":
-            return
+            return RunShutdown(self.name, [], [], [], [])
+        pids = [p for replicas in self.status()["services"].values() for r in replicas for p in r.pids]
         try:
             await self._assembly.close()
         finally:
             if _LIVE.get(self.name) is self:
                 del _LIVE[self.name]
+        return await run_gone(self.name, pids, self.base.runs if self.base is not None else [], wait_s)
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
-import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -240,22 +238,19 @@ class SpawnMagics(Magics):
                 print(f"released the job's {report.released_hosts} host(s)")
             what, pids, left = f"{len(report.runs)} run(s) and {report.meshes} mesh(es)", report.pids, report.alive
         else:
-            pids = _run_pids(only)
-            await only.shutdown()
+            gone = await only.shutdown(wait_s=EXIT_WAIT_S)
             self.runs.forget(only)
-            staying = only.base.runs if only.base is not None else []
-            if staying:  # its processes serve other runs on the same base: they stay
+            if gone.shared_with:  # its processes serve other runs on the same base: they stay
                 print(f"shut down run {only.name!r}: its adapter left the generators and trainer process it shared "
-                      f"with {', '.join(map(repr, staying))}, which train on")
+                      f"with {', '.join(map(repr, gone.shared_with))}, which train on")
                 return
-            kept = {p for k in warm.kept() for p in k["pids"]} & set(pids)
-            if kept:  # forge_nb.system.runtime.warm: the next spawn of the kernel takes them
-                print(f"shut down run {only.name!r}: its process(es) {sorted(kept)} are kept warm for the next run "
+            if gone.kept:  # forge_nb.system.runtime.warm: the next spawn of the kernel takes them
+                print(f"shut down run {only.name!r}: its process(es) {gone.kept} are kept warm for the next run "
                       f"for {warm.keep_s() / 60:.0f} min (%forge_shutdown --all stops them now)")
-            pids = sorted(set(pids) - kept)
+            pids = gone.exited + gone.alive
             if not pids:
                 return
-            what, left = f"run {only.name!r}", await _wait_gone(pids, EXIT_WAIT_S)
+            what, left = f"run {only.name!r}", gone.alive
         if left:
             raise RuntimeError(f"shut down {what}, but process(es) {left} are still alive after {EXIT_WAIT_S:.0f} s; "
                                f"kill them (kill -9 {' '.join(map(str, left))}) or restart the kernel")
@@ -276,21 +271,6 @@ def _require_gpus() -> None:
 
     if spawning.visible_gpus() == 0:
         raise UsageError("--gpus: this machine has no CUDA device; leave --gpus out to run on CPU")
-
-
-def _run_pids(run: Run) -> list[int]:
-    return [p for replicas in run.status()["services"].values() for r in replicas for p in r.pids]
-
-
-async def _wait_gone(pids: list[int], within: float) -> list[int]:
-    from forge_nb.system.processes.procs import pid_alive
-
-    deadline = time.monotonic() + within
-    while True:
-        left = [p for p in pids if pid_alive(p)]
-        if not left or time.monotonic() > deadline:
-            return left
-        await asyncio.sleep(0.2)
 
 
 def _children(root: int) -> dict[int, str]:

@@ -33,7 +33,9 @@ async def test_a_second_run_trains_in_the_first_runs_processes_until_shutdown_al
         await first.step(2)
         used = pids_of(first)
     finally:
-        await first.shutdown()
+        gone = await first.shutdown()
+    assert gone.kept == sorted(p for ps in used.values() for p in ps) and gone.exited == gone.alive == []
+    assert "2 process(es) kept warm for the kernel's next run" in repr(gone)
     kept = {k["role"]: k["pids"] for k in warm.kept()}
     assert kept == {"Generator": used["policy"], "RLTrainer": used["trainer"]}, kept
     assert all(pid_alive(p) for ps in used.values() for p in ps)
@@ -76,8 +78,9 @@ async def test_nothing_is_kept_with_keeping_off(tmp_path, monkeypatch):
     try:
         used = pids_of(run)
     finally:
-        await run.shutdown()
+        gone = await run.shutdown(wait_s=15)
     assert warm.kept() == [] and warm.summary() == ""
+    assert gone.kept == gone.alive == [] and gone.exited == sorted(p for ps in used.values() for p in ps)
     deadline = time.monotonic() + 15
     while any(pid_alive(p) for ps in used.values() for p in ps) and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
