@@ -9,15 +9,15 @@
     await run.sft(examples) / await run.rl()     the same controls over supervised or RL steps
     run.export("tensorboard"), await run.checkpoint(), await run.stop(), await run.shutdown()
 
-A Run is a front: ``forge_nb.controller.build`` makes every part of a run (``build_run``) and this class
+A Run is a front: ``forge_nb.controller.lifecycle.build`` makes every part of a run (``build_run``) and this class
 only delegates and validates. The loops, their events, counters and state belong to the run's
 ``Controller`` (``forge_nb.controller``); its weight versions to a ``WeightSync`` with a key namespace of
 its own, so several runs train side by side in one kernel; its books to a ``Ledger``. Episode functions get the
 run's ``RolloutContext`` (``forge_nb.controller.context``), which reads the same as the Run for what a rollout
 uses (``run.policy``, ``run.reward_fns``, ``run.sampling_overrides``...); the Run itself stays on its floor.
-Shutdown order (``forge_nb.controller.assembly``): loops (at a step boundary), endpoints, services (generators,
-reference, trainer), the run's weights and its torchstore lease (the store stops when no run or service holds
-it), its records, its kernel log.
+Shutdown order (``forge_nb.controller.lifecycle.assembly``): loops (at a step boundary), endpoints, services
+(generators, reference, trainer), the run's weights and its torchstore lease (the store stops when no run or
+service holds it), its records, its kernel log.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from typing import Any
 
 from forge_nb.config import RunConfig
 from forge_nb.controller import EpisodeFn
-from forge_nb.controller.build import RunParts, resume_parts, spawn_parts
 from forge_nb.controller.episodes import BaseInTrainer
 from forge_nb.controller.evaluate import evaluate_run
+from forge_nb.controller.lifecycle.build import RunParts, resume_parts, spawn_parts
+from forge_nb.controller.lifecycle.teardown import RunShutdown, ShutdownReport, run_gone, shutdown_kernel
 from forge_nb.controller.state import RunState
-from forge_nb.controller.teardown import RunShutdown, ShutdownReport, run_gone, shutdown_kernel
 from forge_nb.data.sft import SftData
 from forge_nb.system.processes import proclogs
 
@@ -53,8 +53,8 @@ async def shutdown_all(wait_s: float = 15.0) -> ShutdownReport:
     """The kernel-wide teardown: every live run (loops, endpoints, services, weights: ``Run.shutdown``, oldest
     first), then every other mesh of the kernel, then a wait of up to ``wait_s`` for their processes to exit,
     then the hosts of a monarch job in use (``forge_nb.use_job``), which would stay held otherwise
-    (``forge_nb.controller.teardown``). A run whose shutdown raises does not keep the others or the meshes up: its
-    error is raised after the rest is done."""
+    (``forge_nb.controller.lifecycle.teardown``). A run whose shutdown raises does not keep the others or the
+    meshes up: its error is raised after the rest is done."""
     runs = live_runs()
 
     async def shut_down_runs() -> list[BaseException]:
@@ -79,7 +79,7 @@ async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[s
 
     ``base``: a live LoRA run (or its name) whose base model this run shares: a LoRA run of ``config`` adds its
     adapter to that run's generators and trainer process instead of spawning its own, and keeps everything
-    else of a run to itself (``forge_nb.controller.on_base``)."""
+    else of a run to itself (``forge_nb.controller.lifecycle.on_base``)."""
     run = Run(await spawn_parts(config, overrides=overrides, episode_fn=episode_fn, progress=progress,
                                 actors=actors, base=_base_of(base)))
     for kind, options in run.config.exporters.items():  # e.g. a YAML's metric_logging section
@@ -258,7 +258,8 @@ class Run:
         return "ok" if all(st == "healthy" for s in states.values() for st in s) else "degraded"
 
     def ledger(self) -> dict[str, Any]:
-        """Where every accepted episode went; ``balanced`` says the books add up (``forge_nb.controller.ledger``)."""
+        """Where every accepted episode went; ``balanced`` says the books add up
+        (``forge_nb.controller.intake.ledger``)."""
         return self._ledger.books()
 
     def episodes(self, n: int = 50, version: int | None = None, min_reward: float | None = None,
@@ -431,11 +432,11 @@ class Run:
 
     async def shutdown(self, wait_s: float = 0.0) -> RunShutdown:
         """Stop loops, then fronts, then services, then this run's weights, then its records
-        (``forge_nb.controller.assembly``); afterwards none of its processes serves it: each is stopped, or kept
-        warm for the kernel's next run (``forge_nb.system.runtime.warm``; ``shutdown_all`` and the kernel's exit stop
-        those), or left to the runs on the same base. Other runs in the kernel go on: the torchstore they share
-        stops only with its last user. Waits up to ``wait_s`` for the stopped processes to exit; the report says
-        which went which way (``forge_nb.controller.teardown.RunShutdown``)."""
+        (``forge_nb.controller.lifecycle.assembly``); afterwards none of its processes serves it: each is stopped,
+        kept warm for the kernel's next run (``forge_nb.system.runtime.warm``; ``shutdown_all`` and the kernel's
+        exit stop those), or left to the runs on the same base. Other runs in the kernel go on: the torchstore
+        they share stops only with its last user. Waits up to ``wait_s`` for the stopped processes to exit; the
+        report says which went which way (``forge_nb.controller.lifecycle.teardown.RunShutdown``)."""
         if self.state == "shut down":
             return RunShutdown(self.name, [], [], [], [])
         pids = [p for replicas in self.status()["services"].values() for r in replicas for p in r.pids]

@@ -3,7 +3,7 @@
 DAPO's data side (Yu et al. 2025, "DAPO", arXiv:2503.14476, sections 3.2 and 3.4): a group whose rewards are
 all equal has advantage 0 and trains nothing but fills the batch; an answer cut at the response budget is
 trained as if it had ended. ``RunConfig.rollout`` holds the options; the controller applies them
-(``forge_nb.controller.dynamic``) and ``forge_nb.rl.overlong`` holds the penalty's formula.
+(``forge_nb.controller.intake.dynamic``) and ``forge_nb.rl.overlong`` holds the penalty's formula.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from typing import Any
 # Loaded when first used: ``forge_nb.controller.state`` (read by the widgets, which must not load torch or
 # monarch) imports this package first.
 _EXPORTS = {"Controller": "core", "EpisodeFn": "context", "evaluate_pinned": "evaluate", "generate_episode": "episodes",
-            "HotChanges": "hot", "Ledger": "ledger", "RolloutContext": "context", "WeightSync": "weight_sync"}
+            "HotChanges": "hot", "Ledger": "intake.ledger", "RolloutContext": "context", "WeightSync": "weight_sync"}
 
 __all__ = sorted(_EXPORTS)
 

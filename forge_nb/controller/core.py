@@ -24,13 +24,13 @@ from typing import Any
 
 from forge_nb.controller.checkpoints import Checkpoints
 from forge_nb.controller.context import EpisodeFn, RolloutContext
-from forge_nb.controller.dynamic import GroupGate
 from forge_nb.controller.episodes import episode_row
 from forge_nb.controller.evaluate import eval_step
 from forge_nb.controller.hot import HotChanges
-from forge_nb.controller.ledger import Ledger
+from forge_nb.controller.intake.dynamic import GroupGate
+from forge_nb.controller.intake.ledger import Ledger
+from forge_nb.controller.intake.quarantine import QuarantineWatch
 from forge_nb.controller.loop import Batch, RLBatches, SFTBatches, loads_overlap, would_be_too_old
-from forge_nb.controller.quarantine import QuarantineWatch
 from forge_nb.controller.state import RunState, transition
 from forge_nb.controller.weight_sync import WeightSync
 from forge_nb.metrics import MetricsStore

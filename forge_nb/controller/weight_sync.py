@@ -93,7 +93,7 @@ class WeightSync:
     def claim(self) -> None:
         """Take the run's namespace (one run per namespace in a kernel): a ValueError, before anything is
         spawned, if a live run has it. ``open`` claims it too; spawning claims it first so that the store's
-        start can overlap the services' (see ``forge_nb.controller.build``)."""
+        start can overlap the services' (see ``forge_nb.controller.lifecycle.build``)."""
         if self._claimed:
             return
         if self.namespace in _live_namespaces:

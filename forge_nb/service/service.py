@@ -328,7 +328,7 @@ class ActorHandle(Service):
     @classmethod
     async def start_on(cls, host: ActorHandle, actor_cls: ActorClass, kwargs: dict[str, Any]) -> ActorHandle:
         """One more actor in the processes of ``host`` (an actor of one replica): several runs' trainers on one
-        base model (``forge_nb.controller.on_base``). Its stop leaves the processes to ``host``; it is never
+        base model (``forge_nb.controller.lifecycle.on_base``). Its stop leaves the processes to ``host``; it is never
         respawned (a death of the processes is the host's to deal with)."""
         handle = cls(actor_cls, dataclasses.replace(host.options, max_restarts=0), (), kwargs)
         handle.replica.host = host.replica

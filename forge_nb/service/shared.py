@@ -1,7 +1,7 @@
 """A service several runs use at once: each run holds a share, and the service stops with the last share.
 
 Several LoRA runs on one base model share its generator service and its trainer's processes
-(``forge_nb.controller.on_base``). Each run talks to its share as to a service of its own:
+(``forge_nb.controller.lifecycle.on_base``). Each run talks to its share as to a service of its own:
 
     shared = SharedService(policy)                               # the base run's generator service
     mine = shared.share("run-b", inject={"generate": {"adapter": "policy-run-b"}}, leave=drop_my_adapter)

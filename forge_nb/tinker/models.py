@@ -3,8 +3,8 @@ sampling session names the weights it samples with.
 
 ``create_lora_training_client(base_model, rank)`` spawns a run onto the served run's base model
 (``forge_nb.spawn(cfg, base=run)``: an adapter of the client's rank in the base trainer's process and a lane on its
-generators; ``forge_nb.controller.on_base``). The run is a forge_nb run like any other: the dashboard, ``%forge_status``
-and the rollout explorer show it; its loops are not started, the client's calls drive its trainer:
+generators; ``forge_nb.controller.lifecycle.on_base``). The run is a forge_nb run like any other: the dashboard,
+``%forge_status`` and the rollout explorer show it; its loops are not started, the client's calls drive its trainer:
 
 ==================================== ================================================================================
 ``forward`` / ``forward_backward``   ``RLTrainer.forward_backward`` (gradients add up until the next ``optim_step``)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from forge_nb.controller.assembly import PHASES, RunAssembly
+from forge_nb.controller.lifecycle.assembly import PHASES, RunAssembly
 
 
 async def test_parts_close_phase_by_phase_and_a_failure_leaves_the_rest_closing() -> None:

@@ -11,9 +11,9 @@ import torch
 
 from forge_nb.actors.training.loss import rl_loss
 from forge_nb.config import RolloutConfig, from_dict
-from forge_nb.controller.dynamic import GroupGate
 from forge_nb.controller.evaluate import check_eval_args, pass_at_k
-from forge_nb.controller.ledger import Ledger
+from forge_nb.controller.intake.dynamic import GroupGate
+from forge_nb.controller.intake.ledger import Ledger
 from forge_nb.rl import Completion, Episode, GRPOLoss, ReplayBuffer, assign_advantages, collate
 from forge_nb.rl.overlong import add_overlong_penalty, overlong_penalty
 

@@ -3,7 +3,7 @@ quarantined them, with the exception behind the commonest as the pause's cause."
 
 from __future__ import annotations
 
-from forge_nb.controller.quarantine import QuarantineWatch
+from forge_nb.controller.intake.quarantine import QuarantineWatch
 
 AGENT = "the agent raised ZeroDivisionError: division by zero (cell In[7], line 3: return 1 / len(calls))"
 STALE = "the agent raised BadRequestError: 400 the prompt has 30 tokens and a trained prompt at most 4"

@@ -1,6 +1,6 @@
 """RunAssembly: what closes each part of one run, and the one order they close in.
 
-``build_run`` (``forge_nb.controller.build``) makes a run's parts in the order they need each other: the
+``build_run`` (``forge_nb.controller.lifecycle.build``) makes a run's parts in the order they need each other: the
 weights' namespace and the store, the services, then the run's records (its kernel log and metrics), its books
 and its controller; the Run adds fronts (the OpenAI endpoint, the Tinker server) and exporters when a cell asks
 for them. Each part is registered here as it is made, with what closes it and the phase it closes in.

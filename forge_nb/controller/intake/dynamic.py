@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from forge_nb.controller.ledger import Ledger
+from forge_nb.controller.intake.ledger import Ledger
 from forge_nb.rl import Episode
 from forge_nb.rl.overlong import is_truncated, zero_variance
 

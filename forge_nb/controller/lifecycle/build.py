@@ -33,13 +33,19 @@ from forge_nb.config import (
     trainer_actor_kwargs,
     trainer_hparam_sections,
 )
-from forge_nb.controller.assembly import RunAssembly
 from forge_nb.controller.context import RolloutContext
 from forge_nb.controller.core import Controller, EpisodeFn
 from forge_nb.controller.episodes import BaseInTrainer, generate_episode
 from forge_nb.controller.hot import HotChanges
-from forge_nb.controller.ledger import Ledger
-from forge_nb.controller.on_base import SharedBase, check_joinable, generator_sampling, join_base, share_services
+from forge_nb.controller.intake.ledger import Ledger
+from forge_nb.controller.lifecycle.assembly import RunAssembly
+from forge_nb.controller.lifecycle.on_base import (
+    SharedBase,
+    check_joinable,
+    generator_sampling,
+    join_base,
+    share_services,
+)
 from forge_nb.controller.weight_sync import WeightSync
 from forge_nb.metrics import MetricsStore
 from forge_nb.models import TINY_PAD_ID, TRANSFORMERS_LOCK, TinyModelConfig, build_tiny_model, resolve_model
