@@ -23,8 +23,8 @@ import traceback
 from collections import deque
 from typing import Any
 
-from forge_nb.widgets._calls import LoopCaller, kernel_loop
-from forge_nb.widgets._run import RunView
+from forge_nb.widgets._shared.calls import LoopCaller, kernel_loop
+from forge_nb.widgets._shared.run import RunView
 from forge_nb.widgets.controls import (
     ACTIONS,
     FINAL_STATES,
