@@ -12,7 +12,7 @@ while the Run lives on the kernel's event loop, so the two meet only through thr
   a snapshot that the next tick renders: a busy kernel delays the grid, never blocks the server;
 - buttons call the run's methods on the kernel loop (:class:`LoopCaller`), awaiting coroutines there.
 
-The server around it (``serve``) is in ``forge_nb.widgets.panel_server``.
+The server around it (``serve``) is in ``forge_nb.widgets.panel.server``.
 
 panel is imported inside the functions: ``import forge_nb.widgets`` stays light.
 """
