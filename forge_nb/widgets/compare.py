@@ -27,10 +27,10 @@ from typing import Any
 
 import ipywidgets as w
 
-from forge_nb.widgets._calls import kernel_loop
-from forge_nb.widgets._errors import ErrorLog
-from forge_nb.widgets._series import MARKS, CurveData, Panel, Row, Trace, mark_of
-from forge_nb.widgets._view import LiveView
+from forge_nb.widgets._shared.calls import kernel_loop
+from forge_nb.widgets._shared.errors import ErrorLog
+from forge_nb.widgets._shared.series import MARKS, CurveData, Panel, Row, Trace, mark_of
+from forge_nb.widgets._shared.view import LiveView
 from forge_nb.widgets.curves import PALETTE, Curves
 
 DEFAULT_METRICS = ("reward/mean", "loss", "kl", "entropy")

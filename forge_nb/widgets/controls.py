@@ -16,9 +16,9 @@ from typing import Any
 import ipywidgets as w
 
 from forge_nb.controller.state import RunState
-from forge_nb.widgets._calls import LoopCaller
-from forge_nb.widgets._errors import ErrorLog
-from forge_nb.widgets._run import RunView
+from forge_nb.widgets._shared.calls import LoopCaller
+from forge_nb.widgets._shared.errors import ErrorLog
+from forge_nb.widgets._shared.run import RunView
 
 ACTIONS = ("start", "pause", "resume", "step", "stop")
 ICONS = {"start": "play", "pause": "pause", "resume": "play-circle", "step": "step-forward", "stop": "stop"}

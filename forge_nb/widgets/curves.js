@@ -13,8 +13,9 @@
 // replies to an update, redraws at most once per redraw_interval (2 s), and only while it is on screen.
 //
 // Two hosts run this module: anywidget in JupyterLab (CurvesView), and panel's JSComponent in the panel
-// app (PanelCurves, forge_nb/widgets/panel_app.py). `adapt` gives the second the first's model API;
-// panel has no binary buffers, so there the float64 values come base64-encoded in msg.b64.
+// app (PanelCurves, made in curves.py, shown by forge_nb/widgets/panel/app.py). `adapt` gives the second
+// the first's model API; panel has no binary buffers, so there the float64 values come base64-encoded in
+// msg.b64.
 //
 // Kernel -> page, one custom message per flush:
 //   {type: "points", traces: [[index, start, count], ...], sync: bool} and one float64 buffer holding,

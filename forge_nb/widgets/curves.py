@@ -42,8 +42,8 @@ import anywidget
 import numpy as np
 import traitlets
 
-from forge_nb.widgets._series import REWARD_FUNCTIONS, CurveData, Row, Trace
-from forge_nb.widgets._throttle import Throttle
+from forge_nb.widgets._shared.series import REWARD_FUNCTIONS, CurveData, Row, Trace
+from forge_nb.widgets._shared.throttle import Throttle
 
 #: The dashboard's eight rows of panels: ~88 px of plot each (the reward row 1.6x), what six rows had at 860 px.
 DASHBOARD_HEIGHT = 1130

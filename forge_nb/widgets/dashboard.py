@@ -26,10 +26,10 @@ from typing import Any
 
 import ipywidgets as w
 
-from forge_nb.widgets._calls import LoopCaller, kernel_loop
-from forge_nb.widgets._errors import ErrorLog
-from forge_nb.widgets._run import RunView
-from forge_nb.widgets._view import LiveView
+from forge_nb.widgets._shared.calls import LoopCaller, kernel_loop
+from forge_nb.widgets._shared.errors import ErrorLog
+from forge_nb.widgets._shared.run import RunView
+from forge_nb.widgets._shared.view import LiveView
 from forge_nb.widgets.controls import FINAL_STATES, Controls, render_status, run_summary
 from forge_nb.widgets.curves import Curves
 from forge_nb.widgets.explorer import Explorer

@@ -18,8 +18,8 @@ from typing import Any
 
 import ipywidgets as w
 
-from forge_nb.widgets._errors import ErrorLog
-from forge_nb.widgets._run import RunView
+from forge_nb.widgets._shared.errors import ErrorLog
+from forge_nb.widgets._shared.run import RunView
 
 Episode = dict[str, Any]
 #: The version dropdown's value for "every version". Not None: ipywidgets' Dropdown takes a None value

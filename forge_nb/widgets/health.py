@@ -20,7 +20,7 @@ from typing import Any
 import ipywidgets as w
 
 from forge_nb.system.hosts.cluster import job_line
-from forge_nb.widgets._throttle import Throttle
+from forge_nb.widgets._shared.throttle import Throttle
 
 FIELDS = ("service", "index", "state", "pids", "in_flight", "served", "failures", "restarts",
           "latency_p50_ms", "latency_p95_ms", "last_error", "version", "host")

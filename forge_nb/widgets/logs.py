@@ -25,8 +25,8 @@ import time
 import ipywidgets as w
 
 from forge_nb.system.processes.proclogs import LEVELS
-from forge_nb.widgets._errors import ErrorLog
-from forge_nb.widgets._run import RunView
+from forge_nb.widgets._shared.errors import ErrorLog
+from forge_nb.widgets._shared.run import RunView
 
 ALL = "all"
 LEVEL_OPTIONS = ((ALL, None), ("warning", "warning"), ("error", "error"))

@@ -23,7 +23,7 @@ import html
 from collections.abc import Callable
 from typing import Any
 
-from forge_nb.widgets._series import PANELS
+from forge_nb.widgets._shared.series import PANELS
 
 WIDTH, HEIGHT, PAD = 300, 90, 4
 MAX_POINTS = 600  #: per trace; longer series are thinned to every k-th point (the last one kept)

@@ -9,7 +9,7 @@ from forge_nb.controller.episodes import episode_metrics, episode_row, turn_metr
 from forge_nb.magics._display import episodes_table, turns_report
 from forge_nb.rl import Completion, Episode
 from forge_nb.rl.trajectory import Trajectory
-from forge_nb.widgets._series import PANELS, CurveData
+from forge_nb.widgets._shared.series import PANELS, CurveData
 from forge_nb.widgets.explorer import render_episodes
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from forge_nb.widgets._series import PANELS
+from forge_nb.widgets._shared.series import PANELS
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

@@ -15,8 +15,8 @@ import pytest
 
 from forge_nb.metrics import MetricsStore
 from forge_nb.widgets import Dashboard
-from forge_nb.widgets._series import PANELS
-from forge_nb.widgets._throttle import Throttle
+from forge_nb.widgets._shared.series import PANELS
+from forge_nb.widgets._shared.throttle import Throttle
 from forge_nb.widgets.curves import Curves
 from tests.waiting import waiter
 
@@ -221,7 +221,7 @@ def test_a_run_without_metrics_is_refused_with_a_clear_message() -> None:
 
 
 def test_long_runs_are_halved_and_arrays_already_drawn_never_change() -> None:
-    from forge_nb.widgets._series import CurveData
+    from forge_nb.widgets._shared.series import CurveData
 
     data = CurveData(max_points=10)
     drawn = []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from forge_nb.widgets._series import EVALS, PANELS, CurveData
+from forge_nb.widgets._shared.series import EVALS, PANELS, CurveData
 
 
 def test_mismatch_rows_and_eval_events_become_their_panels_lines() -> None:

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge_nb.widgets._calls import kernel_loop
-from forge_nb.widgets._run import RunView
+from forge_nb.widgets._shared.calls import kernel_loop
+from forge_nb.widgets._shared.run import RunView
 from forge_nb.widgets.controls import FINAL_STATES, run_summary
-from forge_nb.widgets.panel_app import panel_app
+from forge_nb.widgets.panel.app import panel_app
 
 
 @dataclass

@@ -12,7 +12,7 @@ while the Run lives on the kernel's event loop, so the two meet only through thr
   a snapshot that the next tick renders: a busy kernel delays the grid, never blocks the server;
 - buttons call the run's methods on the kernel loop (:class:`LoopCaller`), awaiting coroutines there.
 
-The server around it (``serve``) is in ``forge_nb.widgets.panel_server``.
+The server around it (``serve``) is in ``forge_nb.widgets.panel.server``.
 
 panel is imported inside the functions: ``import forge_nb.widgets`` stays light.
 """
@@ -23,8 +23,8 @@ import traceback
 from collections import deque
 from typing import Any
 
-from forge_nb.widgets._calls import LoopCaller, kernel_loop
-from forge_nb.widgets._run import RunView
+from forge_nb.widgets._shared.calls import LoopCaller, kernel_loop
+from forge_nb.widgets._shared.run import RunView
 from forge_nb.widgets.controls import (
     ACTIONS,
     FINAL_STATES,
