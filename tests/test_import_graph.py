@@ -1,10 +1,12 @@
 """Dependencies point one way (magics -> run -> controller -> services/actors/rl -> weights -> system), with
 no import cycle anywhere in the package; the package root holds only its public front; no module below the Run
-takes or reads a Run; modules stay at 450 lines or fewer; imports have no side effects."""
+takes or reads a Run; modules stay at 450 lines or fewer, folders at 12 modules; imports have no side effects;
+the README draws the floors the imports keep."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +156,14 @@ def test_no_import_cycle_in_the_package():
 
 
 MAX_LINES = 450
+MAX_MODULES = 12  # .py files a folder holds, its __init__ included
+
+
+def test_no_folder_over_12_modules():
+    counts = {str(d.relative_to(PACKAGE.parent)): len(list(d.glob("*.py"))) for d in [PACKAGE, *PACKAGE.rglob("*")]
+              if d.is_dir() and d.name != "__pycache__"}
+    crowded = {name: n for name, n in counts.items() if n > MAX_MODULES}
+    assert not crowded, f"split these folders by what their modules serve: {crowded}"
 
 
 def test_no_module_over_450_lines():
@@ -260,3 +270,24 @@ async def _example_of_what_the_checks_above_refuse(ctl, log, run: Any) -> Any:  
     episode = ctl.handle
     await run.serve_openai()
     return episode
+
+
+def _readme_floors() -> dict[str, int]:
+    """The floors as the README's Architecture section draws them: ``floor N  part/ part/ ...  what they hold``
+    (a part's sub-folders, in parentheses, live on its floor; ``run.py`` is the part ``run``)."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    found: dict[str, int] = {}
+    for floor, names in re.findall(r"^floor (\d+)  (.+?)  ", readme, flags=re.MULTILINE):
+        for name in re.sub(r"\(.*?\)", "", names).split():
+            found[name.removesuffix("/").removesuffix(".py")] = int(floor)
+    return found
+
+
+def test_the_readme_draws_the_floors_the_imports_keep():
+    drawn = _readme_floors()
+    differ = {k: (drawn.get(k), LAYERS.get(k)) for k in drawn.keys() | LAYERS.keys() if drawn.get(k) != LAYERS.get(k)}
+    assert not differ, f"the README's floors and this test's LAYERS differ (README, LAYERS): {differ}"
+    readme = (PACKAGE.parent / "README.md").read_text()
+    folders = sorted(f"{d.name}/" for d in PACKAGE.glob("*/*/") if (d / "__init__.py").exists())
+    missing = [f for f in folders if not re.search(rf"^floor \d+  .*\b{re.escape(f)}", readme, flags=re.MULTILINE)]
+    assert not missing, f"sub-folders the README's floors do not name: {missing}"
