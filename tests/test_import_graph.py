@@ -31,6 +31,11 @@ LAYERS = {
 # parts that must not reach some lower ones: the widgets, data and the metrics read records, never processes
 _PROCESSES = {"system.runtime", "service", "actors", "weights"}  # system.runtime: meshes, their pids, the probe
 FORBIDDEN = {"widgets": _PROCESSES, "data": _PROCESSES, "rl": _PROCESSES, "metrics": _PROCESSES}
+#: The TorchForge documents' wing: modules that exist because the documents import these paths (``forge.X`` is
+#: ``forge_nb.X``, ``tests/seeds``), with the documents' shapes and meanings, on top of the native modules. Nothing
+#: native imports them: only the wing itself and the package's lazy front (``forge_nb/__init__.py``).
+COMPAT = ("apps", "data.rewards", "rl.loss", "rl.grading",
+          "actors.advantages", "actors.dataset", "actors.reward", "actors.replay_buffer")
 #: what the package root holds: the public front (``forge_nb``'s lazy names, the Run) and the floors' folders
 ROOT_MODULES = ["__init__.py", "run.py"]
 
@@ -74,6 +79,24 @@ def test_dependencies_point_one_way(part, path):
         assert LAYERS[target] <= LAYERS[part], f"{path.name} ({part}) imports {module} from a higher layer"
         bad = [f for f in FORBIDDEN.get(part, ()) if module == f"forge_nb.{f}" or module.startswith(f"forge_nb.{f}.")]
         assert not bad, f"{path.name} ({part}) must not import {module}"
+
+
+def _compat(module: str) -> bool:
+    return any(module == f"forge_nb.{c}" or module.startswith(f"forge_nb.{c}.") for c in COMPAT)
+
+
+def test_native_code_does_not_import_the_documents_wing():
+    for name in COMPAT:
+        assert (PACKAGE / f"{name.replace('.', '/')}.py").exists() or (PACKAGE / name.replace(".", "/")).is_dir(), name
+    native = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = "forge_nb." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__")
+        if module == "forge_nb.__init__" or _compat(module):
+            continue
+        if reached := sorted(m for m in _imports(path) if _compat(m)):
+            native[module] = reached
+    assert not native, (f"native modules import the TorchForge documents' wing: {native}; import the native module "
+                        "the wing is built on (forge_nb.rl.losses.ops for the ops, forge_nb.rl for the losses, ...)")
 
 
 def test_the_package_root_holds_only_the_public_front():

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from forge_nb.rl import PolicyLoss, TrainBatch, compute_logprobs, entropy_from_logits
-from forge_nb.rl.loss.ops import CROSS_ENTROPY_IGNORE_IDX
 from forge_nb.rl.losses.mismatch import TOKEN_RATIOS, token_ratios
+from forge_nb.rl.losses.ops import CROSS_ENTROPY_IGNORE_IDX
 from forge_nb.rl.types import TextTrainBatch
 from forge_nb.system.importpath import import_path
 

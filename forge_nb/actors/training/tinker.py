@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from forge_nb.actors.training.loss import clip_and_step
-from forge_nb.rl.losses.primitives import compute_logprobs
+from forge_nb.rl import compute_logprobs
 from forge_nb.rl.losses.tinker import needed_inputs, tinker_loss
 
 __all__ = ["AdamStep", "datum_batch", "forward_backward", "optim_step"]

@@ -13,7 +13,7 @@ clip/frac_high, ratio/mean, ratio/max, and entropy (when logits [B, T, V] are gi
 Every loss is also callable in TorchForge's form, `loss(logits=, target_ids=, advantages=,
 generator_logprobs=, loss_mask=, ref_logprobs=)`, takes TorchForge's keyword names (`agg_type`,
 `clip_range`, `adaptive_kl`, `kl_target`, `dual_clip_c`) and is importable as `forge_nb.rl.loss.GRPOLoss`
-etc.; TorchForge's building blocks are in `forge_nb.rl.loss.ops` (see `primitives`).
+etc.; TorchForge's building blocks are in `forge_nb.rl.loss.ops`.
 """
 
 from __future__ import annotations

@@ -31,8 +31,16 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from forge_nb.rl.losses.mismatch import Correction, check_mismatch, importance_weights, mismatch_metrics
-from forge_nb.rl.losses.ops import MAX_LOG_RATIO, AggMode, agg_mode, aggregate, entropy_from_logits, masked_mean
-from forge_nb.rl.losses.primitives import CROSS_ENTROPY_IGNORE_IDX, compute_logprobs
+from forge_nb.rl.losses.ops import (
+    CROSS_ENTROPY_IGNORE_IDX,
+    MAX_LOG_RATIO,
+    AggMode,
+    agg_mode,
+    aggregate,
+    compute_logprobs,
+    entropy_from_logits,
+    masked_mean,
+)
 
 __all__ = ["PolicyLoss", "PolicyTerms", "check_clip", "log_ratio"]
 

@@ -15,7 +15,7 @@ logprobs (``loss_fn_inputs["logprobs"]``), ``A`` the advantages, ``r = exp(lp - 
 
 ``low`` and ``high`` are ``loss_fn_config``'s ``clip_low_threshold`` and ``clip_high_threshold`` (0.8 and 1.2 by
 default: Tinker's documented epsilon of 0.2), ``beta`` its ``beta`` (0.05 by default). The ratio's log is
-clamped to +-20 as forge_nb's other losses clamp it (``compute_ratio``).
+clamped to +-20 as forge_nb's other losses clamp it (``log_ratio``).
 
 ``ppo`` and ``cispo`` are forge_nb's own per-token terms, summed: the PPO-clip surrogate of ``grpo`` / ``dapo``
 (``clipped_surrogate`` with ``eps_low = 1 - low``, ``eps_high = high - 1``) and ``CISPOLoss``'s; forge_nb's losses
@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
+from forge_nb.rl.losses.base import log_ratio
 from forge_nb.rl.losses.clipped import clipped_surrogate
-from forge_nb.rl.losses.primitives import compute_ratio
 from forge_nb.rl.losses.soft import CISPOLoss
 
 __all__ = ["TINKER_LOSSES", "needed_inputs", "tinker_loss"]
@@ -87,7 +87,7 @@ def tinker_loss(loss_fn: str, lp: torch.Tensor, inputs: Mapping[str, torch.Tenso
         mask = torch.ones_like(lp, dtype=torch.bool)
         eps_low, eps_high = 1.0 - c.get("clip_low_threshold", 0.8), c.get("clip_high_threshold", 1.2) - 1.0
         if loss_fn == "importance_sampling":
-            loss = -(compute_ratio(lp, q) * advantages).sum()
+            loss = -(torch.exp(log_ratio(lp, q)) * advantages).sum()
         elif loss_fn == "ppo":
             loss = clipped_surrogate(lp, q, advantages, mask, eps_low, eps_high).per_token.sum()
         elif loss_fn == "cispo":
