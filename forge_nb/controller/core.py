@@ -343,12 +343,12 @@ class Controller(Checkpoints):
         out.update({"time/wait_batch_s": wait_s, "time/train_s": t1 - t0, "time/step_s": time.perf_counter() - t0,
                     "version": self.sync.version, "buffer/size": len(self.buffer)})
         out["tokens_per_s/train"] = (out.get("tokens") or 0) / max(t1 - t0, 1e-9)
+        every = self.config.loop
+        if every.eval_every and self.step % every.eval_every == 0:  # this step's version, settled and pinned
+            out.update(await eval_step(self, self._settle))  # in the step's row, on disk as in memory
         self.metrics.record(self.step, out)
         if self.quarantine.due():
             self._report_quarantine()
-        every = self.config.loop
-        if every.eval_every and self.step % every.eval_every == 0:  # this step's version, settled and pinned
-            await eval_step(self, self._settle)
         if every.checkpoint_every and self.step % every.checkpoint_every == 0:
             try:
                 await self.checkpoint()

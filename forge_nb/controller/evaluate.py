@@ -145,15 +145,16 @@ def step_of(ctl: Any, version: int) -> int:
     return ctl.step
 
 
-async def eval_step(ctl: Any, settle: Callable[[], Awaitable[None]]) -> None:
-    """``loop.eval_every``'s evaluation, from the training loop after its step: this step's version, loaded by
-    ``settle`` (the controller's, which leaves a trainer that died to the next step boundary)."""
+async def eval_step(ctl: Any, settle: Callable[[], Awaitable[None]]) -> dict[str, float]:
+    """``loop.eval_every``'s evaluation, from the training loop after its step and before the step's row is
+    recorded: this step's version, loaded by ``settle`` (the controller's, which leaves a trainer that died to the
+    next step boundary). Recorded as an "eval" event; its values go into the step's row too."""
     every = ctl.config.loop
     await settle()
     prompts = resolve_prompts(ctl.context, None, every.eval_prompts)
     values = await evaluate_pinned(ctl.context, prompts, k=every.eval_k, version=ctl.sync.version)
     ctl.metrics.event("eval", step=ctl.step, version=ctl.sync.version, k=every.eval_k, prompts=len(prompts), **values)
-    ctl.metrics.rows[-1].update(values)
+    return values
 
 
 async def evaluate_run(ctl: Any, prompts: Any, *, k: int, version: int | None, n: int | None,

@@ -7,8 +7,10 @@ The tests share the run and go in file order; each leaves it paused.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -139,6 +141,12 @@ async def test_dynamic_sampling_trains_only_groups_with_a_reward_spread(run):
 async def test_evaluations_hold_one_version_and_report_pass_at_k(run):
     periodic = run.metrics.events_frame("eval")
     assert len(periodic) >= 1 and {"eval/avg@2", "eval/pass@1", "eval/pass@2"} <= set(periodic.columns)
+    # each periodic evaluation's values are in its step's row, in the run directory's file as in memory
+    on_disk = {r["step"]: r for r in map(json.loads, Path(run.dir.path, "metrics.jsonl").read_text().splitlines())}
+    for _, event in periodic.iterrows():
+        step = int(event["step"])
+        in_memory = next(r for r in reversed(run.metrics.rows) if r["step"] == step)
+        assert on_disk[step]["eval/avg@2"] == event["eval/avg@2"] == in_memory["eval/avg@2"]
     values = await run.evaluate(k=4, n=8)
     assert values["version"] == run.version and values["k"] == 4 and values["prompts"] == 8
     assert 0 <= values["eval/pass@1"] <= values["eval/pass@2"] <= values["eval/pass@4"] <= 1
