@@ -90,8 +90,8 @@ def test_native_code_does_not_import_the_documents_wing():
         assert (PACKAGE / f"{name.replace('.', '/')}.py").exists() or (PACKAGE / name.replace(".", "/")).is_dir(), name
     native = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        module = "forge_nb." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__")
-        if module == "forge_nb.__init__" or _compat(module):
+        module = _module_name(path)
+        if module == "forge_nb" or _compat(module):
             continue
         if reached := sorted(m for m in _imports(path) if _compat(m)):
             native[module] = reached
@@ -295,10 +295,9 @@ async def _example_of_what_the_checks_above_refuse(ctl, log, run: Any) -> Any:  
     return episode
 
 
-def _readme_floors() -> dict[str, int]:
+def _readme_floors(readme: str) -> dict[str, int]:
     """The floors as the README's Architecture section draws them: ``floor N  part/ part/ ...  what they hold``
     (a part's sub-folders, in parentheses, live on its floor; ``run.py`` is the part ``run``)."""
-    readme = (PACKAGE.parent / "README.md").read_text()
     found: dict[str, int] = {}
     for floor, names in re.findall(r"^floor (\d+)  (.+?)  ", readme, flags=re.MULTILINE):
         for name in re.sub(r"\(.*?\)", "", names).split():
@@ -307,10 +306,10 @@ def _readme_floors() -> dict[str, int]:
 
 
 def test_the_readme_draws_the_floors_the_imports_keep():
-    drawn = _readme_floors()
+    readme = (PACKAGE.parent / "README.md").read_text()
+    drawn = _readme_floors(readme)
     differ = {k: (drawn.get(k), LAYERS.get(k)) for k in drawn.keys() | LAYERS.keys() if drawn.get(k) != LAYERS.get(k)}
     assert not differ, f"the README's floors and this test's LAYERS differ (README, LAYERS): {differ}"
-    readme = (PACKAGE.parent / "README.md").read_text()
     folders = sorted(f"{d.name}/" for d in PACKAGE.glob("*/*/") if (d / "__init__.py").exists())
     missing = [f for f in folders if not re.search(rf"^floor \d+  .*\b{re.escape(f)}", readme, flags=re.MULTILINE)]
     assert not missing, f"sub-folders the README's floors do not name: {missing}"

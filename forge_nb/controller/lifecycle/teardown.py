@@ -6,12 +6,11 @@ them warm for the kernel's next run where it can (``forge_nb.system.runtime.warm
 them to exit; ``RunShutdown`` says which went which way, so ``%forge_shutdown`` only shows it.
 
 ``forge_nb.shutdown_all`` (``%forge_shutdown --all``, the kernel's exit) first shuts each live run down through its
-own assembly (``forge_nb.controller.lifecycle.assembly``), which the Run's module does since only it holds
-the runs; what is
-left is not any run's: meshes kept warm for a next run, meshes a run did not own, and the hosts of a monarch job
-in use (``forge_nb.use_job``), which would stay held otherwise. ``shutdown_kernel`` notes the meshes' processes
-before the runs go, stops every mesh afterwards even when a run's shutdown raised, waits for the processes to exit
-and releases the job; the ``ShutdownReport`` says what it stopped.
+own assembly (``forge_nb.controller.lifecycle.assembly``), which the Run's module does since only it holds the
+runs; what is left is not any run's: meshes kept warm for a next run, meshes a run did not own, and the hosts of
+a monarch job in use (``forge_nb.use_job``), which would stay held otherwise. ``shutdown_kernel`` notes the
+meshes' processes before the runs go, stops every mesh afterwards even when a run's shutdown raised, waits for the
+processes to exit and releases the job; the ``ShutdownReport`` says what it stopped.
 """
 
 from __future__ import annotations
