@@ -439,7 +439,7 @@ class Run:
         report says which went which way (``forge_nb.controller.lifecycle.teardown.RunShutdown``)."""
         if self.state == "shut down":
             return RunShutdown(self.name, [], [], [], [])
-        pids = [p for replicas in self.status()["services"].values() for r in replicas for p in r.pids]
+        pids = [p for service in self.services.values() for r in service.status() for p in r.pids]
         try:
             await self._assembly.close()
         finally:
