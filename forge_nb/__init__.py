@@ -59,7 +59,7 @@ __all__ = sorted([*_EXPORTS, "load_ipython_extension", "unload_ipython_extension
 
 
 # Modules that import monarch: forge_nb starts its runtime first, because monarch reads its
-# supervision settings when it is imported (see forge_nb.system.runtime.lifecycle).
+# settings from the environment when it is imported (see forge_nb.system.runtime.lifecycle).
 _USES_MONARCH = ("forge_nb.system.hosts.cluster", "forge_nb.service", "forge_nb.actors", "forge_nb.run")
 
 

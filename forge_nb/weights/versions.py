@@ -7,7 +7,6 @@ import hashlib
 import logging
 import os
 import re
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -179,7 +178,7 @@ def _names(manifest: dict[str, Any] | None, version: int, namespace: str) -> boo
     """Whether ``manifest`` is that of ``version`` of ``namespace`` in this host's shared memory."""
     if manifest is None or manifest.get("host") != host_id():
         return False
-    return Path(manifest.get("path", "")).name.endswith(f"-{weights_key(version, namespace)}.bin")
+    return os.path.basename(manifest.get("path", "")).endswith(f"-{weights_key(version, namespace)}.bin")
 
 
 async def _fetch(version: int, namespace: str) -> tuple[dict[str, Any] | None, dict[str, torch.Tensor]]:
@@ -224,7 +223,7 @@ async def drop_version(version: int, *, namespace: str = PREFIX, manifest: dict[
     key = weights_key(version, namespace)
     shm_key = f"{key}/{SHM_MANIFEST}"
     if _names(manifest, version, namespace) and not for_other_hosts(manifest):
-        retire(Path(manifest["path"]))
+        retire(manifest["path"])
         if not stored:
             return 0
         await ts.delete(shm_key)
@@ -233,7 +232,7 @@ async def drop_version(version: int, *, namespace: str = PREFIX, manifest: dict[
     if shm_key in keys:
         found = manifest if _names(manifest, version, namespace) else await ts.get(shm_key)
         await ts.delete(shm_key)  # first: from now on no reader finds it, and a Publisher putting it takes it back
-        retire(Path(found["path"]))
+        retire(found["path"])
         if "publisher" in found:  # its tensors may have been put for a reader since the listing
             keys = [k for k in await ts.keys(namespace) if k.startswith(key + "/")] + [shm_key]
     for k in keys:

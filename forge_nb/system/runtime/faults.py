@@ -4,10 +4,11 @@
   ``unhandled_fault_hook`` calls ``sys.exit(1)``, which reaches a notebook as a KeyboardInterrupt in whatever
   cell is running; :func:`fault_hook` takes its place (``forge_nb.system.runtime.lifecycle`` installs it the first
   time the runtime starts) and hands the failure to the mesh that owns the actor, on the kernel's event loop.
-* A dead process is noticed within about half a second. Monarch's own supervision polls every 10 s unless
-  ``HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY`` is in the environment when monarch is *imported* (setting it
-  later has no effect; measured), so the watchdog, a task on the kernel's loop, also checks the recorded pids
-  every ``WATCHDOG_PERIOD_S``: detection never depends on import order. It also fails every mesh of a job's host
+* A dead process is noticed within about half a second. Monarch's own supervision polls every 10 s (its
+  ``HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY``, read when monarch is imported), so the watchdog, a task on the
+  kernel's loop, checks the recorded pids every ``WATCHDOG_PERIOD_S``. A faster monarch poll would not be
+  needed and would cost: every poll leaves native memory in the kernel for good
+  (``forge_nb.system.runtime.lifecycle.MONARCH_ENV_DEFAULTS``). It also fails every mesh of a job's host
   that was lost (``forge_nb.system.hosts.cluster``), and kills a process stopped (SIGSTOP) for ``STOPPED_HANG_S``.
 """
 

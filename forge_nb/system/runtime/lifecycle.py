@@ -1,9 +1,9 @@
 """The runtime's life in this process: started once, held by leases, ended without monarch's teardown.
 
-:func:`ensure_started` runs once per process: it applies monarch's environment defaults (a dead process noticed
-in ~1 s instead of ~10 s, which monarch reads only when it is *imported*: we set them when we are first to
-import it), installs our fault hook (``forge_nb.system.runtime.faults``) and an ``atexit`` handler that kills
-what still runs. Importing this module has no side effects.
+:func:`ensure_started` runs once per process: it applies monarch's environment defaults (which monarch reads only
+when it is *imported*: we set them when we are first to import it), installs our fault hook
+(``forge_nb.system.runtime.faults``) and an ``atexit`` handler that kills what still runs.
+Importing this module has no side effects.
 
 Nothing outlives the kernel: spawned procs are its children with PR_SET_PDEATHSIG, a reaper kills their groups
 if the kernel is killed (``forge_nb.system.processes.procs``), and a clean exit kills what still runs. (A job's hosts,
@@ -37,8 +37,11 @@ logger = logging.getLogger(__name__)
 
 #: Environment defaults applied before monarch starts (a user's own values win).
 MONARCH_ENV_DEFAULTS = {
-    # Notice a dead process in ~1 s instead of ~10 s.
-    "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY": "1s",
+    # Not set: HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY stays monarch's 10 s. Our pid watchdog notices a dead
+    # process within half a second and fails its requests in flight (forge_nb.system.runtime.faults); each of
+    # monarch's polls leaves native memory in the kernel for good (its senders' sequence tables keep one entry
+    # per reply port), so a 1 s poll grew a long run's kernel ~0.7 MB per 1000 quickstart steps
+    # (bench/kernel_memory.py; bench/HISTORY.md).
     # Weight dicts travel as single messages; torchstore sets the same on import.
     "HYPERACTOR_CODEC_MAX_FRAME_LENGTH": "910737418240",
     # A job's host that dies leaves messages queued to it; after this long monarch returns them, and a kernel
@@ -61,9 +64,9 @@ def ensure_started() -> None:
             late = [k for k in MONARCH_ENV_DEFAULTS if k not in os.environ]
             if late:
                 logger.info(
-                    "monarch was imported before forge_nb started it, so %s does not apply; "
-                    "forge_nb's pid watchdog still notices dead procs, but in-flight monarch calls to "
-                    "them take ~10 s to fail. %%load_ext forge_nb first to avoid that.",
+                    "monarch was imported before forge_nb started it, so %s does not apply: a message "
+                    "queued to a lost host comes back after monarch's 30 s, which ends the kernel. "
+                    "%%load_ext forge_nb first to avoid that.",
                     ", ".join(late),
                 )
         for key, value in MONARCH_ENV_DEFAULTS.items():
