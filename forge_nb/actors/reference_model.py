@@ -18,7 +18,7 @@ import torch
 from monarch.actor import endpoint
 
 from forge_nb.actors.training.config import model_source
-from forge_nb.actors.training.policy_model import PolicyModel, mesh_identity, response_logprobs
+from forge_nb.actors.training.policy_model import PolicyModel, flushes_denormals, mesh_identity, response_logprobs
 from forge_nb.config import REFERENCE_SECTIONS
 from forge_nb.config.trainer_sections import TrainingConfig, read_section
 from forge_nb.rl import TrainBatch
@@ -112,4 +112,5 @@ class ReferenceModel(ForgeActor):
         return {
             "engine": self.policy.engine, "fallback_reason": self.fallback_reason,
             "device": str(self.policy.device), "cpu_threads": torch.get_num_threads(),
+            "flush_denormal": flushes_denormals(),
         }

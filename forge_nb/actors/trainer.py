@@ -49,6 +49,7 @@ from forge_nb.actors.training.policy_model import (
     PolicyModel,
     default_port,
     device_for_rank,
+    flushes_denormals,
     init_distributed,
     mesh_identity,
     reduce_metrics,
@@ -393,7 +394,8 @@ class RLTrainer(ForgeActor):
         policy = self._policy()
         return {
             "engine": policy.engine, "fallback_reason": self.fallback_reason, "device": str(policy.device),
-            "cpu_threads": torch.get_num_threads(), "world_size": self.world, "rank": self.rank, "step": self.step,
+            "cpu_threads": torch.get_num_threads(), "flush_denormal": flushes_denormals(),
+            "world_size": self.world, "rank": self.rank, "step": self.step,
             "hparams": hparams(self.opt_cfg, self.train_cfg, self.loss_fn), "resumed": self.resumed,
             "adapters": lora.adapter_names(policy.module) if self.lora is not None else [],
         }

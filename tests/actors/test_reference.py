@@ -61,5 +61,6 @@ async def test_reference_logprobs_equal_the_initial_policy_and_ignore_padding(tm
             info = await ref.info.call_one()
             assert info["engine"] == "transformers" and "no backward on CPU" in info["fallback_reason"]
             assert info["cpu_threads"] == int(os.environ.get("OMP_NUM_THREADS", "1"))
+            assert info["flush_denormal"], "the steps compute with denormal floats (slow on CPU)"
     finally:
         await mesh.stop()

@@ -220,6 +220,7 @@ async def test_a_trainer_built_from_the_run_config_trains_as_configured_and_push
     hp = info["hparams"]
     if not torch.cuda.is_available():  # the CPU is shared with vLLM's busy-waiting engines (training.policy_model)
         assert info["cpu_threads"] == int(os.environ.get("OMP_NUM_THREADS", "1"))
+        assert info["flush_denormal"], "the steps compute with denormal floats (slow on CPU)"
     assert {k: hp[k] for k in ("lr", "max_norm", "weight_decay", "temperature", "clip_high")} == {
         "lr": 1e-3, "max_norm": 0.5, "weight_decay": 0.01, "temperature": 0.8, "clip_high": 0.28}
     assert first(await trainer.train_step.call(make_batch()))["lr"] == pytest.approx(1e-3)  # the optimizer's
