@@ -81,8 +81,7 @@ from forge_nb.config.trainer_sections import LoraConfig, read_section
 from forge_nb.models import resolve_model
 from forge_nb.rl.types import Completions
 from forge_nb.service.actor import ForgeActor
-from forge_nb.system.processes.leftovers import SOCKETS_ROOT
-from forge_nb.system.processes.procs import remove_left_by_dead
+from forge_nb.system.processes.procs import SOCKETS_ROOT, remove_left_by_dead
 
 if TYPE_CHECKING:
     from vllm import SamplingParams

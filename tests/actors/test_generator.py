@@ -22,7 +22,7 @@ from forge_nb import weights
 from forge_nb.actors.generator import Generator, Policy
 from forge_nb.models import TinyModelConfig, build_tiny_model
 from forge_nb.rl.types import Completion
-from forge_nb.system.processes.leftovers import SOCKETS_ROOT
+from forge_nb.system.processes.procs import SOCKETS_ROOT
 from forge_nb.system.runtime import lifecycle, spawning
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.heavy]

@@ -12,7 +12,7 @@ import torch
 
 from forge_nb import weights
 from forge_nb.models import build_tiny_model
-from forge_nb.system.processes.leftovers import SOCKETS_ROOT
+from forge_nb.system.processes.procs import SOCKETS_ROOT
 from forge_nb.system.runtime import lifecycle, spawning
 from tests.actors.test_trainer import first, make_batch
 

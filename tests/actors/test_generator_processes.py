@@ -18,7 +18,7 @@ import pytest_asyncio
 from forge_nb import weights
 from forge_nb.actors.generator import Generator
 from forge_nb.models import build_tiny_model
-from forge_nb.system.processes.leftovers import SOCKETS_ROOT
+from forge_nb.system.processes.procs import SOCKETS_ROOT
 from forge_nb.system.runtime import lifecycle, spawning
 from tests.actors.test_generator import DOMINANT, SAMPLING, dominant_state_dict, running
 from tests.procs import descendants

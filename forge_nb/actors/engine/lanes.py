@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forge_nb.system.processes.leftovers import SOCKETS_ROOT
+from forge_nb.system.processes.procs import SOCKETS_ROOT
 
 __all__ = ["Lane", "adapter_root", "load_adapter", "load_zeros", "store_controller", "unload_adapter"]
 
