@@ -167,14 +167,18 @@ async def test_spares_are_bounded_and_shutdown_removes_every_file(runtime, tmp_p
     assert list(folder.iterdir()) == []
 
 
-async def test_dropping_a_version_interns_none_of_its_file_names(store, monkeypatch):
-    """The kernel drops a version every other step. Each version's file name is new, and an interned str takes a
-    slot of the interpreter's table of interned strings that is not reused until the table is rebuilt, larger:
-    pathlib interns every part of a path it parses, which once doubled a long run's kernel table (+1.9 MB)."""
+async def test_reading_and_dropping_a_version_intern_none_of_its_file_names(store, monkeypatch):
+    """The kernel drops a version every other step, and a generator reads one as often. Each version's file name
+    is new, and an interned str takes a slot of the interpreter's table of interned strings that is not reused
+    until the table is rebuilt, larger: pathlib interns every part of a path it parses, which once doubled a long
+    run's kernel table (+1.9 MB)."""
     manifests = [await weights.push_state_dict(_state(float(v)), v, transport="shm") for v in (1, 2, 3)]
     interned: list[str] = []
     intern = sys.intern
     monkeypatch.setattr(sys, "intern", lambda s: interned.append(s) or intern(s))
+    for version in (1, 2, 3):  # a reader (a generator) maps each version's file
+        with await weights.open_version(version) as state_dict:
+            assert state_dict["norm.weight"][0].item() == version
     await weights.drop_version(1, manifest=manifests[0])  # the run's path: the manifest in hand
     await weights.drop_version(2, manifest=manifests[1])
     await weights.drop_version(3)  # the listing path

@@ -149,7 +149,8 @@ _reader_maps: dict[int, tuple[int, torch.Tensor]] = {}  # inode -> (its fd, to l
 
 
 def _forget_gone(maps: dict[int, Any], paths: Any) -> None:
-    """Drop the mappings of files that are gone (so their memory is freed)."""
+    """Drop the mappings of files that are gone (so their memory is freed); ``paths``: the folder's entries
+    (``Path`` objects or ``os.DirEntry``s, whose ``stat()`` both follow a link)."""
     alive = set()
     for path in paths:
         with contextlib.suppress(FileNotFoundError):
@@ -285,12 +286,13 @@ class LoadedVersion:
         if self.manifest is None:
             return self.state_dict
         _same_host(self.manifest)
-        path = Path(self.manifest["path"])
-        inode = path.stat().st_ino  # FileNotFoundError: dropped
+        path = self.manifest["path"]  # a str: a Path would intern each version's new file name (see retire)
+        inode = os.stat(path).st_ino  # FileNotFoundError: dropped
         if inode in _reader_maps and os.fstat(_reader_maps[inode][0]).st_nlink == 0:
             _release(_reader_maps, inode)  # a deleted file whose inode number came back
         if inode not in _reader_maps:
-            _forget_gone(_reader_maps, path.parent.iterdir())
+            with os.scandir(os.path.dirname(path)) as entries:
+                _forget_gone(_reader_maps, entries)
             fd = os.open(path, os.O_RDONLY)
             if os.fstat(fd).st_ino != inode:
                 os.close(fd)
