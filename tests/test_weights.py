@@ -175,14 +175,14 @@ async def test_reading_and_dropping_a_version_intern_none_of_its_file_names(stor
     manifests = [await weights.push_state_dict(_state(float(v)), v, transport="shm") for v in (1, 2, 3)]
     interned: list[str] = []
     intern = sys.intern
-    monkeypatch.setattr(sys, "intern", lambda s: interned.append(s) or intern(s))
-    for version in (1, 2, 3):  # a reader (a generator) maps each version's file
-        with await weights.open_version(version) as state_dict:
-            assert state_dict["norm.weight"][0].item() == version
-    await weights.drop_version(1, manifest=manifests[0])  # the run's path: the manifest in hand
-    await weights.drop_version(2, manifest=manifests[1])
-    await weights.drop_version(3)  # the listing path
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:  # not undo(): the store fixture's FORGE_NB_SHM_DIR stays set
+        patched.setattr(sys, "intern", lambda s: interned.append(s) or intern(s))
+        for version in (1, 2, 3):  # a reader (a generator) maps each version's file
+            with await weights.open_version(version) as state_dict:
+                assert state_dict["norm.weight"][0].item() == version
+        await weights.drop_version(1, manifest=manifests[0])  # the run's path: the manifest in hand
+        await weights.drop_version(2, manifest=manifests[1])
+        await weights.drop_version(3)  # the listing path
     assert await weights.stored_versions() == []
     assert not [s for s in interned if ".v" in s], f"version names interned: {interned}"
 

@@ -262,8 +262,8 @@ def retire(path: str | os.PathLike[str]) -> None:
 
     The kernel drops a version every other step, so this works on strings, not ``Path`` objects: CPython 3.11's
     pathlib interns every part of a path it parses, and each version's file name is new, so the interpreter's
-    table of interned strings took one entry a step that it never reuses; after ~7,000 steps it doubled
-    (+1.9 MB in the kernel at once, ``bench/kernel_memory.py``)."""
+    table of interned strings took a slot a step, not reused until the table is rebuilt; after ~7,000 steps the
+    rebuild doubled it (+1.9 MB in the kernel at once, ``bench/kernel_memory.py``)."""
     path = os.fspath(path)
     folder, name = os.path.split(path)
     writer = name.split("-", 1)[0]
