@@ -62,7 +62,7 @@ def model_bytes(path: str) -> int:
 async def quickstart(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     lora = {"rank": args.rank, "alpha": 2 * args.rank}
     cfg = forge_nb.quickstart(name="lora-bench", run_dir=f"{workdir}/run")
-    run = await forge_nb.spawn(cfg, overrides={"trainer.lora": lora, "trainer.lr": args.lr}, progress=False)
+    run = await forge_nb.spawn(cfg, overrides={"trainer.lora": lora, "trainer.optimizer.lr": args.lr}, progress=False)
     print(f"quickstart with trainer.lora={lora}, lr {args.lr}, {args.steps} steps (recipe: group_size "
           f"{cfg.group_size}, batch_size {cfg.batch_size}, {cfg.generator.num_replicas} generator replica, "
           f"sync_interval {cfg.loop.sync_interval})", flush=True)
@@ -120,7 +120,7 @@ LRS = (5e-4, 1e-3, 2e-3, 4e-3)  # the four runs of part 3, as in example_noteboo
 def lora_run(args: argparse.Namespace, workdir: str, side: str, lr: float) -> tuple[Any, dict[str, Any]]:
     name = f"{side}-{lr:g}"
     return (forge_nb.quickstart(name=name, run_dir=f"{workdir}/{name}"),
-            {"trainer.lora": {"rank": args.rank, "alpha": 2 * args.rank}, "trainer.lr": lr,
+            {"trainer.lora": {"rank": args.rank, "alpha": 2 * args.rank}, "trainer.optimizer.lr": lr,
              "generator.num_replicas": 1})
 
 

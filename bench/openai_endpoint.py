@@ -258,7 +258,7 @@ async def train(steps: int, seed: int, workdir: str) -> dict[str, Any]:
 async def agent(args: argparse.Namespace, workdir: str) -> None:
     cfg = agent_keys()
     print(f"agent recipe: {args.steps} steps, group_size {cfg.group_size}, batch_size {cfg.batch_size}, "
-          f"lr {cfg.trainer.lr}, KL beta {cfg.trainer.loss_config.get('beta', 0.0)} (reference model: "
+          f"lr {cfg.trainer.optimizer.lr}, KL beta {cfg.trainer.loss_config.get('beta', 0.0)} (reference model: "
           f"{cfg.use_reference}), {cfg.loop.rollout_loops} rollout loops, {cfg.generator.num_replicas} generator "
           f"replica, sampling {cfg.generator.sampling_params}", flush=True)
     results = []

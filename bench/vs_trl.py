@@ -139,15 +139,15 @@ def fair_trl_settings(cfg: Any, steps_per_generation: int = 1) -> dict[str, Any]
 
     loss = make_loss(cfg.trainer.loss, **cfg.trainer.loss_config)
     eps_low, eps_high = clip_range(loss)
-    sampling = cfg.generator.sampling_params
+    sampling, opt = cfg.generator.sampling_params, cfg.trainer.optimizer
     return {
         "bf16": False, "fp16": False, "gradient_checkpointing": False,
         "model_init_kwargs": {"dtype": "float32"},
         "loss_type": loss.name, "epsilon": eps_low, "epsilon_high": eps_high, "beta": loss.beta,
         "scale_rewards": "group", "num_iterations": 1,
-        "optim": "adamw_torch_fused", "learning_rate": cfg.trainer.lr, "lr_scheduler_type": "constant",
-        "weight_decay": cfg.trainer.weight_decay, "max_grad_norm": cfg.trainer.max_norm,
-        "adam_beta1": 0.9, "adam_beta2": cfg.trainer.beta2, "adam_epsilon": 1e-8,
+        "optim": "adamw_torch_fused", "learning_rate": opt.lr, "lr_scheduler_type": "constant",
+        "weight_decay": opt.weight_decay, "max_grad_norm": cfg.trainer.training.max_norm,
+        "adam_beta1": opt.beta1, "adam_beta2": opt.beta2, "adam_epsilon": opt.eps,
         "per_device_train_batch_size": cfg.batch_size, "num_generations": cfg.group_size,
         "max_completion_length": cfg.max_res_tokens,
         "temperature": sampling.get("temperature", 1.0), "top_p": sampling.get("top_p", 1.0),
@@ -161,12 +161,13 @@ def forge_settings(cfg: Any) -> dict[str, Any]:
 
     loss = make_loss(cfg.trainer.loss, **cfg.trainer.loss_config)
     eps_low, eps_high = clip_range(loss)
+    opt = cfg.trainer.optimizer
     return {
         "dtype": cfg.generator.engine_args.get("dtype", "auto") + " (generator), float32 (trainer)",
         "gradient_checkpointing": False, "loss": loss.name, "clip": (eps_low, eps_high), "beta": loss.beta,
         "advantages": "group (r - mean) / (std + 1e-4)", "optimizer": "AdamW fused (CPU), constant lr",
-        "lr": cfg.trainer.lr, "weight_decay": cfg.trainer.weight_decay, "betas": (0.9, cfg.trainer.beta2),
-        "max_norm": cfg.trainer.max_norm, "batch_size": cfg.batch_size, "group_size": cfg.group_size,
+        "lr": opt.lr, "weight_decay": opt.weight_decay, "betas": (opt.beta1, opt.beta2), "eps": opt.eps,
+        "max_norm": cfg.trainer.training.max_norm, "batch_size": cfg.batch_size, "group_size": cfg.group_size,
         "max_res_tokens": cfg.max_res_tokens,
         "sampling": dict(cfg.generator.sampling_params), "generator_replicas": cfg.generator.num_replicas,
         "loop": f"{cfg.loop.mode}, {cfg.loop.rollout_loops} rollout loops, max_policy_age {cfg.max_policy_age}, "

@@ -30,7 +30,7 @@ from forge_nb.widgets import compare
 
 def config(name, lr):
     # one generator replica each: two runs share the machine's two cores
-    return forge_nb.quickstart(name=name), {"trainer.lr": lr, "generator.num_replicas": 1}
+    return forge_nb.quickstart(name=name), {"trainer.optimizer.lr": lr, "generator.num_replicas": 1}
 
 
 (cfg_a, set_a), (cfg_b, set_b) = config("lr_1e-3", 1e-3), config("lr_3e-3", 3e-3)

@@ -32,17 +32,17 @@ from forge_nb.widgets import compare
 
 LORA = {"trainer.lora": {"rank": 8, "alpha": 16}, "generator.num_replicas": 1}
 
-first = await forge_nb.spawn(forge_nb.quickstart(name="lr_5e-4"), overrides={**LORA, "trainer.lr": 5e-4})
-second = await forge_nb.spawn(forge_nb.quickstart(name="lr_1e-3"), overrides={**LORA, "trainer.lr": 1e-3},
+first = await forge_nb.spawn(forge_nb.quickstart(name="lr_5e-4"), overrides={**LORA, "trainer.optimizer.lr": 5e-4})
+second = await forge_nb.spawn(forge_nb.quickstart(name="lr_1e-3"), overrides={**LORA, "trainer.optimizer.lr": 1e-3},
                               base=first)
-third = await forge_nb.spawn(forge_nb.quickstart(name="lr_1.5e-3"), overrides={**LORA, "trainer.lr": 1.5e-3},
+third = await forge_nb.spawn(forge_nb.quickstart(name="lr_1.5e-3"), overrides={**LORA, "trainer.optimizer.lr": 1.5e-3},
                              base=first)
 
 # %% [markdown]
 # The same from a cell magic: `--lora RANK` trains adapters, `--on NAME` puts the run on that run's base.
 
 # %%
-%forge_spawn quickstart --name lr_2e-3 --lora 8 --on lr_5e-4 --set trainer.lr=2e-3 -o fourth
+%forge_spawn quickstart --name lr_2e-3 --lora 8 --on lr_5e-4 --set trainer.optimizer.lr=2e-3 -o fourth
 
 # %%
 runs = [first, second, third, fourth]

@@ -118,8 +118,9 @@ class LightTrainer(ForgeActor):
         self.namespace, self.delay_s, self.fail_at_step = weights_namespace, step_delay_s, fail_at_step
         self.folder = (checkpoint or {}).get("folder")
         # the names the real trainer holds (lr, weight_decay, max_norm) and the sampling temperature it follows
-        self.hp = {"lr": float(getattr(trainer, "lr", 0.5)), "weight_decay": float(getattr(trainer, "weight_decay", 0)),
-                   "max_norm": float(getattr(trainer, "max_norm", 1.0)),
+        opt, sections = getattr(trainer, "optimizer", None), getattr(trainer, "training", None)
+        self.hp = {"lr": float(getattr(opt, "lr", 0.5)), "weight_decay": float(getattr(opt, "weight_decay", 0)),
+                   "max_norm": float(getattr(sections, "max_norm", 1.0)),
                    "temperature": float((training or {}).get("temperature", 1.0))}
         self.logits = torch.zeros(max_tokens, len(ALPHABET), requires_grad=True)
         self.step = 0

@@ -116,7 +116,8 @@ async def test_a_run_trains_across_hosts_fetches_a_version_once_per_host_and_out
     from tests.light_actors import LightGenerator, LightTrainer
 
     cfg = light_config(str(tmp_path), "across", generator=GeneratorConfig(num_replicas=3, hosts="generators"),
-                       trainer=TrainerConfig(lr=0.1, loss="grpo", loss_config={"beta": 0.0}, hosts="trainer"))
+                       trainer=TrainerConfig(optimizer={"lr": 0.1}, loss="grpo", loss_config={"beta": 0.0},
+                                             hosts="trainer"))
     run = await forge_nb.spawn(cfg, progress=False, actors={"policy": LightGenerator, "trainer": LightTrainer})
     try:
         assert run.trainer.replicas[0].mesh.host == "trainer[0]"

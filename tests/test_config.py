@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from forge_nb.config import GeneratorConfig, LoopConfig, RunConfig, TrainerConfig, apply_overrides, from_dict, from_yaml
+from forge_nb.config import (
+    GeneratorConfig,
+    LoopConfig,
+    RunConfig,
+    TrainerConfig,
+    TrainingConfig,
+    apply_overrides,
+    from_dict,
+    from_yaml,
+)
 from forge_nb.recipes import quickstart
 
 TORCHFORGE_GRPO = """
@@ -65,7 +75,14 @@ def test_the_multi_turn_gpu_recipe_fits_its_episodes():
         (lambda: GeneratorConfig(num_replicas=0), r"num_replicas=0"),
         (lambda: GeneratorConfig(procs=0), r"procs=0"),
         (lambda: TrainerConfig(loss="ppo2"), r"loss='ppo2': unknown loss; choose one of \['cispo'"),
-        (lambda: TrainerConfig(lr=-1), r"TrainerConfig\.lr=-1: must be a positive number \(e\.g\. 1e-5\)"),
+        (lambda: TrainerConfig(optimizer={"lr": -1}),
+         r"TrainerConfig\.optimizer\.lr=-1: must be a positive number \(e\.g\. 1e-5\)"),
+        (lambda: TrainerConfig(optimizer={"learning_rate": 1}),
+         r"TrainerConfig\.optimizer has no setting 'learning_rate'"),
+        (lambda: TrainerConfig(training={"seed": 3}),
+         r"TrainerConfig\.training\.seed=3: the run sets it from its seed; set that instead"),
+        (lambda: TrainerConfig(training={"steps": 50}),
+         r"training\.steps=50: the run sets it from its loop\.max_steps"),
         (lambda: LoopConfig(mode="fast"), r"mode='fast': must be 'async' or 'sync'"),
         (lambda: RunConfig(max_policy_age=1, loop=LoopConfig(sync_interval=2)),
          r"sync_interval=2 with max_policy_age=1: .*evicted as too old; set max_policy_age >= sync_interval"),
@@ -79,8 +96,11 @@ def test_bad_values_name_the_field_and_the_fix(make, message):
 
 
 def test_overrides_are_typed_and_validated():
-    cfg = apply_overrides(quickstart(), ["trainer.lr=3e-4", "loop.mode=sync", "generator.num_replicas=3"])
-    assert (cfg.trainer.lr, cfg.loop.mode, cfg.generator.num_replicas) == (3e-4, "sync", 3)
+    cfg = apply_overrides(quickstart(), ["trainer.optimizer.lr=3e-4", "loop.mode=sync", "generator.num_replicas=3"])
+    assert (cfg.trainer.optimizer.lr, cfg.loop.mode, cfg.generator.num_replicas) == (3e-4, "sync", 3)
+    assert cfg.trainer.optimizer.weight_decay == 0.0  # the recipe's other optimizer values stay
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['trainer.lr'\]; trainer.lr is trainer.optimizer.lr"):
+        apply_overrides(cfg, ["trainer.lr=1"])
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['trainer.lrr'\]"):
         apply_overrides(cfg, ["trainer.lrr=1"])
     with pytest.raises(ValueError, match="key=value"):
@@ -98,8 +118,25 @@ def test_torchforge_grpo_yaml_loads_into_the_same_dataclasses(tmp_path):
     assert cfg.generator.num_replicas == 2 and cfg.generator.with_gpus and cfg.trainer.with_gpus
     assert cfg.generator.sampling_params["n"] == 8 and cfg.generator.sampling_params["max_tokens"] == 1024
     assert "model" not in cfg.generator.engine_args  # the run's model is used
-    assert cfg.trainer.lr == 1e-5 and cfg.loop.max_steps == 1000000 and cfg.loop.rollout_loops == 1
+    assert cfg.trainer.optimizer.lr == 1e-5 and cfg.loop.max_steps == 1000000 and cfg.loop.rollout_loops == 1
     assert cfg.use_reference  # torchforge's recipe scores with a reference model
+
+
+def test_a_run_directory_with_flat_trainer_settings_resumes_with_them_in_their_sections():
+    from forge_nb.config import from_saved
+
+    data = quickstart().to_dict()  # a config.json as forge_nb wrote it while the settings were TrainerConfig's fields
+    del data["trainer"]["optimizer"], data["trainer"]["training"]
+    data["trainer"] |= {"lr": 3e-4, "weight_decay": 0.0, "beta2": 0.999, "max_norm": 0.5,
+                        "extra": {"training": {"dtype": "bfloat16", "temperature": 1.0}}}
+    cfg = from_saved(data)
+    opt, training = cfg.trainer.optimizer, cfg.trainer.training
+    assert (opt.lr, opt.weight_decay, opt.beta2, training.max_norm, training.dtype) == (3e-4, 0.0, 0.999, 0.5,
+                                                                                      "bfloat16")
+    assert cfg.trainer.extra == {}
+    assert from_saved(cfg.to_dict()) == cfg  # today's files read as they are
+    with pytest.raises(ValueError, match=r"trainer\.lr is trainer\.optimizer\.lr"):
+        from_dict(data)
 
 
 def test_yaml_errors_point_at_the_key():
@@ -119,8 +156,10 @@ def test_the_real_torchforge_yaml_if_present():
 
 
 def test_forge_nb_style_sections_in_yaml_are_read_not_dropped():
-    cfg = from_yaml("trainer: {lr: 5.0, procs: 3, loss_config: {beta: 0}}\ngenerator: {num_replicas: 3}\n")
-    assert (cfg.trainer.lr, cfg.trainer.procs, cfg.generator.num_replicas) == (5.0, 3, 3)
+    cfg = from_yaml("trainer: {optimizer: {lr: 5.0}, procs: 3, loss_config: {beta: 0}}\ngenerator: {num_replicas: 3}\n")
+    assert (cfg.trainer.optimizer.lr, cfg.trainer.procs, cfg.generator.num_replicas) == (5.0, 3, 3)
+    with pytest.raises(ValueError, match=r"trainer\.lr: write it in its section, trainer\.optimizer\.lr"):
+        from_yaml("trainer: {lr: 5.0}\n")
 
 
 # -- hot-changeable fields: declared once, on the field --------------------------------------------------
@@ -189,7 +228,8 @@ def test_initial_hparams_are_the_configured_values():
     from forge_nb.config import initial_hparams
     from forge_nb.rl import ToyTask
 
-    cfg = apply_overrides(quickstart(), {"trainer.lr": 2e-4, "trainer.weight_decay": 0.01, "max_policy_age": 2,
+    cfg = apply_overrides(quickstart(), {"trainer.optimizer.lr": 2e-4, "trainer.optimizer.weight_decay": 0.01,
+                                         "max_policy_age": 2,
                                          "generator.sampling_params": {"temperature": 0.8}})
     values = initial_hparams(cfg, task=ToyTask(difficulty=2))
     assert {k: values[k] for k in ("lr", "weight_decay", "max_norm", "temperature", "top_p", "max_tokens",
@@ -201,9 +241,9 @@ def test_initial_hparams_are_the_configured_values():
 
 
 CHANGE_ERRORS = [
-    ("lr", -1, r"run\.set\(lr=-1\): TrainerConfig\.lr=-1: must be a positive number"),
-    ("weight_decay", -0.1, r"TrainerConfig\.weight_decay=-0\.1: must be a number >= 0"),
-    ("max_norm", "big", r"TrainerConfig\.max_norm='big'"),
+    ("lr", -1, r"run\.set\(lr=-1\): optimizer\.lr=-1: must be a positive number"),
+    ("weight_decay", -0.1, r"optimizer\.weight_decay=-0\.1: must be a number >= 0"),
+    ("max_norm", "big", r"training\.max_norm='big'"),
     ("max_tokens", 99, r"max_tokens=99: must be between 1 and max_res_tokens=4 \(longer responses"),
     ("max_tokens", 0, r"max_tokens=0: must be between 1 and max_res_tokens=4"),
     ("temperature", 0, r"run\.set\(temperature=0\): temperature=0 with group_size=4: temperature 0 is greedy "
@@ -247,27 +287,28 @@ def test_check_change_accepts_what_the_run_can_apply():
 def test_the_trainer_config_reaches_the_actor_as_it_is():
     from forge_nb.config import trainer_actor_kwargs
 
-    cfg = apply_overrides(quickstart(), {"trainer.max_norm": 0.5, "loop.warmup_steps": 3, "seed": 7,
-                                         "trainer.extra": {"training": {"dtype": "bfloat16"}}})
+    cfg = apply_overrides(quickstart(), {"trainer.training.max_norm": 0.5, "loop.warmup_steps": 3, "seed": 7,
+                                         "trainer.training.dtype": "bfloat16"})
     kwargs = trainer_actor_kwargs(cfg, checkpoint_folder="/tmp/ckpt", weights_namespace="a")
     assert kwargs["trainer"] is cfg.trainer and kwargs["weights_namespace"] == "a"
     run_sections = {k: v for k, v in kwargs.items() if k not in ("trainer", "weights_namespace")}
     sections = cfg.trainer.actor_sections(run_sections)
-    assert sections == {  # what the trainer's sections built: RunConfig's optimizer values, not torchtitan's
-        "optimizer": {"lr": cfg.trainer.lr, "weight_decay": 0.0, "beta2": 0.999},
-        "training": {"seed": 7, "temperature": 1.0, "max_norm": 0.5, "dtype": "bfloat16"},
+    assert sections == {  # the trainer's own sections as the config holds them, the run's values over its fields
+        "optimizer": {"name": "AdamW", "lr": 7e-4, "eps": 1e-8, "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.999},
+        "training": dataclasses.asdict(TrainingConfig()) | {"seed": 7, "temperature": 1.0, "max_norm": 0.5,
+                                                            "dtype": "bfloat16"},
         "lr_scheduler": {"warmup_steps": 3, "decay_ratio": 0.0},  # constant after the warmup, not torchtitan's decay
         "checkpoint": {"folder": "/tmp/ckpt"},
     }
     # a YAML's trainer.checkpoint.folder (in extra) wins over the run's folder, as before
     yaml_cfg = from_yaml("trainer: {checkpoint: {folder: ./ckpt}, optimizer: {lr: 2e-5, weight_decay: 0.1},\n"
                          "          loss_config: {beta: 0}}\n")
-    assert (yaml_cfg.trainer.lr, yaml_cfg.trainer.weight_decay) == (2e-5, 0.1)
+    assert (yaml_cfg.trainer.optimizer.lr, yaml_cfg.trainer.optimizer.weight_decay) == (2e-5, 0.1)
     assert yaml_cfg.trainer.actor_sections({"checkpoint": {"folder": "/run"}})["checkpoint"] == {"folder": "./ckpt"}
 
 
 def test_a_field_is_set_once_and_sampling_values_are_checked_at_config_time():
-    with pytest.raises(ValueError, match=r"extra\['optimizer'\]\['lr'\]: set it as TrainerConfig\.lr"):
+    with pytest.raises(ValueError, match=r"extra\['optimizer'\]: set it as TrainerConfig\.optimizer \(the field\)"):
         TrainerConfig(extra={"optimizer": {"lr": 1e-3}})
     with pytest.raises(ValueError, match=r"sampling_params: sampling temperature=-1: must be a number >= 0"):
         GeneratorConfig(sampling_params={"temperature": -1})

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from forge_nb.config import REFERENCE_SECTIONS, from_yaml
+from forge_nb.config import REFERENCE_SECTIONS, from_yaml, trainer_actor_kwargs
 from forge_nb.config.trainer_sections import LRSchedulerConfig, TrainingConfig, read_section
 
 SEEDS = Path(__file__).resolve().parents[1].parent / "shared" / "seeds"
@@ -32,7 +32,7 @@ def grpo_math() -> str:
 def test_grpo_math_as_written_accumulates_gradients_over_micro_batches():
     cfg = from_yaml(grpo_math())  # training: batch_size 4, gradient_accumulation_steps 4
     assert cfg.batch_size == 16  # episodes per optimizer step
-    assert cfg.trainer.extra["training"]["gradient_accumulation_steps"] == 4
+    assert cfg.trainer.training.gradient_accumulation_steps == 4
     with pytest.raises(ValueError, match=r"training\.gradient_accumulation_steps=0: an int >= 1"):
         from_yaml(grpo_math().replace("gradient_accumulation_steps: 4", "gradient_accumulation_steps: 0"))
 
@@ -42,15 +42,17 @@ def test_grpo_math_loads_with_every_key_in_the_run_config():
     cfg = from_yaml(text)
     assert cfg.model == "Qwen/Qwen2.5-7B-Instruct"  # a hub id, resolved only at spawn
     assert cfg.task == "gsm8k" and cfg.task_args == {"path": "openai/gsm8k", "split": "train", "streaming": True}
-    assert (cfg.batch_size, cfg.trainer.lr, cfg.max_req_tokens + cfg.max_res_tokens) == (4, 1e-6, 4096)
-    assert cfg.trainer.extra["training"]["dtype"] == "bfloat16"
+    assert (cfg.batch_size, cfg.trainer.optimizer.lr, cfg.max_req_tokens + cfg.max_res_tokens) == (4, 1e-6, 4096)
+    assert cfg.trainer.training.dtype == "bfloat16"
     assert cfg.generator.engine_args["dtype"] == cfg.reference.extra["training"]["dtype"] == "bfloat16"
     assert cfg.group_size == 8
     assert cfg.trainer.loss == "grpo"
     assert cfg.trainer.loss_config == {"beta": 0.1, "clip_low": 0.2, "clip_high": 0.28}
-    # the sampling temperature, and the same temperature for the trainer's and the reference's logprobs
+    # the sampling temperature, and the same temperature for the trainer's and the reference's logprobs (the run
+    # passes its own to the trainer: trainer_actor_kwargs)
     assert cfg.generator.sampling_params["temperature"] == 0.7
-    assert cfg.trainer.extra["training"]["temperature"] == cfg.reference.extra["training"]["temperature"] == 0.7
+    assert cfg.reference.extra["training"]["temperature"] == 0.7
+    assert trainer_actor_kwargs(cfg, checkpoint_folder=None)["training"]["temperature"] == 0.7
     assert (cfg.generator.num_replicas, cfg.generator.procs, cfg.generator.with_gpus) == (1, 1, True)
     assert (cfg.trainer.procs, cfg.trainer.with_gpus) == (1, True)
     assert cfg.use_reference
@@ -159,11 +161,13 @@ def test_qwen3_shaped_yaml_loads_every_key(monkeypatch):
     assert cfg.generator.engine_args == {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "enforce_eager": True}
     assert cfg.generator.sampling_params == {"n": 4, "max_tokens": 32, "temperature": 0.9, "top_p": 0.95}
     assert (cfg.generator.num_replicas, cfg.generator.procs, cfg.generator.with_gpus) == (2, 1, True)
-    assert (cfg.trainer.lr, cfg.trainer.max_norm, cfg.loop.max_steps, cfg.loop.warmup_steps) == (2e-5, 0.5, 40, 3)
-    assert (cfg.trainer.weight_decay, cfg.trainer.beta2) == (0.1, 0.95)  # torchtitan's, as under TorchForge
+    opt, training = cfg.trainer.optimizer, cfg.trainer.training
+    assert (opt.lr, training.max_norm, cfg.loop.max_steps, cfg.loop.warmup_steps) == (2e-5, 0.5, 40, 3)
+    # the file names lr and eps; the rest are torchtitan's defaults, as under TorchForge
+    assert (opt.name, opt.eps, opt.weight_decay, opt.beta2) == ("AdamW", 1e-7, 0.1, 0.95)
+    assert (training.local_batch_size, training.dtype) == (6, "bfloat16")  # gc_freq: torchtitan's, ignored
     extra = cfg.trainer.extra
-    assert extra["optimizer"] == {"name": "AdamW", "eps": 1e-7}
-    assert extra["training"] == {"local_batch_size": 6, "dtype": "bfloat16", "gc_freq": 2, "temperature": 0.9}
+    assert "optimizer" not in extra and "training" not in extra
     assert extra["parallelism"] == {"dp_shard": 1, "disable_loss_parallel": True}
     assert extra["checkpoint"] == {"enable": True, "folder": "./ckpt", "last_save_in_hf": True, "interval": 7,
                                    "async_mode": "disabled"}
@@ -178,14 +182,14 @@ def test_qwen3_shaped_yaml_loads_every_key(monkeypatch):
 def test_a_torchforge_optimizer_section_leaves_the_rest_at_torchtitans_defaults():
     no_kl = "loss_config: {beta: 0}"
     torchforge = from_yaml(f"trainer: {{optimizer: {{name: AdamW, lr: 1e-5, eps: 1e-8}}, {no_kl}}}")
-    assert (torchforge.trainer.weight_decay, torchforge.trainer.beta2) == (0.1, 0.95)
-    own = from_yaml(f"trainer: {{lr: 1e-5, {no_kl}}}")  # forge_nb's shape: RunConfig's own values
-    assert (own.trainer.weight_decay, own.trainer.beta2) == (0.0, 0.999)
+    assert (torchforge.trainer.optimizer.weight_decay, torchforge.trainer.optimizer.beta2) == (0.1, 0.95)
     named = from_yaml(f"trainer: {{optimizer: {{lr: 1e-5, weight_decay: 0.01, beta2: 0.98}}, {no_kl}}}")
-    assert (named.trainer.weight_decay, named.trainer.beta2) == (0.01, 0.98)
-    mixed = from_yaml(f"trainer: {{weight_decay: 0.0, optimizer: {{lr: 1e-5}}, {no_kl}}}")  # a value set wins
-    assert (mixed.trainer.weight_decay, mixed.trainer.beta2) == (0.0, 0.95)
-    assert from_yaml(f"trainer: {{extra: {{optimizer: {{eps: 1e-7}}}}, {no_kl}}}").trainer.beta2 == 0.999
+    assert (named.trainer.optimizer.weight_decay, named.trainer.optimizer.beta2) == (0.01, 0.98)
+    # forge_nb's "extra" spelling of the same section, and the skill card's learning rate: the same defaults
+    assert from_yaml(f"trainer: {{extra: {{optimizer: {{eps: 1e-7}}}}, {no_kl}}}").trainer.optimizer.beta2 == 0.95
+    assert from_yaml(f"training: {{learning_rate: 1e-5}}\ntrainer: {{{no_kl}}}").trainer.optimizer.weight_decay == 0.1
+    with pytest.raises(ValueError, match=r"trainer\.weight_decay: write it in its section"):
+        from_yaml(f"trainer: {{weight_decay: 0.0, {no_kl}}}")
     with pytest.raises(ValueError, match=r"beta2=1.5: must be a number in \[0, 1\)"):
         from_yaml(f"trainer: {{optimizer: {{beta2: 1.5}}, {no_kl}}}")
 
@@ -350,8 +354,10 @@ def test_a_yaml_trainer_reaches_the_actor_sections_as_configured():
         0.333, 1.0, 1.0, 0.541, 0.027]  # torchtitan 0.3 gives these (tests/test_lr_schedule.py)
     assert set(sections) - set(ts.SECTION_NAMES) == {"compile", "activation_checkpoint"}  # torchtitan's, ignored
     assert (loss, loss_config) == (cfg.trainer.loss, cfg.trainer.loss_config)
-    with pytest.raises(ValueError, match=r"trainer= and optimizer\.lr=0\.1: set TrainerConfig\.lr instead"):
+    with pytest.raises(ValueError, match=r"trainer= and optimizer\.lr=0\.1: set TrainerConfig\.optimizer\.lr instead"):
         tc.trainer_arguments(cfg.trainer, {"optimizer": {"lr": 0.1}}, None, None)
+    with pytest.raises(ValueError, match=r"trainer= and training\.dtype='float16': set TrainerConfig\.training\.dtype"):
+        tc.trainer_arguments(cfg.trainer, {"training": {"dtype": "float16", "seed": 1}}, None, None)
     with pytest.raises(ValueError, match=r"trainer= and loss=/loss_config="):
         tc.trainer_arguments(cfg.trainer, {}, "grpo", None)
     with pytest.raises(TypeError, match=r"pass a forge_nb.config.TrainerConfig"):

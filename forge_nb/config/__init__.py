@@ -2,7 +2,7 @@
 
 A recipe is a Python function returning a :class:`RunConfig` (see ``forge_nb.recipes``). YAML in the
 shape of torchforge's ``apps/grpo/*.yaml`` loads into the same dataclasses (:func:`from_yaml`), and
-``key=value`` overrides (``trainer.lr=1e-5``) apply to either (:func:`apply_overrides`). Every
+``key=value`` overrides (``trainer.optimizer.lr=1e-5``) apply to either (:func:`apply_overrides`). Every
 mistake a user can make raises ``ValueError`` naming the field, the value and the fix.
 """
 
@@ -33,14 +33,14 @@ from forge_nb.config._run import (
     RunConfig,
     TrainerConfig,
     from_dict,
+    from_saved,
 )
-from forge_nb.config.trainer_sections import LoraConfig
+from forge_nb.config.trainer_sections import LoraConfig, OptimizerConfig, TrainingConfig
 
 __all__ = [
-    "REFERENCE_SECTIONS", "GeneratorConfig", "LoopConfig", "LoraConfig", "ReferenceConfig", "RolloutConfig",
-    "RunConfig", "SamplingConfig",
-    "TaskKnobs", "TrainerConfig",
-    "apply_overrides", "check_change", "from_dict", "from_yaml", "hot", "hot_fields", "initial_hparams",
+    "REFERENCE_SECTIONS", "GeneratorConfig", "LoopConfig", "LoraConfig", "OptimizerConfig", "ReferenceConfig",
+    "RolloutConfig", "RunConfig", "SamplingConfig", "TaskKnobs", "TrainerConfig", "TrainingConfig",
+    "apply_overrides", "check_change", "from_dict", "from_saved", "from_yaml", "hot", "hot_fields", "initial_hparams",
     "loss_values", "trainer_actor_kwargs", "trainer_changes", "trainer_hparam_sections",
 ]
 
@@ -64,7 +64,7 @@ def apply_overrides(cfg: RunConfig, overrides: list[str] | dict[str, Any]) -> Ru
 
 def _split(item: str) -> tuple[str, Any]:
     if "=" not in item:
-        raise ValueError(f"override {item!r}: write it as key=value, e.g. trainer.lr=1e-5")
+        raise ValueError(f"override {item!r}: write it as key=value, e.g. trainer.optimizer.lr=1e-5")
     key, raw = item.split("=", 1)
     value = yaml.safe_load(raw)
     if isinstance(value, str) and FLOAT.fullmatch(value.strip()):

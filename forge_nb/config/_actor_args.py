@@ -18,12 +18,12 @@ def trainer_actor_kwargs(cfg: RunConfig, *, checkpoint_folder: str | None, weigh
                          verified_checkpoint: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """``RLTrainer`` keyword arguments of ``cfg``'s trainer (besides ``model`` and ``pad_id``).
 
-    ``trainer`` is ``cfg.trainer`` itself (lr, weight_decay, max_norm, loss, loss_config and its ``extra``
-    sections). The other sections carry what the run decides and TrainerConfig does not hold: the seed, the
-    learning-rate warmup and no decay after it (the trainer's own default is torchtitan's decay, see
+    ``trainer`` is ``cfg.trainer`` itself (its optimizer and training sections, loss, loss_config and its
+    ``extra`` sections). The other sections carry what the run decides and TrainerConfig does not hold: the
+    seed, the learning-rate warmup and no decay after it (the trainer's own default is torchtitan's decay, see
     ``LRSchedulerConfig``), the run's length (``loop.max_steps``, where a decay a YAML asks for ends), the
     checkpoint folder, and the sampling temperature (the trainer's logprobs are of the distribution the
-    generator samples from). ``cfg.trainer.extra`` wins over these, as a YAML's
+    generator samples from). ``cfg.trainer.extra`` wins over the warmup and the checkpoint folder, as a YAML's
     ``trainer.checkpoint.folder`` does. ``weights_namespace``: the run's torchstore key namespace.
     ``verified_checkpoint``: the checkpoint folder a resume has just checked (``CheckpointConfig.verified``)::
 

@@ -3,8 +3,9 @@
 A field made with ``hot(default, where)`` may change while a run trains (``run.set(name=value)``, applied
 at the next step boundary). ``where`` names the part that applies the change:
 
-- "trainer": the trainer actor's ``set_hparams`` (``TrainerConfig.lr``, ``weight_decay``, ``max_norm``),
-  and every field of the run's loss (the loss classes are dataclasses: they declare their own fields);
+- "trainer": the trainer actor's ``set_hparams`` (the optimizer section's ``lr`` and ``weight_decay``, the
+  training section's ``max_norm``: ``forge_nb.config.trainer_sections``), and every field of the run's loss (the
+  loss classes are dataclasses: they declare their own fields);
 - "sampling": the generators' per-request overrides (``SamplingConfig``: temperature, top_p, max_tokens);
 - "run": the controller (``RunConfig.max_policy_age`` -> the replay buffer, ``TaskKnobs.difficulty`` -> the task).
 
@@ -15,7 +16,8 @@ the distribution the generator samples from, so a change goes to both.
 
 A field whose value is a dict passed on to a library (``GeneratorConfig.sampling_params`` for vLLM,
 ``RunConfig.task_args`` for the task) names, in its metadata, the small dataclass that declares its hot
-keys (``view=SamplingConfig``). :func:`declared` walks a config tree from the top, so a new hot field
+keys (``view=SamplingConfig``); a field whose value is a dataclass (``RunConfig.trainer``, its ``optimizer``) is
+walked into. :func:`declared` walks a config tree from the top, so a new hot field
 anywhere in RunConfig reaches ``run.set`` and the trainer without a list to update
 (``forge_nb.config._changes`` reads the declarations for them). A change is validated by the declaring
 dataclass itself (``check_change`` builds a copy with the new value), so each rule is written once as well.

@@ -15,6 +15,14 @@ from typing import Any
 
 from forge_nb.config._hot import SamplingConfig, TaskKnobs, hot
 from forge_nb.config._rollout import RolloutConfig
+from forge_nb.config.trainer_sections import (
+    RUN_OWNED,
+    VLLM_MAX_LORA_RANK,
+    LoraConfig,
+    OptimizerConfig,
+    TrainingConfig,
+    read_section,
+)
 from forge_nb.models import TinyModelConfig
 from forge_nb.system.hosts.cluster import one_host
 
@@ -75,54 +83,54 @@ class GeneratorConfig:
 
 @dataclass(kw_only=True)
 class TrainerConfig:
-    """The trainer actor (``RLTrainer``) and its loss."""
+    """The trainer actor (``RLTrainer``), its loss, and its sections as the trainer reads them.
+
+    ``optimizer`` and ``training`` are the trainer's own section dataclasses (``forge_nb.config.trainer_sections``),
+    with their defaults (torchtitan's, as under TorchForge), or their fields as dicts: ``TrainerConfig(optimizer={
+    "lr": 7e-4, "weight_decay": 0.0, "beta2": 0.999})``. A dotted override names the same path
+    (``trainer.optimizer.lr=1e-5``); ``run.set(lr=...)`` takes the field's own name."""
 
     procs: int = 1
     with_gpus: bool = False
     hosts: int | str | None = None
     """As ``GeneratorConfig.hosts``."""
-    lr: float = hot(1e-5, "trainer", section="optimizer")
-    weight_decay: float = hot(0.0, "trainer", section="optimizer")
-    beta2: float = field(default=0.999, metadata={"section": "optimizer"})
-    """AdamW's second-moment decay (torch's default). A torchforge YAML's ``trainer.optimizer`` section gets
-    torchtitan's defaults instead, beta2 0.95 and weight_decay 0.1, as it would under TorchForge."""
-    max_norm: float = hot(1.0, "trainer", section="training")
-    """Gradient clipping norm; 0 disables clipping."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """The optimizer (AdamW; lr 1e-5, weight_decay 0.1, betas 0.9 and 0.95); ``lr`` and ``weight_decay`` are hot."""
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    """Gradient clipping (``max_norm``, hot), compute dtype, engine, gradient accumulation; the run sets the
+    section's seed, temperature and steps from its own fields (``RUN_OWNED``), so they stay unset here."""
     loss: str | Callable[..., Any] = "grpo"
     """A name from ``forge_nb.rl.LOSSES`` (grpo, dr_grpo, dapo, cispo, gspo, sapo), ``"package.module:Name"``
     (a loss class built with ``loss_config``, or a callable), or a loss object such as the skill card's
     ``CustomLoss()``. A run directory records an object as its class's path, which ``resume`` imports."""
     loss_config: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the loss, e.g. {"beta": 0.04, "clip_eps": 0.2}."""
-    lora: Any = None
+    lora: LoraConfig | None = None
     """Train LoRA adapters instead of the whole model: a ``forge_nb.config.LoraConfig`` or its fields as a dict
     (``{"rank": 8, "alpha": 16}``; YAML ``trainer.lora``). None: every weight trains."""
     extra: dict[str, Any] = field(default_factory=dict)
-    """RLTrainer's other sections in torchforge's shape (optimizer, training, checkpoint, parallelism...),
-    merged over the fields above by ``actor_sections``; a field above is set as the field, not here."""
+    """RLTrainer's other sections in torchforge's shape (lr_scheduler, checkpoint, parallelism, and torchtitan's
+    own, which it ignores), merged over what the run passes by ``actor_sections``."""
 
     def __post_init__(self) -> None:
         _positive_int(self, "procs")
         _hosts(self)
-        from forge_nb.config.trainer_sections import SECTIONS, LoraConfig, read_section
-
-        if self.lora is not None:
-            if "lora" in self.extra:
-                raise ValueError("TrainerConfig.extra['lora']: set it as TrainerConfig.lora (the field), not in extra")
-            try:
+        for name in ("optimizer", "training", "lora"):
+            if name in self.extra:
+                raise ValueError(f"TrainerConfig.extra[{name!r}]: set it as TrainerConfig.{name} (the field), not in "
+                                 "extra")
+        try:
+            self.optimizer = read_section(OptimizerConfig, "optimizer", self.optimizer)
+            self.training = read_section(TrainingConfig, "training", self.training)
+            if self.lora is not None:
                 self.lora = read_section(LoraConfig, "lora", self.lora)
-            except ValueError as e:
-                raise ValueError(f"TrainerConfig.{e}") from None
-
-        for where in sorted(set(self.section_fields().values())):  # validated by the section that holds each
-            try:
-                SECTIONS[where](**{n: getattr(self, n) for n, w in self.section_fields().items() if w == where})
-            except ValueError as e:
-                raise ValueError(str(e).replace(f"{where}.", "TrainerConfig.", 1)) from None
-        for name, where in self.section_fields().items():
-            if name in (self.extra.get(where) or {}):
-                raise ValueError(f"TrainerConfig.extra[{where!r}][{name!r}]: set it as TrainerConfig.{name} "
-                                 "(the field), not in extra")
+        except ValueError as e:
+            raise ValueError(f"TrainerConfig.{e}") from None
+        unset = TrainingConfig()
+        for name, owner in RUN_OWNED["training"].items():
+            if (value := getattr(self.training, name)) != getattr(unset, name):
+                raise ValueError(f"TrainerConfig.training.{name}={value!r}: the run sets it from its {owner}; set that "
+                                 f"instead and leave training.{name} out")
         from forge_nb.rl import LOSSES
 
         if callable(self.loss):
@@ -136,18 +144,14 @@ class TrainerConfig:
             raise ValueError(f"TrainerConfig.loss={self.loss!r}: unknown loss; choose one of {sorted(LOSSES)}, "
                              "a 'package.module:Name' path, or pass a loss object")
 
-    @classmethod
-    def section_fields(cls) -> dict[str, str]:
-        """This config's fields that live in one of RLTrainer's sections, with the section: {"lr": "optimizer"...}."""
-        return {f.name: f.metadata["section"] for f in dataclasses.fields(cls) if f.metadata.get("section")}
-
     def actor_sections(self, base: dict[str, Any] | None = None) -> dict[str, Any]:
-        """RLTrainer's keyword sections in torchforge's shape: ``base`` (the run's own settings, e.g.
-        {"training": {"seed": 0}}), then the fields that live in a section (lr -> optimizer.lr, max_norm ->
-        training.max_norm), then ``extra``; a later one wins. RLTrainer(trainer=...) calls it in its setup."""
+        """RLTrainer's keyword sections in torchforge's shape: ``optimizer`` and ``training`` as held here, with
+        ``base``'s (the run's own settings, e.g. {"training": {"seed": 0}}) over the training section's
+        run-owned fields, then ``extra`` over ``base``'s other sections. RLTrainer(trainer=...) calls it in its
+        setup."""
         sections: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in (base or {}).items()}
-        for name, where in self.section_fields().items():
-            sections.setdefault(where, {})[name] = getattr(self, name)
+        sections["optimizer"] = dataclasses.asdict(self.optimizer)
+        sections["training"] = dataclasses.asdict(self.training) | sections.get("training", {})
         for key, value in self.extra.items():
             sections[key] = {**sections.get(key, {}), **value} if isinstance(value, dict) else value
         if self.lora is not None:
@@ -329,8 +333,6 @@ class RunConfig:
 
 def _check_lora(cfg: RunConfig) -> None:
     """A LoRA run's generators can serve its adapters: LoRA left on in their engine, room for the rank."""
-    from forge_nb.config.trainer_sections import VLLM_MAX_LORA_RANK
-
     lora, engine = cfg.trainer.lora, cfg.generator.engine_args
     if engine.get("enable_lora") is False:
         raise ValueError("generator.engine_args.enable_lora=False with trainer.lora: the generators serve each version "
@@ -346,11 +348,39 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
     return _build(RunConfig, data, "")
 
 
+#: Trainer settings that live in a section, by name. A run directory written by an older forge_nb holds them as flat
+#: ``trainer`` keys (``trainer.lr``): :func:`from_saved` reads them into their sections; anywhere else the error
+#: names the section (``trainer.lr is trainer.optimizer.lr``).
+SECTION_OF = {"lr": "optimizer", "weight_decay": "optimizer", "beta2": "optimizer", "max_norm": "training"}
+
+
+def from_saved(data: dict[str, Any]) -> RunConfig:
+    """:func:`from_dict` for a run directory's ``config.json``, including one whose trainer settings are flat
+    keys (``"trainer": {"lr": ...}``) or sit in ``trainer.extra``: they are read into their sections, without
+    the training section's run-owned values (the run passes its own, which such a file copied there)."""
+    if "trainer" not in data:
+        return from_dict(data)
+    trainer = dict(data["trainer"])
+    extra = dict(trainer.get("extra") or {})
+    for where in ("optimizer", "training"):
+        if where in extra:
+            trainer[where] = {**extra.pop(where), **trainer.get(where, {})}
+    for name, where in SECTION_OF.items():
+        if name in trainer:
+            trainer[where] = {**trainer.get(where, {}), name: trainer.pop(name)}
+    if "training" in trainer:
+        trainer["training"] = {k: v for k, v in trainer["training"].items() if k not in RUN_OWNED["training"]}
+    return from_dict({**data, "trainer": {**trainer, "extra": extra}})
+
+
 def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     known = {f.name: f for f in dataclasses.fields(cls)}
     unknown = set(data) - set(known)
     if unknown:
-        raise ValueError(f"unknown key(s) {sorted(where + k for k in unknown)}; known here: {sorted(known)}")
+        moved = [f"{where}{k} is {where}{SECTION_OF[k]}.{k}" for k in sorted(unknown)
+                 if cls is TrainerConfig and k in SECTION_OF]
+        raise ValueError(f"unknown key(s) {sorted(where + k for k in unknown)}; "
+                         + (f"{'; '.join(moved)}" if moved else f"known here: {sorted(known)}"))
     kwargs = {}
     for key, value in data.items():
         nested = {"generator": GeneratorConfig, "trainer": TrainerConfig, "loop": LoopConfig, "rollout": RolloutConfig,

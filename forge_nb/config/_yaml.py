@@ -2,17 +2,18 @@
 
 Three layouts load into the same RunConfig (they may be mixed):
 
-* forge_nb's own: ``RunConfig.to_dict()``'s keys (``generator``, ``trainer.lr``, ``loop``...);
+* forge_nb's own: ``RunConfig.to_dict()``'s keys (``generator``, ``trainer.optimizer.lr``, ``loop``...);
 * torchforge's ``apps/grpo/*.yaml``: ``local_batch_size`` -> batch_size, ``off_by_n`` -> max_policy_age,
   ``rollout_threads`` -> loop.rollout_loops, ``policy`` -> generator, ``trainer`` (torchtitan job
-  sections; a ``trainer.optimizer`` section leaves weight_decay and beta2 at torchtitan's defaults, not
-  RunConfig's), ``replay_buffer``, ``ref_model``, ``dataset``, ``metric_logging``, ``services``, ``actors``;
+  sections: ``optimizer`` and ``training`` are TrainerConfig's own, with torchtitan's defaults; the training
+  section's seed, temperature and steps set the run's), ``replay_buffer``, ``ref_model``, ``dataset``,
+  ``metric_logging``, ``services``, ``actors``;
 * the skill card's: ``training`` (batch_size, learning_rate, seq_len, dtype, sync_interval -> loop), ``grpo``
   (n_samples -> group_size, beta/clip_low/clip_high -> the loss, temperature -> sampling), top-level
   ``parallelism`` and ``services.generator/trainer/ref_model``.
 
 A key is honoured when it sets a RunConfig field, or when it is handed unchanged to the component that
-reads it: the trainer's sections (``trainer.extra``, checked here against what RLTrainer takes), the
+reads it: the trainer's other sections (``trainer.extra``, checked here against what RLTrainer takes), the
 reference model's (``reference.extra``), vLLM's engine and sampling arguments, an exporter's options.
 Keys that state what forge_nb does anyway are accepted at that value and refused at any other: a mesh
 name equal to its section's name, one process without GPUs for work forge_nb does in the controller
@@ -79,7 +80,7 @@ class _Reader(TrainerSections):
         self._check_budget()
         self._check_shapes()
         self._no_reference_no_kl(raw)
-        self.titan_defaults()
+        self.lr_schedule_defaults()
         return self.out
 
     def _globals(self, raw: dict[str, Any]) -> None:
@@ -230,10 +231,8 @@ class _Reader(TrainerSections):
         if sampling["max_tokens"] is not None and sampling["max_tokens"] > res:
             raise ValueError(f"policy.sampling_params.max_tokens={sampling['max_tokens']} > max_res_tokens={res}: "
                              "longer responses would be cut in training; raise max_res_tokens")
-        if sampling["temperature"] is not None:  # the trainer's and reference's logprobs use the same temperature
-            self.put("trainer.extra.training.temperature", sampling["temperature"], "the sampling temperature")
-            if self.get("use_reference"):
-                self.put("reference.extra.training.temperature", sampling["temperature"], "the sampling temperature")
+        if sampling["temperature"] is not None and self.get("use_reference"):  # the run passes it to the trainer
+            self.put("reference.extra.training.temperature", sampling["temperature"], "the sampling temperature")
 
     def _no_reference_no_kl(self, raw: dict[str, Any]) -> None:
         # torchforge's and the skill card's files scale the KL penalty only with a ref_model: one that

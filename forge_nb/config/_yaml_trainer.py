@@ -6,15 +6,15 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from forge_nb.config._run import REFERENCE_SECTIONS, ReferenceConfig, TrainerConfig
+from forge_nb.config._run import REFERENCE_SECTIONS, SECTION_OF, ReferenceConfig, TrainerConfig
 from forge_nb.config._sections import Tree, model_name, number, same, section
 from forge_nb.config.trainer_sections import (
     DTYPES,
     MUST_BE_ONE,
+    RUN_OWNED,
     TRAINER_SECTION_KEYS,
     TRAINER_SEED_SECTIONS,
     LRSchedulerConfig,
-    OptimizerConfig,
     _count,
 )
 
@@ -28,19 +28,20 @@ class TrainerSections(Tree):
         """Every prompt + response budget (seq_len) given, by key; checked once max_*_tokens are known."""
         self.dp_size: Any = None
         """replay_buffer.dp_size, checked against the trainer's procs."""
-        self.titan_sections: set[str] = set()
-        """The torchforge sections ``trainer.optimizer`` / ``trainer.lr_scheduler`` read (:meth:`titan_defaults`)."""
+        self.lr_schedule_given = False
+        """Whether the file has a ``trainer.lr_scheduler`` section (:meth:`lr_schedule_defaults`)."""
 
     def _trainer(self, value: Any) -> None:
         own = {f.name for f in fields(TrainerConfig)}
-        t = section(value, "trainer", own | {"model"} | set(TRAINER_SECTION_KEYS) | TRAINER_SEED_SECTIONS)
+        t = section(value, "trainer", own | {"model"} | set(TRAINER_SECTION_KEYS) | TRAINER_SEED_SECTIONS,
+                    refused={k: f"write it in its section, trainer.{where}.{k}" for k, where in SECTION_OF.items()})
         for key, item in t.items():
             where = f"trainer.{key}"
             if key == "extra":  # forge_nb's name for the same sections
                 self._trainer_parts(section(item, where, set(TRAINER_SECTION_KEYS) | TRAINER_SEED_SECTIONS), where)
             elif key == "lora":  # TrainerConfig's own field, in a section's shape: its keys checked as one's
                 self.put_tree(where, section(item, where, TRAINER_SECTION_KEYS["lora"]), where)
-            elif key in own:
+            elif key in own and key not in TRAINER_SECTION_KEYS:
                 self.put_tree(where, item, where)
             elif key == "model":  # torchtitan's {name, flavor, hf_assets_path}: name/flavor are read from config.json
                 item = section(item, where, ("name", "flavor", "hf_assets_path"))
@@ -53,24 +54,24 @@ class TrainerSections(Tree):
         for key, item in parts.items():
             where = f"{prefix}.{key}"
             if key in TRAINER_SECTION_KEYS:
-                self._trainer_section(key, section(item, where, TRAINER_SECTION_KEYS[key]), "trainer.extra", where)
+                self._trainer_section(key, section(item, where, TRAINER_SECTION_KEYS[key]), "trainer", where)
             else:  # RLTrainer takes these torchtitan sections as keyword arguments and leaves them to torchtitan
                 if key == "compile":
                     same(f"{where}.enable", section(item, where, ("enable",)).get("enable", False), False,
                          "forge_nb does not torch.compile the trainer")
                 self.put_tree(f"trainer.extra.{key}", item, where)
 
-    def _trainer_section(self, name: str, items: dict[str, Any], extra: str, where: str) -> None:
-        """One of RLTrainer's (or ReferenceModel's) sections: RunConfig's own fields first, the rest passed on."""
-        trainer = extra == "trainer.extra"
-        if where in ("trainer.optimizer", "trainer.lr_scheduler"):
-            self.titan_sections.add(name)
+    def _trainer_section(self, name: str, items: dict[str, Any], part: str, where: str) -> None:
+        """One of RLTrainer's (``part`` "trainer") or ReferenceModel's ("reference") sections: what the run
+        decides goes to the run's fields, the trainer's optimizer and training sections to TrainerConfig's,
+        the rest to the part's ``extra``."""
+        trainer = part == "trainer"
+        if where == "trainer.lr_scheduler":
+            self.lr_schedule_given = True
         for key, value in items.items():
             dotted = f"{where}.{key}"
-            if trainer and TrainerConfig.section_fields().get(key) == name:  # optimizer.lr -> trainer.lr ...
-                self.put(f"trainer.{key}", number(value, dotted), dotted)
-            elif trainer and (name, key) == ("training", "steps"):
-                self.put("loop.max_steps", number(value, dotted, int), dotted)
+            if trainer and key in RUN_OWNED.get(name, {}):  # training.steps -> loop.max_steps ...
+                self.put(RUN_OWNED[name][key], number(value, dotted, float if key == "temperature" else int), dotted)
             elif trainer and (name, key) == ("lr_scheduler", "warmup_steps"):
                 self.put("loop.warmup_steps", value, dotted)
             elif (name, key) == ("training", "seq_len"):
@@ -84,23 +85,18 @@ class TrainerSections(Tree):
             else:
                 if (name, key) == ("training", "dtype"):
                     self._dtype(value, dotted)
-                self.put(f"{extra}.{name}.{'dp_shard' if key == 'data_parallel_shard_degree' else key}",
-                         value, dotted)
+                held = trainer and name in ("optimizer", "training")  # TrainerConfig's own sections
+                self.put(f"{part}.{'' if held else 'extra.'}{name}."
+                         f"{'dp_shard' if key == 'data_parallel_shard_degree' else key}", value, dotted)
 
-    def titan_defaults(self) -> None:
-        """Under TorchForge a ``trainer.optimizer`` section that names only ``lr`` and ``eps`` (its apps' files)
-        trains with torchtitan's other defaults, weight_decay 0.1 and beta2 0.95; RunConfig's own are 0 and
-        0.999. So a torchforge file's unset ones are put at torchtitan's (``OptimizerConfig``'s) values. Likewise
-        a ``trainer.lr_scheduler`` section without ``decay_ratio`` decays the rate after its warmup to the end of
-        ``training.steps`` (the run's ``loop.max_steps``; torchtitan's 10000 when the file has none), where
-        RunConfig keeps it constant. Called once every section is read: a value set anywhere else in the file wins."""
-        if "optimizer" in self.titan_sections:
-            torchtitan = OptimizerConfig()
-            for name in ("weight_decay", "beta2"):
-                if self.get(f"trainer.{name}") is None:
-                    self.put(f"trainer.{name}", getattr(torchtitan, name), "trainer.optimizer (torchtitan's default)")
+    def lr_schedule_defaults(self) -> None:
+        """Under TorchForge a ``trainer.lr_scheduler`` section without ``decay_ratio`` decays the rate after its
+        warmup to the end of ``training.steps`` (the run's ``loop.max_steps``; torchtitan's 10000 when the file
+        has none), where RunConfig keeps it constant: such a file's decay_ratio is put at torchtitan's value.
+        Called once every section is read: a value set anywhere else in the file wins. (The optimizer section
+        needs nothing of the kind: ``TrainerConfig.optimizer`` has torchtitan's defaults.)"""
         unset = object()
-        if "lr_scheduler" in self.titan_sections and self.get("trainer.extra.lr_scheduler.decay_ratio", unset) is unset:
+        if self.lr_schedule_given and self.get("trainer.extra.lr_scheduler.decay_ratio", unset) is unset:
             self.put("trainer.extra.lr_scheduler.decay_ratio", LRSchedulerConfig().decay_ratio,
                      "trainer.lr_scheduler (torchtitan's default)")
 
@@ -117,7 +113,7 @@ class TrainerSections(Tree):
             batch = t["batch_size"]
             self.put("batch_size", batch * steps if isinstance(batch, int) else batch, "training.batch_size")
         if steps != 1:
-            self.put("trainer.extra.training.gradient_accumulation_steps", steps,
+            self.put("trainer.training.gradient_accumulation_steps", steps,
                      "training.gradient_accumulation_steps")
         if "entropy_coef" in t:  # the skill card's "add entropy bonus": a field of forge_nb's losses
             self.put("trainer.loss_config.entropy_coef", number(t["entropy_coef"], "training.entropy_coef"),
@@ -125,12 +121,13 @@ class TrainerSections(Tree):
         if "sync_interval" in t:  # the skill card's "reduce sync frequency": the loop's (RunConfig checks it)
             self.put("loop.sync_interval", t["sync_interval"], "training.sync_interval")
         if "learning_rate" in t:
-            self.put("trainer.lr", number(t["learning_rate"], "training.learning_rate"), "training.learning_rate")
+            self.put("trainer.optimizer.lr", number(t["learning_rate"], "training.learning_rate"),
+                     "training.learning_rate")
         if "seq_len" in t:
             self.seq_lens["training.seq_len"] = t["seq_len"]
         if "dtype" in t:  # one dtype for the run: trainer compute and pushed weights, the generator, the reference
             self._dtype(t["dtype"], "training.dtype")
-            for path in ("trainer.extra.training.dtype", "generator.engine_args.dtype",
+            for path in ("trainer.training.dtype", "generator.engine_args.dtype",
                          "reference.extra.training.dtype"):
                 self.put(path, t["dtype"], "training.dtype")
 
@@ -177,7 +174,7 @@ class TrainerSections(Tree):
                 if key == "parallelism" and items.get("data_parallel_shard_degree", 1) != 1:
                     same(f"{where}.data_parallel_shard_degree", items["data_parallel_shard_degree"], 1,
                          "each reference proc holds a whole copy; scale it with services.ref_model.num_replicas")
-                self._trainer_section(key, items, "reference.extra", where)
+                self._trainer_section(key, items, "reference", where)
 
     def _reference(self, value: Any) -> None:
         """forge_nb's own ``reference`` section; its ``extra`` is checked as the ref_model's sections are."""
@@ -189,6 +186,6 @@ class TrainerSections(Tree):
             for name, part in section(item, where, REFERENCE_SECTIONS).items():
                 sub = f"{where}.{name}"
                 if name in TRAINER_SECTION_KEYS:
-                    self._trainer_section(name, section(part, sub, TRAINER_SECTION_KEYS[name]), "reference.extra", sub)
+                    self._trainer_section(name, section(part, sub, TRAINER_SECTION_KEYS[name]), "reference", sub)
                 else:
                     self.put_tree(f"reference.extra.{name}", part, sub)

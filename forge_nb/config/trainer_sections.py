@@ -20,11 +20,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from forge_nb.config._hot import hot
+
 __all__ = [
     "DECAY_TYPES",
     "DTYPES",
     "ENGINES",
     "MUST_BE_ONE",
+    "RUN_OWNED",
     "SECTIONS",
     "SECTION_NAMES",
     "SEED_IGNORED",
@@ -59,6 +62,12 @@ SEED_IGNORED: dict[str, frozenset[str]] = {
         "initial_load_model_only", "export_dtype", "exclude_from_loading", "last_save_model_only",
     }),
     "parallelism": frozenset({"disable_loss_parallel", "enable_async_tensor_parallel", "fsdp_reshard_after_forward"}),
+}
+#: What a run decides for the trainer's sections, with the RunConfig field (a dotted path) that holds it: a
+#: RunConfig's ``trainer.training`` leaves these at their defaults (``TrainerConfig`` refuses others), the run
+#: passes its own values at spawn, and a YAML's ``trainer.training.steps`` sets ``loop.max_steps``.
+RUN_OWNED: dict[str, dict[str, str]] = {
+    "training": {"seed": "seed", "temperature": "generator.sampling_params.temperature", "steps": "loop.max_steps"},
 }
 _ALIASES = {"parallelism": {"data_parallel_shard_degree": "dp_shard"}, "lr_scheduler": {"lr_min": "min_lr_factor"}}
 #: Degrees of parallelism forge_nb's trainer does not implement (it is FSDP only): accepted at 1.
@@ -106,15 +115,16 @@ class OptimizerConfig:
     """torchtitan's ``optimizer`` job section, which TorchForge's trainer reads, with torchtitan's defaults
     (betas 0.9 and 0.95, eps 1e-8, weight_decay 0.1): the documents' ``optimizer={"name": "AdamW", "lr": 1e-5}``
     and a torchforge YAML that names only ``lr`` and ``eps`` train here as under TorchForge. The one exception
-    is ``lr``, torchtitan's 8e-4 being a pre-training rate: every torchforge file sets it. forge_nb's own
-    RunConfig passes its own values (``TrainerConfig``: weight_decay 0 and beta2 0.999, what its recipes were
-    tuned with)."""
+    is ``lr``, torchtitan's 8e-4 being a pre-training rate: every torchforge file sets it. A RunConfig holds
+    this section as it is (``TrainerConfig.optimizer``), with these defaults; forge_nb's recipes write the values
+    they were tuned with (weight_decay 0, beta2 0.999). ``lr`` and ``weight_decay`` may change while a run trains
+    (``run.set(lr=...)``)."""
 
     name: str = "AdamW"
     """A class of ``torch.optim`` (AdamW, Adam, SGD)."""
-    lr: float = 1e-5
+    lr: float = hot(1e-5, "trainer", section="optimizer")
     eps: float = 1e-8
-    weight_decay: float = 0.1
+    weight_decay: float = hot(0.1, "trainer", section="optimizer")
     beta1: float = 0.9
     beta2: float = 0.95
 
@@ -148,7 +158,11 @@ class OptimizerConfig:
 
 @dataclass(kw_only=True, slots=True)
 class TrainingConfig:
-    max_norm: float = 1.0
+    """torchtitan's ``training`` job section as the trainer reads it. In a RunConfig (``TrainerConfig.training``)
+    the run decides ``seed``, ``temperature`` and ``steps`` (``RUN_OWNED``); the rest is the trainer's own.
+    ``max_norm`` may change while a run trains."""
+
+    max_norm: float = hot(1.0, "trainer", section="training")
     """Gradient clipping norm; 0 disables clipping (the norm is still measured and reported)."""
     dtype: str = "float32"
     """Compute dtype (autocast) and the dtype of pushed weights; parameters and optimizer stay float32."""

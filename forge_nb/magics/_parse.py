@@ -107,7 +107,7 @@ def spawn_overrides(replicas: int | None, procs: int | None, gpus: bool, sets: l
         out += ["generator.with_gpus=true", "trainer.with_gpus=true"]
     for item in sets:
         if "=" not in item:
-            raise UsageError(f"--set {item!r}: write key=value with a dotted key, e.g. --set trainer.lr=1e-5 "
+            raise UsageError(f"--set {item!r}: write key=value with a dotted key, e.g. --set trainer.optimizer.lr=1e-5 "
                              "(the recipe comes before --set)")
     return out + sets
 

@@ -41,7 +41,7 @@ class SpawnMagics(Magics):
     @argument("--on", metavar="RUN", help="put the run on a live LoRA run's base: its adapter goes to that run's "
                                           "generators and trainer process instead of services of its own")
     @argument("--set", dest="sets", nargs="+", action="append", default=[], metavar="KEY=VALUE",
-              help="config overrides with dotted keys, e.g. --set trainer.lr=1e-5 loop.rollout_loops=2")
+              help="config overrides with dotted keys, e.g. --set trainer.optimizer.lr=1e-5 loop.rollout_loops=2")
     @argument("--actor", dest="actors", nargs="+", action="append", default=[], metavar="SERVICE=CLASS",
               help="replace a service's actor class (policy, trainer, ref_model) by a ForgeActor with the same "
                    "endpoints: a variable or 'package.module:Class', e.g. --actor policy=MyGenerator")

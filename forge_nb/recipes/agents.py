@@ -40,7 +40,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge_nb.config import GeneratorConfig, LoopConfig, RunConfig, TrainerConfig
+from forge_nb.config import GeneratorConfig, LoopConfig, OptimizerConfig, RunConfig, TrainerConfig
 from forge_nb.models import TinyModelConfig
 from forge_nb.rl.tasks import PatternReward
 
@@ -122,7 +122,8 @@ def agent_keys(**overrides: Any) -> RunConfig:
         generator=GeneratorConfig(num_replicas=1, engine_args={"dtype": "float32"},
                                   sampling_params={"temperature": 1.0, "top_p": 1.0}),
         use_reference=True,  # for the KL term (see the module docstring)
-        trainer=TrainerConfig(lr=7e-4, loss="grpo", loss_config={"beta": 0.02}),
+        trainer=TrainerConfig(optimizer=OptimizerConfig(lr=7e-4, weight_decay=0.0, beta2=0.999), loss="grpo",
+                              loss_config={"beta": 0.02}),
         loop=LoopConfig(mode="async", rollout_loops=4),
     )
     fields.update(overrides)

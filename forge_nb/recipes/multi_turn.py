@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from forge_nb.config import GeneratorConfig, LoopConfig, RunConfig, TrainerConfig
+from forge_nb.config import GeneratorConfig, LoopConfig, OptimizerConfig, RunConfig, TrainerConfig, TrainingConfig
 from forge_nb.recipes.quickstart import quickstart
 
 #: EchoEnv's game in the example: 3 turns, each answered with the letter twice (notebook 08, the bench).
@@ -61,16 +61,16 @@ def guess_the_number_qwen3(model: str = "Qwen/Qwen3-1.7B", **overrides: Any) -> 
     assistant's; ``forge_nb.envs.chat``). A game earns 1 for a win and otherwise how close the last guess
     was, so an untrained model's binary search that runs out of turns still has a gradient. Response
     budget: 10 guesses of at most 32 tokens and the game's short hints between them fit in 1024 tokens.
-    The rest follows the GSM8K recipe (``gsm8k_qwen3``): groups of 8, lr 1e-6, bf16 trainer, one generator
-    and the trainer each on a GPU. Not yet run on a GPU here: the lent GPU machines have no vLLM and no
-    hub access (docs/concepts/gpus.md).
+    The rest follows the GSM8K recipe (``gsm8k_qwen3``): groups of 8, lr 1e-6 with torchtitan's AdamW, bf16
+    trainer, one generator and the trainer each on a GPU. Not yet run on a GPU here: the lent GPU machines have no
+    vLLM and no hub access (docs/concepts/gpus.md).
     """
     fields: dict[str, Any] = dict(
         name="guess-the-number", model=model, group_size=8, max_req_tokens=256, max_res_tokens=1024,
         batch_size=16, max_policy_age=1,
         generator=GeneratorConfig(num_replicas=1, with_gpus=True, sampling_params={"temperature": 1.0}),
-        trainer=TrainerConfig(with_gpus=True, lr=1e-6, loss="grpo", loss_config={"beta": 0.0},
-                              extra={"training": {"dtype": "bfloat16"}}),
+        trainer=TrainerConfig(with_gpus=True, optimizer=OptimizerConfig(lr=1e-6), loss="grpo",
+                              loss_config={"beta": 0.0}, training=TrainingConfig(dtype="bfloat16")),
         loop=LoopConfig(rollout_loops=4, checkpoint_every=50),
     )
     fields.update(overrides)

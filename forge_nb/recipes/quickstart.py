@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from forge_nb.config import GeneratorConfig, LoopConfig, RunConfig, TrainerConfig
+from forge_nb.config import GeneratorConfig, LoopConfig, OptimizerConfig, RunConfig, TrainerConfig
 from forge_nb.models import TinyModelConfig
 
 
@@ -53,7 +53,9 @@ def quickstart(**overrides: Any) -> RunConfig:
         # one replica: its engine batches every group (see above)
         generator=GeneratorConfig(num_replicas=1, engine_args={"dtype": "float32"},
                                   sampling_params={"temperature": 1.0, "top_p": 1.0}),
-        trainer=TrainerConfig(lr=7e-4, loss="grpo", loss_config={"beta": 0.0}),  # 3e-3 collapsed (see above)
+        # 3e-3 collapsed (see above); AdamW without weight decay and with torch's beta2, as it was tuned
+        trainer=TrainerConfig(optimizer=OptimizerConfig(lr=7e-4, weight_decay=0.0, beta2=0.999), loss="grpo",
+                              loss_config={"beta": 0.0}),
         # eight groups in flight at once, one engine batch for two steps, a load every other step (see above)
         loop=LoopConfig(mode="async", rollout_loops=8, sync_interval=2),
     )

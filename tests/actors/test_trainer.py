@@ -211,7 +211,8 @@ async def test_a_trainer_built_from_the_run_config_trains_as_configured_and_push
     from forge_nb.actors.trainer import RLTrainer
     from forge_nb.config import GeneratorConfig, RunConfig, TrainerConfig, trainer_actor_kwargs
 
-    cfg = RunConfig(trainer=TrainerConfig(lr=1e-3, max_norm=0.5, weight_decay=0.01, loss="dapo"),
+    cfg = RunConfig(trainer=TrainerConfig(optimizer={"lr": 1e-3, "weight_decay": 0.01}, training={"max_norm": 0.5},
+                                          loss="dapo"),
                     generator=GeneratorConfig(sampling_params={"temperature": 0.8}), seed=3)
     kwargs = trainer_actor_kwargs(cfg, checkpoint_folder=None, weights_namespace="run-a")
     trainer = env.mesh.spawn("from-config", RLTrainer, model=env.model, **kwargs)
@@ -225,7 +226,7 @@ async def test_a_trainer_built_from_the_run_config_trains_as_configured_and_push
         "lr": 1e-3, "max_norm": 0.5, "weight_decay": 0.01, "temperature": 0.8, "clip_high": 0.28}
     assert first(await trainer.train_step.call(make_batch()))["lr"] == pytest.approx(1e-3)  # the optimizer's
     group = first(await trainer.state_dict.call())["optimizer"]["param_groups"][0]
-    assert (group["betas"], group["weight_decay"]) == ((0.9, 0.999), 0.01)  # RunConfig's, not torchtitan's
+    assert (group["betas"], group["weight_decay"]) == ((0.9, 0.95), 0.01)  # the section's: torchtitan's beta2
     changed = first(await trainer.set_hparams.call(lr=2e-3, temperature=1.0))
     assert changed == {"lr": (1e-3, 2e-3), "temperature": (0.8, 1.0)}
     assert first(await trainer.train_step.call(make_batch()))["lr"] == pytest.approx(2e-3)
@@ -237,7 +238,7 @@ async def test_a_trainer_built_from_the_run_config_trains_as_configured_and_push
 
     wrong = env.mesh.spawn("from-config-twice", RLTrainer, model=env.model, trainer=cfg.trainer,
                            optimizer={"lr": 0.1})
-    with pytest.raises(Exception, match=r"optimizer\.lr=0\.1: set TrainerConfig\.lr instead"):
+    with pytest.raises(Exception, match=r"optimizer\.lr=0\.1: set TrainerConfig\.optimizer\.lr instead"):
         await wrong.setup.call()
 
 

@@ -18,7 +18,8 @@ def light_config(run_dir: str, name: str, **overrides: Any) -> forge_nb.RunConfi
     fields: dict[str, Any] = dict(
         run_dir=run_dir, name=name, max_res_tokens=4, group_size=4, batch_size=8, reward_timeout_s=0.3,
         loop=LoopConfig(rollout_loops=2), generator=GeneratorConfig(num_replicas=2),  # a replica to fail over to
-        trainer=TrainerConfig(lr=0.1, loss="grpo", loss_config={"beta": 0.0}, extra={"step_delay_s": 0.3}))
+        trainer=TrainerConfig(optimizer={"lr": 0.1}, loss="grpo", loss_config={"beta": 0.0},
+                              extra={"step_delay_s": 0.3}))
     return forge_nb.quickstart(**(fields | overrides))
 
 

@@ -76,7 +76,8 @@ from tests.light_actors import LightGenerator
 from tests.light_actors_noisy import FailingTrainer
 cfg = forge_nb.quickstart(run_dir={root!r}, name="tb", max_res_tokens=4, group_size=4, batch_size=8,
                           loop=LoopConfig(rollout_loops=1),
-                          trainer=TrainerConfig(lr=0.1, loss_config={{"beta": 0.0}}, extra={{"fail_at_step": 3}}))
+                          trainer=TrainerConfig(optimizer={{"lr": 0.1}}, loss_config={{"beta": 0.0}},
+                                                extra={{"fail_at_step": 3}}))
 """
 
 

@@ -53,7 +53,7 @@ def test_a_new_kernel_re_attaches_to_the_job_s_hosts_and_resumes_the_run_there(t
         ok(first.run(
             f"run = await forge_nb.spawn(light_config({str(runs)!r}, 'hosted', "
             "generator=GeneratorConfig(num_replicas=2, hosts='generators'), "
-            "trainer=TrainerConfig(lr=0.1, loss='grpo', loss_config={'beta': 0.0}, hosts='trainer'), "
+            "trainer=TrainerConfig(optimizer={'lr': 0.1}, loss='grpo', loss_config={'beta': 0.0}, hosts='trainer'), "
             "loop=LoopConfig(rollout_loops=2, checkpoint_every=2)), progress=False, actors=LIGHT)"))
         ok(first.run("await run.step(4)"))
         shown = ok(first.run("%forge_cluster")).stdout

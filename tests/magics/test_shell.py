@@ -85,7 +85,7 @@ def test_help_prints_the_table(ip, capsys):
     ("%forge_spawn quickstart --set bogus=1", "unknown key(s) ['bogus']"),
     ("%forge_spawn quickstart --set generator.num_replicas=0", "GeneratorConfig.num_replicas=0: must be an integer"),
     ("%forge_spawn quickstart --replicas 0", "GeneratorConfig.num_replicas=0"),
-    ("%forge_spawn quickstart --set trainer.lr", "write key=value with a dotted key"),
+    ("%forge_spawn quickstart --set trainer.optimizer.lr", "write key=value with a dotted key"),
     ("%forge_spawn quickstart --hosts 2", "--hosts applies to a bare mesh"),
     ("%forge_spawn quickstart -o 1run", "-o '1run': a variable name is needed"),
     ("%forge_spawn missing.yaml", "'missing.yaml': no such YAML file"),
@@ -138,7 +138,7 @@ def test_forge_config_turns_yaml_into_a_validated_run_config(ip, capsys):
     assert ip.run_cell_magic("forge_config", "-o cfg", GOOD_YAML) is None
     cfg = ip.user_ns["cfg"]
     assert isinstance(cfg, RunConfig)
-    assert (cfg.name, cfg.group_size, cfg.trainer.lr, cfg.loop.rollout_loops) == ("from-yaml", 4, 2e-4, 3)
+    assert (cfg.name, cfg.group_size, cfg.trainer.optimizer.lr, cfg.loop.rollout_loops) == ("from-yaml", 4, 2e-4, 3)
     assert "%forge_spawn cfg spawns it" in capsys.readouterr().out
     # without -o the config is the cell's result
     result = ip.run_cell("%%forge_config\n" + TORCHFORGE_YAML)
@@ -148,7 +148,7 @@ def test_forge_config_turns_yaml_into_a_validated_run_config(ip, capsys):
 
 @pytest.mark.parametrize(("yaml_text", "says"), [
     ("group_size: 1\n", "RunConfig.group_size=1: GRPO compares a group"),
-    ("trainer:\n  optimizer: {lr: -1}\n", "TrainerConfig.lr=-1.0: must be a positive number"),
+    ("trainer:\n  optimizer: {lr: -1}\n", "TrainerConfig.optimizer.lr=-1: must be a positive number"),
     ("loop:\n  bogus: 1\n", "unknown key(s) ['loop.bogus']"),
     ("trainer:\n  loss: nope\n", "TrainerConfig.loss='nope': unknown loss"),
     ("bogus_section: {}\n", "unknown top-level key(s) ['bogus_section']"),

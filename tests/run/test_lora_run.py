@@ -16,7 +16,7 @@ from forge_nb.controller.episodes import BaseInTrainer
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600), pytest.mark.asyncio]
 
-LORA = {"trainer.lora": {"rank": 8, "alpha": 16}, "trainer.lr": 2e-3, "generator.num_replicas": 1,
+LORA = {"trainer.lora": {"rank": 8, "alpha": 16}, "trainer.optimizer.lr": 2e-3, "generator.num_replicas": 1,
         "trainer.loss_config": {"beta": 0.02}}  # a KL term: its reference is the base, in the trainer
 
 

@@ -21,7 +21,7 @@ from forge_nb.widgets.health import render_health, sharing, snapshot
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900), pytest.mark.asyncio]
 
-LORA = {"trainer.lora": {"rank": 8, "alpha": 16}, "trainer.lr": 2e-3, "generator.num_replicas": 1}
+LORA = {"trainer.lora": {"rank": 8, "alpha": 16}, "trainer.optimizer.lr": 2e-3, "generator.num_replicas": 1}
 B_LORA = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "lm_head"]}  # other targets, another rank
 STEPS = 250
 

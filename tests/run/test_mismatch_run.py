@@ -34,7 +34,8 @@ BASELINE: dict[str, float] = {}
 async def run(tmp_path_factory):
     cfg = forge_nb.quickstart(
         run_dir=str(tmp_path_factory.mktemp("mismatch")),
-        trainer=TrainerConfig(lr=7e-4, loss="grpo", loss_config={"beta": 0.0, "mismatch_correction": "token_mask"}),
+        trainer=TrainerConfig(optimizer=forge_nb.quickstart().trainer.optimizer, loss="grpo",
+                              loss_config={"beta": 0.0, "mismatch_correction": "token_mask"}),
         loop=LoopConfig(mode="async", rollout_loops=8, sync_interval=2, eval_every=40, eval_k=2, eval_prompts=8),
         rollout=RolloutConfig(dynamic_sampling=True))
     run = await forge_nb.spawn(cfg, progress=False)

@@ -3,7 +3,7 @@
 The sections themselves (one dataclass each, their keys and checks) are ``forge_nb.config.trainer_sections``,
 the one schema the YAML loader and the actors read. The trainer takes ``RunConfig.trainer`` (a
 ``TrainerConfig``) as it is, or torchforge's sections as keyword arguments (``trainer_arguments``). Which
-of its values ``set_hparams`` changes is declared on the config fields (``forge_nb.config.hot``).
+of its values ``set_hparams`` changes is declared on the sections' fields (``forge_nb.config.hot``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import fields, is_dataclass, replace
 from typing import Any
 
 from forge_nb.config import TrainerConfig, trainer_hparam_sections
-from forge_nb.config.trainer_sections import OptimizerConfig, TrainingConfig
+from forge_nb.config.trainer_sections import RUN_OWNED, OptimizerConfig, TrainingConfig
 
 __all__ = ["hparams", "model_source", "trainer_arguments", "with_hparams"]
 
@@ -36,8 +36,8 @@ def trainer_arguments(
     loss_config: Mapping[str, Any] | None,
 ) -> tuple[dict[str, Any], str | Callable[..., Any], Mapping[str, Any] | None]:
     """(sections, loss, loss_config) of RLTrainer's arguments: as given (torchforge's shape), or from a
-    ``TrainerConfig`` over the given sections, which then carry only what the run decides (seed, warmup,
-    checkpoint folder, temperature)."""
+    ``TrainerConfig`` over the given sections, which then carry only what the run decides (the training
+    section's ``RUN_OWNED`` fields, the warmup, the checkpoint folder)."""
     given = {k: v for k, v in sections.items() if v is not None}
     if trainer is None:
         return given, "grpo" if loss is None else loss, loss_config
@@ -47,10 +47,11 @@ def trainer_arguments(
     if loss is not None or loss_config is not None:
         raise ValueError("RLTrainer got trainer= and loss=/loss_config=: the TrainerConfig names the loss; "
                          "set TrainerConfig.loss and .loss_config instead")
-    for name, where in TrainerConfig.section_fields().items():
-        if name in (given.get(where) or {}):
-            raise ValueError(f"RLTrainer got trainer= and {where}.{name}={given[where][name]!r}: set "
-                             f"TrainerConfig.{name} instead (one place for each setting)")
+    for where in ("optimizer", "training"):  # the TrainerConfig holds these; the run adds only what it owns
+        for name, value in (given.get(where) or {}).items():
+            if name not in RUN_OWNED.get(where, {}):
+                raise ValueError(f"RLTrainer got trainer= and {where}.{name}={value!r}: set "
+                                 f"TrainerConfig.{where}.{name} instead (one place for each setting)")
     return trainer.actor_sections(given), trainer.loss, trainer.loss_config
 
 

@@ -26,7 +26,7 @@ from forge_nb import weights
 from forge_nb.config import (
     RunConfig,
     apply_overrides,
-    from_dict,
+    from_saved,
     from_yaml,
     hot_fields,
     initial_hparams,
@@ -108,7 +108,7 @@ async def resume_parts(path: str | Path, *, episode_fn: EpisodeFn | None = None,
     """What ``forge_nb.resume`` does (see there): the run directory's config and newest whole checkpoint,
     its job re-attached, :func:`build_run`, and the controller put back at the checkpoint's step."""
     directory = RunDir.open(path)
-    cfg = from_dict({**directory.config, "run_dir": str(directory.path)})
+    cfg = from_saved({**directory.config, "run_dir": str(directory.path)})
     if base is not None:
         check_joinable(cfg, base)
     state, skipped = directory.checkpoint_to_resume()  # before anything spawns: CheckpointsDamaged if none whole
