@@ -50,7 +50,7 @@ def build_config(args: argparse.Namespace, run_dir: str) -> Any:
     cfg = forge_nb.quickstart(run_dir=run_dir, seed=args.seed)
     trainer: dict[str, Any] = {}
     if args.lr is not None:
-        trainer["lr"] = args.lr
+        trainer["optimizer"] = dataclasses.replace(cfg.trainer.optimizer, lr=args.lr)
     if args.loss is not None:
         trainer["loss"] = args.loss
     if args.loss_config is not None:

@@ -53,6 +53,21 @@ def test_quickstart_recipe_is_valid_and_cpu_only():
     assert from_dict(cfg.to_dict()) == cfg
 
 
+def test_every_recipe_builds_and_reads_back_from_its_data(tmp_path):
+    from forge_nb.recipes import gsm8k_qwen3, gsm8k_tiny, guess_the_number_qwen3, multi_turn_echo
+    from forge_nb.recipes.agents import agent_keys
+
+    made = [quickstart(), multi_turn_echo(), gsm8k_qwen3(), gsm8k_tiny(str(tmp_path / "rows.jsonl")),
+            guess_the_number_qwen3(), agent_keys()]
+    for cfg in made:
+        assert from_dict(cfg.to_dict()) == cfg, cfg.name
+    # the tiny recipes keep the AdamW they were tuned with; the GPU recipes torchtitan's, as TorchForge's files
+    assert {c.name: (c.trainer.optimizer.lr, c.trainer.optimizer.weight_decay, c.trainer.optimizer.beta2)
+            for c in made} == {
+        "quickstart": (7e-4, 0.0, 0.999), "multi-turn": (5e-4, 0.0, 0.999), "gsm8k": (1e-6, 0.1, 0.95),
+        "gsm8k-tiny": (1e-3, 0.0, 0.999), "guess-the-number": (1e-6, 0.1, 0.95), "agent": (7e-4, 0.0, 0.999)}
+
+
 def test_the_multi_turn_gpu_recipe_fits_its_episodes():
     """GuessTheNumber's 10 guesses of at most 32 tokens, with the hints and chat framing between them, fit the
     recipe's response budget; the episode settings are ones multi_turn_episode takes."""
