@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from monarch.actor import endpoint
 
-from forge_nb.actors.training import lora, steps, tinker
+from forge_nb.actors.training import lora, sample, steps, tinker
 from forge_nb.actors.training.config import hparams, model_source, trainer_arguments, with_hparams
 from forge_nb.actors.training.loss import clip_and_step, loss_function
 from forge_nb.actors.training.policy_model import (
@@ -68,7 +68,7 @@ from forge_nb.config.trainer_sections import (
     read_section,
 )
 from forge_nb.rl import TrainBatch
-from forge_nb.rl.types import ForwardBackwardResult, SeedBatch, TextTrainBatch
+from forge_nb.rl.types import Completions, ForwardBackwardResult, SeedBatch, TextTrainBatch
 from forge_nb.service.actor import ForgeActor
 
 __all__ = ["RLTrainer", "TitanTrainer"]
@@ -86,6 +86,7 @@ class RLTrainer(ForgeActor):
     torchstore key namespace ``push_weights`` writes under (one per run, so runs side by side never mix)."""
 
     needs_store = True  # push_weights / update_weights go through the kernel's torchstore
+    batched_endpoints = {"generate": "generate_many"}  # concurrent generate.route calls: one forward a token
 
     def __init__(
         self,
@@ -114,6 +115,7 @@ class RLTrainer(ForgeActor):
         self.step = 0
         self.policy: PolicyModel | None = None
         self.resumed: dict[str, Any] | None = None  # the checkpoint loaded last (info()["resumed"])
+        self.sampler: sample.Sampler | None = None  # what generate samples with, made at its first call
 
     @endpoint
     async def setup(self) -> None:
@@ -293,6 +295,17 @@ class RLTrainer(ForgeActor):
             return response_logprobs(logits, input_ids, request_len, self.train_cfg.logits_temperature).cpu()
 
     @endpoint
+    async def generate(self, prompt: str | list[int], **sampling: Any) -> Completions:
+        """``n`` completions of ``prompt`` from the policy as it is now, sampled and returned as a Generator samples and
+        returns them (``training.sample``): a run's rollouts while its generators start."""
+        return sample.generate(self, [prompt], sampling)[0]
+
+    @endpoint
+    async def generate_many(self, prompts: list[Any], **sampling: Any) -> list[Completions]:
+        """``generate`` of each prompt, sampled together (what concurrent ``generate`` calls go out as)."""
+        return sample.generate(self, prompts, sampling)
+
+    @endpoint
     async def state_dict(self) -> dict[str, Any]:
         """Whole float32 weights (HF names), optimizer state and step on rank 0 (other ranks: {})."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
@@ -364,27 +377,7 @@ class RLTrainer(ForgeActor):
     def _load(self, path: str | None) -> int | None:
         from forge_nb.actors.training import checkpoint
 
-        verified = path is None  # latest() checks what it finds against the commit marker: once is enough
-        checked = "on loading"
-        if path is None:
-            if not self.ckpt_cfg.folder:
-                raise ValueError("no checkpoint folder: pass path=, or configure checkpoint={'folder': ...}")
-            trusted = self.ckpt_cfg.verified
-            folder = self.ckpt_cfg.folder
-            found = checkpoint.on_rank0(self.rank, self.world, lambda: checkpoint.latest(folder, trusted))
-            if found is None:
-                return None
-            path = str(found)
-            by_resume = trusted is not None and found.resolve() == Path(trusted).resolve()
-            checked = "by the resume, before the trainer started" if by_resume else "by rank 0, before loading"
-        with self._adapter():
-            state = checkpoint.load(path, self._policy().module, self.optimizer, {"step": 0}, verified=verified)
-        self.step = int(state["step"])
-        for group in self.optimizer.param_groups:  # the loaded param groups carry the old values
-            group["weight_decay"] = self.opt_cfg.weight_decay
-        self.resumed = {"path": path, "step": self.step, "checked": checked}
-        logger.info("resumed from %s at step %d (checked %s)", path, self.step, checked)
-        return self.step
+        return checkpoint.load_into(self, path)
 
     @endpoint
     async def info(self) -> dict[str, Any]:

@@ -108,32 +108,46 @@ class Service:
         weights (``needs_store``) leases the kernel's torchstore too (starting it if it is down: the
         documents' code never starts it itself), both until ``shutdown``. ``setup_after``: the replicas'
         processes and actors start at once, their ``setup`` once it is done (its error fails the start)."""
+        svc = cls.prepare(actor_cls, options, args, kwargs)
+        await svc.begin(setup_after=setup_after)
+        return svc
+
+    @classmethod
+    def prepare(cls, actor_cls: ActorClass, options: Options, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Service:
+        """:meth:`start` in two halves: the service, its hosts and GPUs checked, its replicas not started (all
+        "starting"); ``await svc.begin()`` starts them. A caller may hold the service, and set its catch-up hook
+        and subscribers, before any replica serves (a run whose trainer stands in for its generators meanwhile)."""
         cluster.check(options.hosts, actor_cls.__name__)
         if options.with_gpus:
             spawning.check_gpus(options.procs * options.num_replicas,
                                f"{actor_cls.__name__} ({options.num_replicas} replica(s) x {options.procs} procs)")
-        svc = cls(actor_cls, options, args, kwargs)
+        return cls(actor_cls, options, args, kwargs)
+
+    async def begin(self, *, setup_after: asyncio.Future[Any] | None = None) -> None:
+        """Start the replicas of a service from :meth:`prepare` (see :meth:`start`); a failure stops them all."""
+        actor_cls = self.actor_cls
         try:
-            await lifecycle.lease(svc.holder)
+            await lifecycle.lease(self.holder)
         except BaseException:
-            await svc._release()
+            await self._release()
             raise
         if actor_cls.needs_store:
             # the store starts (if it is down) while the replicas' processes do; their setup waits for it
             from forge_nb import weights
 
-            leasing = asyncio.ensure_future(weights.lease_store(svc.holder))
+            leasing = asyncio.ensure_future(weights.lease_store(self.holder))
             setup_after = asyncio.gather(*(x for x in (setup_after, leasing) if x is not None))
             setup_after.add_done_callback(lambda f: f.cancelled() or f.exception())  # the replicas report it
-        for replica in svc.replicas:
+        for replica in self.replicas:
             replica.setup_after = setup_after
-        results = await asyncio.gather(*(r.start() for r in svc.replicas), return_exceptions=True)
-        errors = [(r, e) for r, e in zip(svc.replicas, results, strict=True) if isinstance(e, BaseException)]
+        results = await asyncio.gather(*(r.start() for r in self.replicas), return_exceptions=True)
+        errors = [(r, e) for r, e in zip(self.replicas, results, strict=True) if isinstance(e, BaseException)]
         if errors:
             if actor_cls.needs_store:
                 with contextlib.suppress(BaseException):  # held before shutdown releases it, or never
                     await leasing
-            await svc.shutdown()
+            await self.shutdown()
             replica, error = errors[0]
             if isinstance(error, ActorStartFailed | ResourceError):
                 # the first names the user's exception and carries its traceback text; the second says
@@ -141,7 +155,6 @@ class Service:
                 raise error
             raise ActorStartFailed(f"{replica.name} failed to start: {type(error).__name__}: {error}",
                                    replica=replica.name, exception=error) from error
-        return svc
 
     # -- the user's surface -----------------------------------------------------------------------
 

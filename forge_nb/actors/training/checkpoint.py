@@ -35,7 +35,7 @@ from forge_nb.rundir.commit import commit_folder, verify_folder
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check", "keep_fresh", "latest", "load", "newest_intact", "save", "step_dir"]
+__all__ = ["check", "keep_fresh", "latest", "load", "load_into", "newest_intact", "save", "step_dir"]
 
 _COMPLETE = re.compile(r"^step_(\d+)$")
 #: What a checkpoint holds of the model: the parameters that train. All of them, or a LoRA trainer's adapters
@@ -207,3 +207,29 @@ def on_rank0(rank: int, world: int, pick: Callable[[], Any]) -> Any:
     if kind == "error":
         raise RuntimeError(f"rank 0 could not pick the checkpoint to resume: {value}")
     return value
+
+
+def load_into(trainer: Any, path: str | None) -> int | None:
+    """``RLTrainer.load_checkpoint``: ``path``, or the latest complete checkpoint in the trainer's ``checkpoint.folder``
+    (None when it holds none), into its model and optimizer; its step, weight decay and ``resumed`` follow."""
+    verified = path is None  # latest() checks what it finds against the commit marker: once is enough
+    checked = "on loading"
+    cfg = trainer.ckpt_cfg
+    if path is None:
+        if not cfg.folder:
+            raise ValueError("no checkpoint folder: pass path=, or configure checkpoint={'folder': ...}")
+        trusted, folder = cfg.verified, cfg.folder
+        found = on_rank0(trainer.rank, trainer.world, lambda: latest(folder, trusted))
+        if found is None:
+            return None
+        path = str(found)
+        by_resume = trusted is not None and found.resolve() == Path(trusted).resolve()
+        checked = "by the resume, before the trainer started" if by_resume else "by rank 0, before loading"
+    with trainer._adapter():
+        state = load(path, trainer._policy().module, trainer.optimizer, {"step": 0}, verified=verified)
+    trainer.step = int(state["step"])
+    for group in trainer.optimizer.param_groups:  # the loaded param groups carry the old values
+        group["weight_decay"] = trainer.opt_cfg.weight_decay
+    trainer.resumed = {"path": path, "step": trainer.step, "checked": checked}
+    logger.info("resumed from %s at step %d (checked %s)", path, trainer.step, checked)
+    return trainer.step
