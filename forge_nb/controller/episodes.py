@@ -74,7 +74,8 @@ async def add_ref_logprobs(run: RolloutContext, group: list[Episode]) -> None:
 
 
 def episode_metrics(episodes: list[Episode], version: int) -> dict[str, float]:
-    """Reward (total and per function), response length and policy age of a training batch."""
+    """Reward (total and per function), response length and policy age of a training batch, and the share of it the
+    trainer sampled while the generators started (``rollout/from_trainer``, only when there is one)."""
     rewards = [e.reward for e in episodes if e.reward is not None]
     out = summarize(rewards, "reward")
     for name in sorted({name for e in episodes for name in e.rewards}):
@@ -84,6 +85,9 @@ def episode_metrics(episodes: list[Episode], version: int) -> dict[str, float]:
     out.update({k: v for k, v in summarize(lengths, "response_len").items() if k.endswith(("mean", "max"))})
     ages = [version - (e.policy_version or 0) for e in episodes]
     out.update({k: v for k, v in summarize(ages, "policy_age").items() if k.endswith(("mean", "max"))})
+    served = [e for e in episodes if e.completion is not None and e.completion.metadata.get("served_by") == "trainer"]
+    if served:  # sampled by the trainer while the generators started (controller.lifecycle.stand_in)
+        out["rollout/from_trainer"] = len(served) / len(episodes)
     return out | turn_metrics(episodes)
 
 
@@ -112,14 +116,15 @@ def episode_row(episode: Episode) -> dict[str, Any]:
     """What ``run.episodes()`` and the explorer show of an accepted episode; a multi-turn one also has
     ``turns``: each turn's action, observation (the environment's or a tool's), reward and info; an agent's
     (``agent_episode``) has ``trajectory`` (one id for the segments of one run of the agent) and ``segment``
-    (0, 1, ... in the order the agent's conversation made them)."""
+    (0, 1, ... in the order the agent's conversation made them); one the trainer sampled while the generators
+    started has ``served_by``: "trainer"."""
     completion = episode.completion
     row = {"episode_id": episode.episode_id, "prompt": completion.prompt if completion else None,
            "response": completion.text if completion else None, "target": episode.target,
            "reward": episode.reward, "advantage": episode.advantage,
            "version": completion.generator_version if completion else None, "quarantine": episode.quarantine}
     metadata = (completion.metadata if completion is not None else None) or {}
-    for key in ("turns", "trajectory", "segment"):  # an agent's trajectory, and which segment of it this is
+    for key in ("turns", "trajectory", "segment", "served_by"):  # an agent's trajectory, which segment; its sampler
         if key in metadata:
             row[key] = metadata[key]
     return row

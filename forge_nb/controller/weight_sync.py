@@ -275,19 +275,21 @@ class WeightSync:
                 self._unstored.discard(version)
 
     async def catch_up(self, replica: Any) -> None:
-        """A (re)spawned generator loads the current weights before it takes traffic.
+        """A (re)spawned generator loads the current weights before it takes traffic: the newest version pushed,
+        again if a push landed while it loaded (a load reaches healthy replicas only, and it is not one yet).
 
-        It may come back a few versions behind: the next step's publish brings it current, and the
-        buffer's ``max_policy_age`` governs what it generates until then."""
-        version = self.pushed
-        if version > 0:
+        A version held since (``loop.sync_interval``) stays for the next publish, and the buffer's
+        ``max_policy_age`` governs what it generates until then."""
+        loaded = 0
+        while (version := self.pushed) != loaded:
             self._pinned[version] += 1
             try:
                 await replica.actor.update_weights.call_one(version, **self._handed(self._pushed.get(version)))
             finally:
                 self._pinned[version] -= 1
+            loaded = version
         if not self.lane:
-            replica.version = version
+            replica.version = loaded
 
 
 def _rank0(pushed: Any) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from forge_nb.controller.lifecycle.on_base import (
     join_base,
     share_services,
 )
+from forge_nb.controller.lifecycle.stand_in import StandInPolicy, stands_in
 from forge_nb.controller.weight_sync import WeightSync
 from forge_nb.metrics import MetricsStore
 from forge_nb.models import TINY_PAD_ID, TRANSFORMERS_LOCK, TinyModelConfig, build_tiny_model, resolve_model
@@ -195,6 +196,7 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
     from forge_nb.actors.generator import Generator
     from forge_nb.actors.reference_model import ReferenceModel
     from forge_nb.actors.trainer import RLTrainer
+    from forge_nb.service import Service
 
     Generator = actors.get("policy", Generator)  # noqa: N806 (a class, as in the seeds)
     RLTrainer = actors.get("trainer", RLTrainer)  # noqa: N806
@@ -204,13 +206,19 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
     sampling = generator_sampling(cfg)
     engine_args = cfg.engine_args()
     policy_mesh = f"{cfg.name}-policy"  # its replicas' meshes are <policy_mesh>-r<index>
+    generators = Generator.options(num_replicas=cfg.generator.num_replicas, procs=cfg.generator.procs,
+                                   with_gpus=cfg.generator.with_gpus, hosts=cfg.generator.hosts, mesh_name=policy_mesh,
+                                   log_dir=logs)
+    generator_kwargs = {"model": model, "engine_args": engine_args, "sampling_params": sampling,
+                        "weights_namespace": sync.namespace,
+                        **({"lora": dataclasses.asdict(cfg.trainer.lora)} if cfg.trainer.lora else {})}
+    stand_in = None
+    if cfg.trainer.lora is None and stands_in(RLTrainer, cfg.trainer.procs, Generator):  # until they serve
+        stand_in = StandInPolicy(Service.prepare(generators, generators._options, (), generator_kwargs), sampling)
+        stand_in.service.set_catch_up(sync.catch_up)  # each loads the run's newest version before it serves
+        assembly.add("services", "policy", stand_in.shutdown)
+        stand_in.begin(setup_after=written)
     starts: dict[str, Any] = {
-        "policy": _start(Generator.options(num_replicas=cfg.generator.num_replicas, procs=cfg.generator.procs,
-                                           with_gpus=cfg.generator.with_gpus, hosts=cfg.generator.hosts,
-                                           mesh_name=policy_mesh, log_dir=logs),
-                         written, {"model": model, "engine_args": engine_args, "sampling_params": sampling,
-                                   "weights_namespace": sync.namespace,
-                                   **({"lora": dataclasses.asdict(cfg.trainer.lora)} if cfg.trainer.lora else {})}),
         "trainer": _start(RLTrainer.options(procs=cfg.trainer.procs, with_gpus=cfg.trainer.with_gpus,
                                             hosts=cfg.trainer.hosts, mesh_name=f"{cfg.name}-trainer", log_dir=logs),
                           written, {"model": model, "pad_id": pad_id, **trainer_actor_kwargs(
@@ -218,6 +226,8 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
                               verified_checkpoint=directory.verified_trainer_checkpoint)},
                           actor=True),
     }
+    if stand_in is None:
+        starts = {"policy": _start(generators, written, generator_kwargs), **starts}
     if cfg.use_reference:
         ref = cfg.reference
         with_gpus = cfg.trainer.with_gpus if ref.with_gpus is None else ref.with_gpus
@@ -227,13 +237,19 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
             hosts=cfg.trainer.hosts if ref.hosts is None else ref.hosts,
             log_dir=logs,
         ), written, {"model": model, **ref.extra, "training": ref_training})
-    generators = cfg.generator.num_replicas * cfg.generator.procs
-    others = cfg.trainer.procs + (cfg.reference.num_replicas * cfg.reference.procs if cfg.use_reference else 0)
-    # on two cores the generators' import of vLLM and engine build is what the first step waits for
-    async with start_cores.generators_first(f"{policy_mesh}-r", processes=generators + others,
-                                            generator_processes=generators) as generators_up:
-        starts["policy"] = _then(starts["policy"], generators_up)
+    busy = (cfg.generator.num_replicas * cfg.generator.procs + cfg.trainer.procs
+            + (cfg.reference.num_replicas * cfg.reference.procs if cfg.use_reference else 0))
+    # On two cores the start's longest chain is what the first step waits for, and gets a core of its own: the
+    # generators' import of vLLM and engine build, or the trainer's start when it stands in for them.
+    longest = "policy" if stand_in is None else "trainer"
+    first = f"{policy_mesh}-r" if stand_in is None else f"{cfg.name}-trainer-r"
+    kept = cfg.generator.num_replicas * cfg.generator.procs if stand_in is None else cfg.trainer.procs
+    async with start_cores.generators_first(first, processes=busy, generator_processes=kept) as first_up:
+        starts[longest] = _then(starts[longest], first_up)
         services = await _start_all(starts, progress)
+    if stand_in is not None:
+        stand_in.trainer = services["trainer"]
+        services = {"policy": stand_in, **services}
     base = None
     if cfg.trainer.lora is not None:  # its generators and trainer process can take other runs' adapters
         base, services = share_services(cfg, services, model=model, pad_id=pad_id)
@@ -247,9 +263,9 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
 
 def _add_services(assembly: RunAssembly, services: dict[str, Any]) -> None:
     """The services close generators first, then the reference model, then the trainer (a LoRA run's shares
-    leave the base's processes instead)."""
+    leave the base's processes instead). Generators with a stand-in were added as they began to start."""
     for name in ("policy", "ref_model", "trainer"):
-        if name in services:
+        if name in services and not isinstance(services[name], StandInPolicy):
             assembly.add("services", name, services[name].shutdown)
 
 
@@ -309,6 +325,11 @@ def _wire(cfg: RunConfig, directory: RunDir, services: dict[str, Any], *, task: 
     assembly.add("records", "leftovers", lambda: _remove_leftovers(cfg.name))
     if not sync.lane:  # a run on another's base set its own (on_base: its lane first, then its version)
         policy.set_catch_up(sync.catch_up)
+    if isinstance(policy, StandInPolicy):
+        policy.when_serving(lambda p: metrics.event(
+            "generators_up", version=min((r.version or 0 for r in p.replicas if r.healthy), default=0),
+            trainer_groups=p.trainer_groups, message=f"the generators serve; the trainer sampled the "
+                                                     f"{p.trainer_groups} groups before"))
     for name, service in services.items():
         service.subscribe(lambda e, name=name: metrics.event(
             "replica", service=name, replica=e.replica, old=e.old, new=e.new, reason=e.reason))

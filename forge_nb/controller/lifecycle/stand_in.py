@@ -1,0 +1,153 @@
+"""A run's policy while its generators start: the trainer answers the rollouts until they serve.
+
+::
+
+    spawn ──> trainer up ──> the Run is returned; its loops may start
+                  run.policy.generate.route(prompt) ──> trainer.generate: the policy as it is (training.sample)
+    generators: vLLM imported, engine built ──> catch up to the run's pushed version ──> healthy
+                  run.policy.generate.route(prompt) ──> the generators' service, as in any run
+
+On a small machine the generators' start (vLLM's import and the engine's build) is the longest chain from a
+run's launch to its first step: the quickstart's trainer is up seconds sooner and would wait for them. With a
+stand-in it samples the first groups itself (concurrent calls go out together: ``RLTrainer.batched_endpoints``),
+trains on them, and pushes its versions as any run does. Nothing downstream can tell the two sources apart: the
+trainer returns the Completions a Generator returns, each with the version (trainer step) that sampled it, so the
+buffer's ``max_policy_age`` applies to them as to any; their ``metadata["served_by"]`` is ``"trainer"`` and a
+step's row counts them (``rollout/from_trainer``).
+
+The generators load the run's newest pushed version before they take a request: the service's catch-up hook
+(``WeightSync.catch_up``) runs in each replica's first start, and loads again if a push landed meanwhile. Until
+a replica is healthy a weight load has nothing to reach (``update_weights.fanout`` is a no-op). Once one is, every
+call goes to the service, and a "generators_up" event says with which version and after how many groups from
+the trainer. A call the trainer cannot honour (a sampling parameter outside ``training.sample.SAMPLED_HERE``, an
+endpoint other than ``generate``) waits for the generators, as any call to a starting service does. A start that
+fails is raised by every later ``generate`` (the run stops with it); ``await run.policy.started()`` waits for the
+start and raises its error.
+
+Everything else (``replicas``, ``status()``, ``subscribe``, ``session()``, the other endpoints) is the generators'
+service's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from forge_nb.actors.training.sample import not_sampled_here
+from forge_nb.service import Service
+from forge_nb.service.service import batched_endpoints
+
+__all__ = ["StandInPolicy", "stands_in"]
+
+
+def stands_in(trainer_cls: type, procs: int, generator_cls: type) -> bool:
+    """Whether a run's trainer can sample its rollouts while its generators start: forge_nb's vLLM generators
+    (or a subclass's: another class's completions may be of another kind), and a trainer of one proc whose class
+    batches ``generate`` (forge_nb's ``RLTrainer``)."""
+    from forge_nb.actors.generator import Generator
+
+    return procs == 1 and issubclass(generator_cls, Generator) and "generate" in batched_endpoints(trainer_cls)
+
+
+class StandInPolicy:
+    """``run.policy``: the generators' service (prepared, not yet started), with the run's ``trainer`` answering
+    ``generate.route`` until it serves (see the module docstring). ``sampling``: what the generators were spawned
+    with, under every call's own overrides."""
+
+    def __init__(self, service: Service, sampling: dict[str, Any]):
+        self.service = service
+        self.trainer: Any = None  #: the run's trainer (an ActorHandle), once it is up
+        self.trainer_groups = 0  #: groups the trainer sampled
+        self.error: BaseException | None = None  #: why the generators failed to start
+        self._sampling = dict(sampling)
+        self._starting: asyncio.Task[None] | None = None
+        self._when_serving: list[Callable[[StandInPolicy], None]] = []
+        self.generate = _Generate(self)
+        self.update_weights = _UpdateWeights(self)
+
+    def begin(self, setup_after: asyncio.Future[Any] | None = None) -> None:
+        """Start the generators' replicas in the background (``Service.begin``)."""
+        self._starting = asyncio.get_running_loop().create_task(
+            self._start(setup_after), name=f"forge_nb.{self.service.name}.start")
+
+    async def _start(self, setup_after: asyncio.Future[Any] | None) -> None:
+        try:
+            await self.service.begin(setup_after=setup_after)
+        except BaseException as error:  # begin stopped what it had started
+            self.error = error
+            raise
+        for callback in self._when_serving:
+            callback(self)
+
+    def when_serving(self, callback: Callable[[StandInPolicy], None]) -> None:
+        """``callback(self)`` once the generators serve (not when their start fails)."""
+        self._when_serving.append(callback)
+
+    @property
+    def serving(self) -> bool:
+        """Whether a generator serves (from then on every call goes to the service)."""
+        return any(r.healthy for r in self.service.replicas)
+
+    async def started(self) -> None:
+        """Return once the generators serve; raise their start's error if it failed."""
+        if self._starting is not None:
+            await asyncio.shield(self._starting)
+
+    async def shutdown(self) -> None:
+        """Stop the generators: a start in flight finishes first (its replicas' processes are then stopped too)."""
+        if self._starting is not None:
+            await asyncio.wait({self._starting})
+            with contextlib.suppress(BaseException):
+                self._starting.result()  # read, so asyncio does not report it unread
+        if self.error is None:  # a failed start stopped itself
+            await self.service.shutdown()
+
+    def failed(self) -> RuntimeError:
+        """What a call raises once the generators failed to start (the words of a spawn that failed)."""
+        return RuntimeError(f"service 'policy' failed to start: {type(self.error).__name__}: {self.error}")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or "service" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["service"], name)
+
+    def __repr__(self) -> str:
+        return f"<{self.service!r}, the trainer standing in until it serves>"
+
+
+class _Generate:
+    """``run.policy.generate``: the trainer's ``generate`` until the generators serve, then theirs."""
+
+    def __init__(self, front: StandInPolicy):
+        self._front = front
+
+    async def route(self, prompt: Any, **overrides: Any) -> Any:
+        front = self._front
+        if front.error is not None:
+            raise front.failed() from front.error
+        values = front._sampling | overrides
+        if front.serving or not_sampled_here(values):
+            return await front.service.generate.route(prompt, **overrides)
+        front.trainer_groups += 1
+        return await front.trainer.coalescers["generate"].route(prompt, values)
+
+    def __getattr__(self, adverb: str) -> Any:  # fanout and the rest: the generators' own
+        return getattr(self._front.service.generate, adverb)
+
+
+class _UpdateWeights:
+    """``run.policy.update_weights``: nothing to load until a generator is up (each loads the run's version as it
+    comes up: its catch-up), then the generators' own."""
+
+    def __init__(self, front: StandInPolicy):
+        self._front = front
+
+    async def fanout(self, *args: Any, **kwargs: Any) -> list[Any]:
+        if not self._front.serving:
+            return []
+        return await self._front.service.update_weights.fanout(*args, **kwargs)
+
+    def __getattr__(self, adverb: str) -> Any:
+        return getattr(self._front.service.update_weights, adverb)
