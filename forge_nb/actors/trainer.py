@@ -377,7 +377,10 @@ class RLTrainer(ForgeActor):
     def _load(self, path: str | None) -> int | None:
         from forge_nb.actors.training import checkpoint
 
-        return checkpoint.load_into(self, path)
+        if (resumed := checkpoint.load_into(self, path)) is None:
+            return None
+        self.step, self.resumed = resumed["step"], resumed
+        return self.step
 
     @endpoint
     async def info(self) -> dict[str, Any]:

@@ -209,9 +209,10 @@ def on_rank0(rank: int, world: int, pick: Callable[[], Any]) -> Any:
     return value
 
 
-def load_into(trainer: Any, path: str | None) -> int | None:
-    """``RLTrainer.load_checkpoint``: ``path``, or the latest complete checkpoint in the trainer's ``checkpoint.folder``
-    (None when it holds none), into its model and optimizer; its step, weight decay and ``resumed`` follow."""
+def load_into(trainer: Any, path: str | None) -> dict[str, Any] | None:
+    """``RLTrainer.load_checkpoint``: ``path``, or the latest complete checkpoint in the trainer's ``checkpoint.folder``,
+    into its model and optimizer (its weight decay as configured); what was loaded (``info()["resumed"]``: path,
+    step, and when its files were checked), or None when the folder holds no complete checkpoint."""
     verified = path is None  # latest() checks what it finds against the commit marker: once is enough
     checked = "on loading"
     cfg = trainer.ckpt_cfg
@@ -227,9 +228,7 @@ def load_into(trainer: Any, path: str | None) -> int | None:
         checked = "by the resume, before the trainer started" if by_resume else "by rank 0, before loading"
     with trainer._adapter():
         state = load(path, trainer._policy().module, trainer.optimizer, {"step": 0}, verified=verified)
-    trainer.step = int(state["step"])
     for group in trainer.optimizer.param_groups:  # the loaded param groups carry the old values
         group["weight_decay"] = trainer.opt_cfg.weight_decay
-    trainer.resumed = {"path": path, "step": trainer.step, "checked": checked}
-    logger.info("resumed from %s at step %d (checked %s)", path, trainer.step, checked)
-    return trainer.step
+    logger.info("resumed from %s at step %d (checked %s)", path, int(state["step"]), checked)
+    return {"path": path, "step": int(state["step"]), "checked": checked}
