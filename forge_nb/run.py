@@ -72,7 +72,8 @@ async def shutdown_all(wait_s: float = 15.0) -> ShutdownReport:
 async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[str, Any] | None = None,
                 episode_fn: EpisodeFn | None = None, progress: bool = True,
                 actors: dict[str, type] | None = None, base: Run | str | None = None) -> Run:
-    """Spawn every service of ``config`` (a RunConfig, a YAML path or YAML text) and return the Run.
+    """Spawn every service of ``config`` (a RunConfig, a YAML path or YAML text) and return the Run, or, where the
+    trainer can sample the rollouts until the generators serve, once it is up (``controller.lifecycle.stand_in``).
 
     ``actors`` replaces the class of a service ("policy", "trainer", "ref_model") by another
     ForgeActor with the same endpoints and constructor keywords, e.g. your own generator.

@@ -54,7 +54,8 @@ class SpawnMagics(Magics):
         The run is bound to ``run`` (or ``-o VAR``; a variable holding another live run is refused
         before anything spawns) and its services to ``policy``, ``trainer`` and ``ref_model`` where
         those names are free or hold a shut-down run's services; otherwise they stay ``VAR.policy``
-        etc. The cell waits until every service is up (a progress bar shows which).
+        etc. The cell waits until every service is up (a progress bar shows which), or until the trainer is, where
+        the trainer samples the rollouts while the generators finish starting (``forge_nb.spawn``).
 
         ``--lora 8 --on NAME``: a LoRA run on the base of the live LoRA run NAME (``forge_nb.spawn(cfg, base=)``).
         """

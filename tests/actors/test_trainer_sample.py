@@ -87,6 +87,8 @@ async def test_sampling_parameters_are_honoured_and_others_refused_by_name(env: 
     assert all(len(c.token_ids) == 3 and c.stop_reason == "length" for c in long)
     with pytest.raises(ActorError, match=r"not \['presence_penalty'\]"):
         await env.trainer.generate.call("a", presence_penalty=0.5)
+    with pytest.raises(ActorError, match=r"top_p must be in \(0, 1\], got 1.5"):  # refused as vLLM refuses it
+        await env.trainer.generate.call("a", top_p=1.5)
 
 
 @on_module_loop

@@ -11,6 +11,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+import torch
 
 import forge_nb
 from forge_nb.actors.generator import Generator
@@ -56,13 +57,26 @@ async def test_the_first_steps_are_the_trainers_and_later_ones_vllms_at_the_runs
         assert {e["version"] for e in sampled} <= {0, 1, 2, 3}  # the trainer's step when it sampled each
         assert run.version == 3
 
-        (Path(run.model).parent / GATE).write_text("open")
-        await run.policy.started()
+        async with run.policy.session():  # begun before the generators serve: its calls stay on the trainer
+            (Path(run.model).parent / GATE).write_text("open")
+            await run.policy.started()
+            (turn,) = await run.policy.generate.route("c", n=1)
+            assert run.policy.serving and turn.metadata["served_by"] == "trainer"
         (up,) = [e for e in run.metrics.events if e["kind"] == "generators_up"]
         assert up["version"] == run.version  # loaded before the first request reached them
         assert up["trainer_groups"] >= 3 * cfg.batch_size // cfg.group_size
         assert await run.policy.get_version.fanout() == [run.version]
         assert run.policy.serving and [r.version for r in run.policy.replicas] == [run.version]
+        # at one version the two samplers read alike: the prompt's ids, and the logprobs of what vLLM sampled
+        for prompt in {run.task.sample()["request"] for _ in range(4)}:
+            (theirs,) = await run.policy.generate.route(prompt, n=1)
+            (mine,) = await run.trainer.generate.call_one(prompt, n=1, max_tokens=cfg.max_res_tokens)
+            assert mine.prompt_ids.tolist() == theirs.prompt_ids.tolist()
+            assert mine.generator_version == theirs.generator_version == run.version
+            assert "served_by" not in theirs.metadata and mine.metadata["served_by"] == "trainer"
+            ids = torch.cat([theirs.prompt_ids, theirs.token_ids])[None]
+            logprobs = await run.trainer.forward.call_one(ids, len(theirs.prompt_ids))
+            torch.testing.assert_close(logprobs[0], theirs.logprobs, atol=1e-4, rtol=1e-4)
 
         seen = len(run.episodes(10_000))
         await run.step(12)

@@ -210,9 +210,9 @@ def on_rank0(rank: int, world: int, pick: Callable[[], Any]) -> Any:
 
 
 def load_into(trainer: Any, path: str | None) -> dict[str, Any] | None:
-    """``RLTrainer.load_checkpoint``: ``path``, or the latest complete checkpoint in the trainer's ``checkpoint.folder``,
-    into its model and optimizer (its weight decay as configured); what was loaded (``info()["resumed"]``: path,
-    step, and when its files were checked), or None when the folder holds no complete checkpoint."""
+    """``RLTrainer.load_checkpoint``: ``path``, or the latest complete checkpoint in the trainer's
+    ``checkpoint.folder``, into its model and optimizer (its weight decay as configured); what was loaded
+    (``info()["resumed"]``: path, step, and when its files were checked), or None when the folder holds none."""
     verified = path is None  # latest() checks what it finds against the commit marker: once is enough
     checked = "on loading"
     cfg = trainer.ckpt_cfg

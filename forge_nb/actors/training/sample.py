@@ -81,6 +81,7 @@ def generate(trainer: Any, prompts: list[Any], values: dict[str, Any]) -> list[C
     ``generator_version`` is the trainer's step (the version its next push will carry)."""
     if bad := not_sampled_here(values):
         raise ValueError(f"the trainer samples with {sorted(SAMPLED_HERE)}, not {bad}: the generators serve such calls")
+    _check(values)
     policy = trainer._policy()
     if policy.sharded:
         raise ValueError("generate: the policy is sharded over the trainer's procs; the generators sample it")
@@ -103,6 +104,15 @@ def generate(trainer: Any, prompts: list[Any], values: dict[str, Any]) -> list[C
                 metadata={"served_by": "trainer", "stop": None}))
         out.append(group)
     return out
+
+
+def _check(values: dict[str, Any]) -> None:
+    """The values vLLM's ``SamplingParams`` refuses, refused here too (a hot change is tried on the policy first)."""
+    for name, low in {"n": 1, "temperature": 0, "top_k": -1, "max_tokens": 1}.items():
+        if values.get(name) is not None and values[name] < low:
+            raise ValueError(f"{name} must be at least {low}, got {values[name]}.")
+    if values.get("top_p") is not None and not 0 < values["top_p"] <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {values['top_p']}.")
 
 
 def _prompt_ids(sampler: Sampler, prompt: Any) -> list[int]:

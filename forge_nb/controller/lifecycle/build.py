@@ -7,6 +7,11 @@ over what :func:`build_run` returns, a :class:`RunParts`: every object of a run 
 Services start concurrently: the generator service, the trainer actor and, when asked for, the
 reference service. A progress bar shows which are up. If any fails to start, the ones that did are
 shut down and the error names the service and says what went wrong: nothing spawned is leaked.
+
+Where the trainer can sample the rollouts (one proc; forge_nb's Generator and RLTrainer; no LoRA section), the run
+is built once the trainer (and the reference) are up: its generators go on starting in the background while the
+trainer answers ``run.policy.generate`` (``controller.lifecycle.stand_in``). Their start's error, if any, is raised
+by the run's next rollout (the run stops with it) and by ``await run.policy.started()``.
 """
 
 from __future__ import annotations
@@ -326,15 +331,25 @@ def _wire(cfg: RunConfig, directory: RunDir, services: dict[str, Any], *, task: 
     if not sync.lane:  # a run on another's base set its own (on_base: its lane first, then its version)
         policy.set_catch_up(sync.catch_up)
     if isinstance(policy, StandInPolicy):
-        policy.when_serving(lambda p: metrics.event(
-            "generators_up", version=min((r.version or 0 for r in p.replicas if r.healthy), default=0),
-            trainer_groups=p.trainer_groups, message=f"the generators serve; the trainer sampled the "
-                                                     f"{p.trainer_groups} groups before"))
+        policy.when_started(lambda p: _generators_started(p, metrics))
     for name, service in services.items():
         service.subscribe(lambda e, name=name: metrics.event(
             "replica", service=name, replica=e.replica, old=e.old, new=e.new, reason=e.reason))
     return RunParts(controller=controller, policy=policy, trainer=trainer, ref_model=ref_model,
                     task=task, pad_id=pad_id, model=model, assembly=assembly)
+
+
+def _generators_started(policy: StandInPolicy, metrics: MetricsStore) -> None:
+    """The event that says the generators serve (with the version they loaded) or failed to start, and how many
+    groups the trainer sampled before."""
+    groups = policy.trainer_groups
+    if policy.error is not None:
+        metrics.event("generators_failed", trainer_groups=groups, error=str(policy.failed())[:300],
+                      message=f"{policy.failed()}; the run's next rollout raises it")
+        return
+    version = min((r.version or 0 for r in policy.replicas if r.healthy), default=0)
+    metrics.event("generators_up", version=version, trainer_groups=groups,
+                  message=f"the generators serve version {version}; the trainer sampled the {groups} groups before")
 
 
 def _remove_leftovers(run: str) -> None:

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import contextvars
+import logging
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from forge_nb.actors.training.sample import not_sampled_here
@@ -40,6 +42,13 @@ from forge_nb.service import Service
 from forge_nb.service.service import batched_endpoints
 
 __all__ = ["StandInPolicy", "stands_in"]
+
+logger = logging.getLogger(__name__)
+
+#: The policies (their ids) whose ``session()`` the current task is in, begun before their generators served: its
+#: calls stay on their trainer.
+_ON_TRAINER: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("forge_nb_on_trainer",
+                                                                             default=frozenset())
 
 
 def stands_in(trainer_cls: type, procs: int, generator_cls: type) -> bool:
@@ -63,7 +72,7 @@ class StandInPolicy:
         self.error: BaseException | None = None  #: why the generators failed to start
         self._sampling = dict(sampling)
         self._starting: asyncio.Task[None] | None = None
-        self._when_serving: list[Callable[[StandInPolicy], None]] = []
+        self._when_started: list[Callable[[StandInPolicy], None]] = []
         self.generate = _Generate(self)
         self.update_weights = _UpdateWeights(self)
 
@@ -71,19 +80,22 @@ class StandInPolicy:
         """Start the generators' replicas in the background (``Service.begin``)."""
         self._starting = asyncio.get_running_loop().create_task(
             self._start(setup_after), name=f"forge_nb.{self.service.name}.start")
+        self._starting.add_done_callback(lambda t: t.cancelled() or t.exception())  # kept in ``error``
 
     async def _start(self, setup_after: asyncio.Future[Any] | None) -> None:
         try:
             await self.service.begin(setup_after=setup_after)
         except BaseException as error:  # begin stopped what it had started
             self.error = error
+            logger.error("the generators failed to start: %s: %s", type(error).__name__, error)
             raise
-        for callback in self._when_serving:
-            callback(self)
+        finally:
+            for callback in self._when_started:
+                callback(self)
 
-    def when_serving(self, callback: Callable[[StandInPolicy], None]) -> None:
-        """``callback(self)`` once the generators serve (not when their start fails)."""
-        self._when_serving.append(callback)
+    def when_started(self, callback: Callable[[StandInPolicy], None]) -> None:
+        """``callback(self)`` once the generators serve, or failed to start (``error`` says why)."""
+        self._when_started.append(callback)
 
     @property
     def serving(self) -> bool:
@@ -103,6 +115,20 @@ class StandInPolicy:
                 self._starting.result()  # read, so asyncio does not report it unread
         if self.error is None:  # a failed start stopped itself
             await self.service.shutdown()
+
+    @contextlib.asynccontextmanager
+    async def session(self, affinity: Any = None) -> AsyncIterator[None]:
+        """The service's ``session()``; one that begins before the generators serve stays on the trainer (the turns
+        of one episode from one sampler and version)."""
+        if self.serving:
+            async with self.service.session(affinity):
+                yield
+            return
+        token = _ON_TRAINER.set(_ON_TRAINER.get() | {id(self)})
+        try:
+            yield
+        finally:
+            _ON_TRAINER.reset(token)
 
     def failed(self) -> RuntimeError:
         """What a call raises once the generators failed to start (the words of a spawn that failed)."""
@@ -128,7 +154,7 @@ class _Generate:
         if front.error is not None:
             raise front.failed() from front.error
         values = front._sampling | overrides
-        if front.serving or not_sampled_here(values):
+        if not_sampled_here(values) or (front.serving and id(front) not in _ON_TRAINER.get()):
             return await front.service.generate.route(prompt, **overrides)
         front.trainer_groups += 1
         return await front.trainer.coalescers["generate"].route(prompt, values)
