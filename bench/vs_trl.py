@@ -16,8 +16,9 @@ completions of at most 4 tokens a step at temperature 1.0 and no KL term:
   seed's line says when its imports were done, its model built and its first step taken.
 - **forge_nb**: `forge_nb.quickstart()` as shipped (a vLLM CPU generator service, its engine inside the
   generator actor's process, the trainer actor, weights through torchstore; groups of 4, lr 7e-4, async,
-  the generator loading each version while the next step trains), started in the background as
-  ``%forge_run`` does and stopped after ``--forge-steps`` steps.
+  the generator loading each version while the next step trains; the trainer sampling the rollouts until the
+  generator serves: its line says when it began to), started in the background as ``%forge_run`` does and stopped
+  after ``--forge-steps`` steps.
 
 Both sides' settings are printed first. Each run is its own process, started by this script (the clock
 starts at its launch, so imports, model loading and spawning count), one seed after another with the order
@@ -241,6 +242,7 @@ def forge_side(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             await run.stop()
         rows = [r for r in run.metrics.rows if "reward/mean" in r]
+        up = next((e["time"] for e in run.metrics.events if e["kind"] == "generators_up"), math.nan)
         steady = rows[args.skip:]
         breakdown = {k: statistics.median(r[k] for r in steady if k in r) for k in BREAKDOWN
                      if any(k in r for r in steady)}
@@ -255,7 +257,8 @@ def forge_side(args: argparse.Namespace) -> dict[str, Any]:
         await forge_nb.shutdown_all()
         return {"times": [r["time"] for r in rows], "rewards": [r["reward/mean"] for r in rows],
                 "spawn_called": spawn_called, "spawned": spawned, "breakdown": breakdown, "started": started,
-                "imported": imported, "built": spawned, "python": sys.executable, "second_spawn_s": second_s}
+                "imported": imported, "built": spawned, "python": sys.executable, "second_spawn_s": second_s,
+                "generators_up": up, "steps_from_trainer": sum(1 for r in rows if r.get("rollout/from_trainer"))}
 
     return asyncio.run(train())
 
@@ -375,8 +378,10 @@ def compare(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, list[dic
                           f"{record['threads']}, vLLM imported: {record['vllm_imported']}")
             if side == "forge_nb":
                 breakdowns.append(record["breakdown"])
-                extra += (f"; spawn called +{record['spawn_called'] - record['launch']:.1f} s; a second run's spawn "
-                          f"to its first step {record['second_spawn_s']:.2f} s")
+                up, own = record["generators_up"] - record["launch"], record["steps_from_trainer"]
+                extra += (f"; spawn called +{record['spawn_called'] - record['launch']:.1f} s; generator serving "
+                          f"+{up:.1f} s ({own} steps on the trainer's rollouts); a second run's spawn to its first "
+                          f"step {record['second_spawn_s']:.2f} s")
             print(f"seed {seed} {side:8}: {s['steps']:5d} steps, {s['rate']:6.2f} steps/s over steps {args.skip}-"
                   f"{args.forge_steps} ({s['rate_all']:.2f} over all), first step "
                   f"{s['first_step_s']:5.1f} s, last-10 reward {s['last10']:.2f}, reward {TARGET} at "

@@ -33,6 +33,7 @@ async def run(tmp_path_factory):
 
     run = await forge_nb.spawn(cfg, overrides={"generator.num_replicas": 2}, progress=False,  # one to kill
                                actors={"policy": BreakableGenerator})  # and one engine to break
+    await run.policy.started()  # the trainer samples until they serve (stand_in); these tests are about them
     yield run
     await run.shutdown()
     from forge_nb.system.runtime import registry

@@ -20,12 +20,11 @@ The generators load the run's newest pushed version before they take a request: 
 a replica is healthy a weight load has nothing to reach (``update_weights.fanout`` is a no-op). Once one is, every
 call goes to the service, and a "generators_up" event says with which version and after how many groups from
 the trainer. A call the trainer cannot honour (a sampling parameter outside ``training.sample.SAMPLED_HERE``, an
-endpoint other than ``generate``) waits for the generators, as any call to a starting service does. A start that
-fails is raised by every later ``generate`` (the run stops with it); ``await run.policy.started()`` waits for the
-start and raises its error.
+endpoint other than ``generate``, which waits for their whole start, every replica up, as after a spawn that waited
+for them) goes to the generators. A start that fails is raised by every later ``generate`` (the run stops with it);
+``await run.policy.started()`` waits for the start and raises its error.
 
-Everything else (``replicas``, ``status()``, ``subscribe``, ``session()``, the other endpoints) is the generators'
-service's own.
+Everything else (``replicas``, ``status()``, ``subscribe``, ``set_catch_up``...) is the generators' service's own.
 """
 
 from __future__ import annotations
@@ -137,17 +136,37 @@ class StandInPolicy:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or "service" not in self.__dict__:
             raise AttributeError(name)
-        return getattr(self.__dict__["service"], name)
+        service = self.__dict__["service"]
+        if name in service.actor_cls.endpoint_names():  # the generators' other endpoints: after their start
+            return _AfterStart(self, name)
+        return getattr(service, name)
 
     def __repr__(self) -> str:
         return f"<{self.service!r}, the trainer standing in until it serves>"
 
 
-class _Generate:
+class _AfterStart:
+    """``run.policy.<endpoint>`` of the generators': its calls wait for their whole start (every replica up, as a spawn
+    that waited for them left them), then go to the service."""
+
+    def __init__(self, front: StandInPolicy, name: str):
+        self._front, self._name = front, name
+
+    def __getattr__(self, adverb: str) -> Any:
+        target = getattr(getattr(self._front.service, self._name), adverb)
+
+        async def after_start(*args: Any, **kwargs: Any) -> Any:
+            await self._front.started()
+            return await target(*args, **kwargs)
+
+        return after_start
+
+
+class _Generate(_AfterStart):
     """``run.policy.generate``: the trainer's ``generate`` until the generators serve, then theirs."""
 
     def __init__(self, front: StandInPolicy):
-        self._front = front
+        super().__init__(front, "generate")
 
     async def route(self, prompt: Any, **overrides: Any) -> Any:
         front = self._front
@@ -159,21 +178,15 @@ class _Generate:
         front.trainer_groups += 1
         return await front.trainer.coalescers["generate"].route(prompt, values)
 
-    def __getattr__(self, adverb: str) -> Any:  # fanout and the rest: the generators' own
-        return getattr(self._front.service.generate, adverb)
 
-
-class _UpdateWeights:
+class _UpdateWeights(_AfterStart):
     """``run.policy.update_weights``: nothing to load until a generator is up (each loads the run's version as it
     comes up: its catch-up), then the generators' own."""
 
     def __init__(self, front: StandInPolicy):
-        self._front = front
+        super().__init__(front, "update_weights")
 
     async def fanout(self, *args: Any, **kwargs: Any) -> list[Any]:
         if not self._front.serving:
             return []
         return await self._front.service.update_weights.fanout(*args, **kwargs)
-
-    def __getattr__(self, adverb: str) -> Any:
-        return getattr(self._front.service.update_weights, adverb)

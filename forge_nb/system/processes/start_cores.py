@@ -11,7 +11,9 @@ machine, the quickstart from spawn to its first step, alternating ``FORGE_NB_STA
 sooner in 5 (by 0.3-2.3 s), later in 2 (by 0.1 and 1.1 s), 0.6 s sooner on average: 0.9-2.3 s in the first
 three (14.1 / 13.6 / 15.7 s against 15.1 / 15.9 / 16.6 s), about nothing in the four 20 minutes later.
 Where there are as many cores as busy processes, on a job's hosts, or on a machine of one core, it does
-nothing; ``FORGE_NB_START_CORES=0`` turns it off.
+nothing; ``FORGE_NB_START_CORES=0`` turns it off. A run whose trainer samples the first rollouts while the generators
+start (``forge_nb.controller.lifecycle.stand_in``) waits for the trainer instead: the core is the trainer's, until
+it is up (the meshes kept first are the caller's choice; the names below say generators, the usual one).
 
 Linux sets a CPU mask per thread (``sched_setaffinity``) and a new thread or process takes its creator's:
 
