@@ -20,7 +20,8 @@ from tests.kernel_client import Kernel
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600)]
 
 
-def pids_of(run: forge_nb.Run) -> dict[str, list[int]]:
+async def pids_of(run: forge_nb.Run) -> dict[str, list[int]]:
+    await run.policy.started()  # the trainer samples until its generators serve (stand_in); they start meanwhile
     return {name: [p for r in service.replicas for p in r.mesh.pids]
             for name, service in (("policy", run.policy), ("trainer", run.trainer))}
 
@@ -31,7 +32,7 @@ async def test_a_second_run_trains_in_the_first_runs_processes_until_shutdown_al
     first = await forge_nb.spawn(forge_nb.quickstart(name="warm-a", run_dir=str(tmp_path / "a")), progress=False)
     try:
         await first.step(2)
-        used = pids_of(first)
+        used = await pids_of(first)
     finally:
         gone = await first.shutdown()
     assert gone.kept == sorted(p for ps in used.values() for p in ps) and gone.exited == gone.alive == []
@@ -44,7 +45,7 @@ async def test_a_second_run_trains_in_the_first_runs_processes_until_shutdown_al
 
     second = await forge_nb.spawn(forge_nb.quickstart(name="warm-b", run_dir=str(tmp_path / "b")), progress=False)
     try:
-        assert pids_of(second) == used and warm.kept() == []  # the same processes, taken
+        assert await pids_of(second) == used and warm.kept() == []  # the same processes, taken
         rows = await second.step(3)
         assert [r["step"] for r in rows] == [1, 2, 3] and second.ledger()["balanced"]
         logs = {p.name: p.read_text() for p in Path(second.dir.path, "logs").glob("*.log")}
@@ -57,7 +58,7 @@ async def test_a_second_run_trains_in_the_first_runs_processes_until_shutdown_al
     os.kill(used["policy"][0], signal.SIGKILL)
     third = await forge_nb.spawn(forge_nb.quickstart(name="warm-c", run_dir=str(tmp_path / "c")), progress=False)
     try:
-        now = pids_of(third)
+        now = await pids_of(third)
         assert now["trainer"] == used["trainer"] and now["policy"] != used["policy"]
         assert len(await third.step(1)) == 1
     finally:
@@ -76,7 +77,7 @@ async def test_nothing_is_kept_with_keeping_off(tmp_path, monkeypatch):
     monkeypatch.setenv("FORGE_NB_KEEP_WARM_S", "0")
     run = await forge_nb.spawn(forge_nb.quickstart(name="warm-off", run_dir=str(tmp_path / "r")), progress=False)
     try:
-        used = pids_of(run)
+        used = await pids_of(run)
     finally:
         gone = await run.shutdown(wait_s=15)
     assert warm.kept() == [] and warm.summary() == ""
