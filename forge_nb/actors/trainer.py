@@ -86,7 +86,6 @@ class RLTrainer(ForgeActor):
     torchstore key namespace ``push_weights`` writes under (one per run, so runs side by side never mix)."""
 
     needs_store = True  # push_weights / update_weights go through the kernel's torchstore
-    batched_endpoints = {"generate": "generate_many"}  # concurrent generate.route calls: one forward a token
 
     def __init__(
         self,
@@ -302,7 +301,7 @@ class RLTrainer(ForgeActor):
 
     @endpoint
     async def generate_many(self, prompts: list[Any], **sampling: Any) -> list[Completions]:
-        """``generate`` of each prompt, sampled together (what concurrent ``generate`` calls go out as)."""
+        """``generate`` of each prompt, sampled together: one forward a token for them all."""
         return sample.generate(self, prompts, sampling)
 
     @endpoint

@@ -9,7 +9,7 @@
 
 On a small machine the generators' start (vLLM's import and the engine's build) is the longest chain from a
 run's launch to its first step: the quickstart's trainer is up seconds sooner and would wait for them. With a
-stand-in it samples the first groups itself (concurrent calls go out together: ``RLTrainer.batched_endpoints``),
+stand-in it samples the first groups itself (the calls that wait meanwhile go out together: ``_TrainerCalls``),
 trains on them, and pushes its versions as any run does. Nothing downstream can tell the two sources apart: the
 trainer returns the Completions a Generator returns, each with the version (trainer step) that sampled it, so the
 buffer's ``max_policy_age`` applies to them as to any; their ``metadata["served_by"]`` is ``"trainer"`` and a
@@ -38,7 +38,6 @@ from typing import Any
 
 from forge_nb.actors.training.sample import not_sampled_here
 from forge_nb.service import Service
-from forge_nb.service.service import batched_endpoints
 
 __all__ = ["StandInPolicy", "stands_in"]
 
@@ -53,10 +52,53 @@ _ON_TRAINER: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("fo
 def stands_in(trainer_cls: type, procs: int, generator_cls: type) -> bool:
     """Whether a run's trainer can sample its rollouts while its generators start: forge_nb's vLLM generators
     (or a subclass's: another class's completions may be of another kind), and a trainer of one proc whose class
-    batches ``generate`` (forge_nb's ``RLTrainer``)."""
+    has ``generate_many`` (forge_nb's ``RLTrainer``)."""
     from forge_nb.actors.generator import Generator
 
-    return procs == 1 and issubclass(generator_cls, Generator) and "generate" in batched_endpoints(trainer_cls)
+    return procs == 1 and issubclass(generator_cls, Generator) and "generate_many" in trainer_cls.endpoint_names()
+
+
+class _TrainerCalls:
+    """The stand-in's calls to the trainer: one ``generate_many`` in flight at a time, and the calls that arrive
+    meanwhile go out together in the next (those with equal sampling values in one call). A call of four prompts
+    costs the tiny model about what one prompt's does (7 ms), so the quickstart's rollout loops, whose calls come
+    a few at a time, would otherwise queue small calls at the trainer, which also trains. A call that fails fails
+    every caller it carried (a trainer's death, a prompt it cannot read)."""
+
+    def __init__(self) -> None:
+        self.trainer: Any = None
+        self._pending: list[tuple[Any, dict[str, Any], asyncio.Future[Any]]] = []
+        self._sending: asyncio.Task[None] | None = None
+
+    async def route(self, prompt: Any, values: dict[str, Any]) -> Any:
+        answer = asyncio.get_running_loop().create_future()
+        self._pending.append((prompt, values, answer))
+        if self._sending is None or self._sending.done():
+            self._sending = asyncio.get_running_loop().create_task(self._send(), name="forge_nb.stand_in.send")
+        return await answer
+
+    async def _send(self) -> None:
+        while self._pending:
+            pending, self._pending = self._pending, []
+            groups: list[tuple[dict[str, Any], list[tuple[Any, asyncio.Future[Any]]]]] = []
+            for prompt, values, answer in pending:
+                members = next((m for v, m in groups if v == values), None)
+                if members is None:
+                    members = []
+                    groups.append((values, members))
+                members.append((prompt, answer))
+            for values, members in groups:
+                try:
+                    results = await self.trainer.generate_many.call_one([p for p, _ in members], **values)
+                except Exception as error:
+                    results = [error] * len(members)
+                for (_, answer), result in zip(members, results, strict=True):
+                    if answer.done():  # its caller was cancelled meanwhile
+                        continue
+                    if isinstance(result, Exception):
+                        answer.set_exception(result)
+                    else:
+                        answer.set_result(result)
 
 
 class StandInPolicy:
@@ -66,7 +108,7 @@ class StandInPolicy:
 
     def __init__(self, service: Service, sampling: dict[str, Any]):
         self.service = service
-        self.trainer: Any = None  #: the run's trainer (an ActorHandle), once it is up
+        self._calls = _TrainerCalls()
         self.trainer_groups = 0  #: groups the trainer sampled
         self.error: BaseException | None = None  #: why the generators failed to start
         self._sampling = dict(sampling)
@@ -95,6 +137,15 @@ class StandInPolicy:
     def when_started(self, callback: Callable[[StandInPolicy], None]) -> None:
         """``callback(self)`` once the generators serve, or failed to start (``error`` says why)."""
         self._when_started.append(callback)
+
+    @property
+    def trainer(self) -> Any:
+        """The run's trainer (an ActorHandle), once it is up."""
+        return self._calls.trainer
+
+    @trainer.setter
+    def trainer(self, handle: Any) -> None:
+        self._calls.trainer = handle
 
     @property
     def serving(self) -> bool:
@@ -176,7 +227,7 @@ class _Generate(_AfterStart):
         if not_sampled_here(values) or (front.serving and id(front) not in _ON_TRAINER.get()):
             return await front.service.generate.route(prompt, **overrides)
         front.trainer_groups += 1
-        return await front.trainer.coalescers["generate"].route(prompt, values)
+        return await front._calls.route(prompt, values)
 
 
 class _UpdateWeights(_AfterStart):
