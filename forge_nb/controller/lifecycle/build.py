@@ -252,8 +252,11 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
     async with start_cores.generators_first(first, processes=busy, generator_processes=kept) as first_up:
         starts[longest] = _then(starts[longest], first_up)
         services = await _start_all(starts, progress)
-    if stand_in is not None:
+    if stand_in is not None:  # now the generators' start is the longest chain: their cores, until they serve
         stand_in.trainer = services["trainer"]
+        stand_in.keep_cores(start_cores.generators_first(
+            f"{policy_mesh}-r", processes=busy, generator_processes=cfg.generator.num_replicas * cfg.generator.procs,
+            run_meshes=f"{cfg.name}-"))
         services = {"policy": stand_in, **services}
     base = None
     if cfg.trainer.lora is not None:  # its generators and trainer process can take other runs' adapters

@@ -113,6 +113,7 @@ class StandInPolicy:
         self.error: BaseException | None = None  #: why the generators failed to start
         self._sampling = dict(sampling)
         self._starting: asyncio.Task[None] | None = None
+        self._keeping: asyncio.Task[None] | None = None  # the cores kept for the generators' start (keep_cores)
         self._when_started: list[Callable[[StandInPolicy], None]] = []
         self.generate = _Generate(self)
         self.update_weights = _UpdateWeights(self)
@@ -122,6 +123,17 @@ class StandInPolicy:
         self._starting = asyncio.get_running_loop().create_task(
             self._start(setup_after), name=f"forge_nb.{self.service.name}.start")
         self._starting.add_done_callback(lambda t: t.cancelled() or t.exception())  # kept in ``error``
+
+    def keep_cores(self, reservation: contextlib.AbstractAsyncContextManager[Any]) -> None:
+        """Hold ``reservation`` (``start_cores.generators_first``) until the generators serve or fail: once the
+        trainer is up, their start is what the run's steps wait for to go faster (the trainer samples and trains in
+        one process; with them serving it trains while they sample)."""
+        async def hold() -> None:
+            async with reservation:
+                if self._starting is not None:
+                    await asyncio.wait({self._starting})
+
+        self._keeping = asyncio.get_running_loop().create_task(hold(), name="forge_nb.stand_in.cores")
 
     async def _start(self, setup_after: asyncio.Future[Any] | None) -> None:
         try:
@@ -163,6 +175,8 @@ class StandInPolicy:
             await asyncio.wait({self._starting})
             with contextlib.suppress(BaseException):
                 self._starting.result()  # read, so asyncio does not report it unread
+        if self._keeping is not None:
+            await asyncio.wait({self._keeping})
         if self.error is None:  # a failed start stopped itself
             await self.service.shutdown()
 

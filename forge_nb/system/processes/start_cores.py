@@ -13,7 +13,8 @@ three (14.1 / 13.6 / 15.7 s against 15.1 / 15.9 / 16.6 s), about nothing in the 
 Where there are as many cores as busy processes, on a job's hosts, or on a machine of one core, it does
 nothing; ``FORGE_NB_START_CORES=0`` turns it off. A run whose trainer samples the first rollouts while the generators
 start (``forge_nb.controller.lifecycle.stand_in``) waits for the trainer instead: the core is the trainer's, until
-it is up (the meshes kept first are the caller's choice; the names below say generators, the usual one).
+it is up, and then the generators', until they serve (the meshes kept first are the caller's choice; the names
+below say generators, the usual one).
 
 Linux sets a CPU mask per thread (``sched_setaffinity``) and a new thread or process takes its creator's:
 
@@ -68,8 +69,9 @@ def _set_mask(pid: int, cpus: frozenset[int], *, only_from: frozenset[int]) -> N
 class _Reservation:
     """The cores kept for the generators (``kept``), the rest (``narrow``), and the processes seen so far."""
 
-    def __init__(self, generator_meshes: str, cores: frozenset[int], generator_processes: int):
-        self.prefix = generator_meshes
+    def __init__(self, generator_meshes: str, cores: frozenset[int], generator_processes: int,
+                 run_meshes: str | None = None):
+        self.prefix, self.run_meshes = generator_meshes, run_meshes
         self.cores = cores
         self.kept = frozenset(sorted(cores)[:generator_processes])
         self.narrow = cores - self.kept
@@ -87,6 +89,9 @@ class _Reservation:
         local = [mesh for mesh in registry.meshes() if mesh.local]
         generators = {pid for mesh in local if mesh.name.startswith(self.prefix) for pid in mesh.pids}
         self.others |= {pid for mesh in local for pid in mesh.pids} - generators - self.before
+        if self.run_meshes is not None:  # the run's processes that were up before the block: kept narrow too
+            run = {pid for mesh in local if mesh.name.startswith(self.run_meshes) for pid in mesh.pids}
+            self.others |= run - generators
         for pid in self.others:
             _set_mask(pid, self.narrow, only_from=self.cores)
 
@@ -110,17 +115,19 @@ def applies(processes: int, generator_processes: int) -> frozenset[int] | None:
 
 
 @contextlib.asynccontextmanager
-async def generators_first(generator_meshes: str, *, processes: int,
-                           generator_processes: int) -> AsyncIterator[Callable[[], None]]:
+async def generators_first(generator_meshes: str, *, processes: int, generator_processes: int,
+                           run_meshes: str | None = None) -> AsyncIterator[Callable[[], None]]:
     """Within the block, the meshes whose names start with ``generator_meshes`` have the first
     ``generator_processes`` cores to themselves (see the module docstring); ``processes``: every busy process
     the block starts on this machine, generators included. The block gets a function that ends this early
-    (once the generators are up, the others may have every core); the block's end calls it."""
+    (once the generators are up, the others may have every core); the block's end calls it. ``run_meshes``: the
+    processes of meshes whose names start with it are kept off those cores too, though they were up before the
+    block began (a run's trainer, up and training, while its generators finish starting)."""
     cores = applies(processes, generator_processes)
     if cores is None:
         yield lambda: None
         return
-    reservation = _Reservation(generator_meshes, cores, generator_processes)
+    reservation = _Reservation(generator_meshes, cores, generator_processes, run_meshes)
     logger.info("while the services start, cores %s are kept for %s*", sorted(reservation.kept), generator_meshes)
 
     async def keep() -> None:
