@@ -252,6 +252,10 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
     async with start_cores.generators_first(first, processes=busy, generator_processes=kept) as first_up:
         starts[longest] = _then(starts[longest], first_up)
         services = await _start_all(starts, progress)
+    if stand_in is not None and stand_in.error is not None:  # they failed before the trainer was up: so does the spawn
+        for service in services.values():
+            await service.shutdown()
+        raise stand_in.failed() from stand_in.error
     if stand_in is not None:  # now the generators' start is the longest chain: their cores, until they serve
         stand_in.trainer = services["trainer"]
         stand_in.keep_cores(start_cores.generators_first(
@@ -343,8 +347,7 @@ def _wire(cfg: RunConfig, directory: RunDir, services: dict[str, Any], *, task: 
 
 
 def _generators_started(policy: StandInPolicy, metrics: MetricsStore) -> None:
-    """The event that says the generators serve (with the version they loaded) or failed to start, and how many
-    groups the trainer sampled before."""
+    """The event that says the generators serve (the version they loaded) or failed, and the trainer's groups before."""
     groups = policy.trainer_groups
     if policy.error is not None:
         metrics.event("generators_failed", trainer_groups=groups, error=str(policy.failed())[:300],

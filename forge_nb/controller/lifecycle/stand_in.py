@@ -147,8 +147,12 @@ class StandInPolicy:
                 callback(self)
 
     def when_started(self, callback: Callable[[StandInPolicy], None]) -> None:
-        """``callback(self)`` once the generators serve, or failed to start (``error`` says why)."""
-        self._when_started.append(callback)
+        """``callback(self)`` once the generators serve, or failed to start (``error`` says why); at once if they
+        did already."""
+        if self._starting is not None and self._starting.done():
+            callback(self)
+        else:
+            self._when_started.append(callback)
 
     @property
     def trainer(self) -> Any:
