@@ -35,6 +35,7 @@ try:
 except ImportError:
     pass
 run.start()
+await run.policy.started()  # the trainer samples the first rollouts while the generators start: now both serve
 await asyncio.sleep(5)
 
 # %%
