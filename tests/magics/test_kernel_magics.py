@@ -75,7 +75,8 @@ def test_spawn_binds_the_run_and_its_services(kernel):
         assert "Monarch internal logs" not in cell.streams, cell.streams
     kinds = value(kernel.run("_value(type(run).__name__, run.name, run.state, sorted(run.services), "
                              "type(policy).__name__, policy is run.policy, trainer is run.trainer)"))
-    assert kinds == ["Run", "quickstart", "ready", ["policy", "trainer"], "Service", True, True]
+    # the generators' service behind the trainer standing in until they serve (controller.lifecycle.stand_in)
+    assert kinds == ["Run", "quickstart", "ready", ["policy", "trainer"], "StandInPolicy", True, True]
     meshes = ok(kernel.run("%forge_meshes")).text
     assert "2 mesh(es) held by this kernel" in meshes  # the generator and the trainer (torchstore: in the kernel)
     assert "quickstart-policy-r0" in meshes and "quickstart-policy-r1" not in meshes and "quickstart-trainer" in meshes
@@ -87,7 +88,8 @@ def test_run_trains_in_the_background_and_status_shows_it(kernel):
     assert time.monotonic() - started < 30, "%forge_run must return at once"
     assert "is running in the background (2 rollout loop(s) + training)" in reply.stdout
     reached, step, state, error = value(kernel.run(
-        "_value(await _until(lambda: run.current_step >= 2, 240), run.current_step, run.state, run.error)",
+        "_value(await _until(lambda: run.current_step >= 2 and run.policy.serving, 240), run.current_step, run.state, "
+        "run.error)",  # the trainer samples the first steps' rollouts while the generator starts (stand_in)
         timeout=300))
     assert reached and state == "running" and error is None, (step, state, error)
     status = ok(kernel.run("%forge_status")).text
