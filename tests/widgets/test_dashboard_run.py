@@ -32,6 +32,7 @@ async def run(tmp_path_factory):
     cfg = forge_nb.quickstart(name="widgets", run_dir=str(tmp_path_factory.mktemp("run")))
     run = await forge_nb.spawn(cfg, progress=False)
     await run.step(2)
+    await run.policy.started()  # the trainer samples until the generator serves (stand_in); these tests show both
     yield run
     await run.shutdown()
 
