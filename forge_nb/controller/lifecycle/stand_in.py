@@ -17,11 +17,12 @@ step's row counts them (``rollout/from_trainer``).
 
 The generators load the run's newest pushed version before they take a request: the service's catch-up hook
 (``WeightSync.catch_up``) runs in each replica's first start, and loads again if a push landed meanwhile. Until
-a replica is healthy a weight load has nothing to reach (``update_weights.fanout`` is a no-op). Once one is, every
-call goes to the service, and a "generators_up" event says with which version and after how many groups from
-the trainer. A call the trainer cannot honour (a sampling parameter outside ``training.sample.SAMPLED_HERE``, an
-endpoint other than ``generate``, which waits for their whole start, every replica up, as after a spawn that waited
-for them) goes to the generators. A start that fails is raised by every later ``generate`` (the run stops with it);
+a replica is healthy a weight load has nothing to reach (``update_weights.fanout`` is a no-op). While one is, every
+call goes to the service (while none is, as during the respawn of a run's only replica, the trainer samples again);
+the first time, a "generators_up" event says with which version and after how many groups from the trainer. A
+call the trainer cannot honour (a sampling parameter outside ``training.sample.SAMPLED_HERE``, an endpoint other
+than ``generate``, which waits for their whole start, every replica up, as after a spawn that waited for them)
+goes to the generators. A start that fails is raised by every later ``generate`` (the run stops with it);
 ``await run.policy.started()`` waits for the start and raises its error.
 
 Everything else (``replicas``, ``status()``, ``subscribe``, ``set_catch_up``...) is the generators' service's own.
@@ -165,7 +166,7 @@ class StandInPolicy:
 
     @property
     def serving(self) -> bool:
-        """Whether a generator serves (from then on every call goes to the service)."""
+        """Whether a generator serves now: then every call goes to the service, else to the trainer."""
         return any(r.healthy for r in self.service.replicas)
 
     async def started(self) -> None:
