@@ -76,6 +76,14 @@ class ForgeActor(Actor, metaclass=ForgeActorMeta):
         return await Service.start(cls, cls._options, args, kwargs)
 
     @classmethod
+    def prepared_service(cls, *args: Any, **kwargs: Any) -> Service:
+        """``as_service`` in two halves: the Service, checked, its replicas not started; ``await svc.begin()``
+        starts them (``Service.prepare``)."""
+        from forge_nb.service.service import Service
+
+        return Service.prepare(cls, cls._options, args, kwargs)
+
+    @classmethod
     async def as_actor(cls, *args: Any, **kwargs: Any) -> ActorHandle:
         """Spawn one replica and return its handle (``await actor.ep.call_one(...)``)."""
         from forge_nb.service.service import ActorHandle

@@ -201,7 +201,6 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
     from forge_nb.actors.generator import Generator
     from forge_nb.actors.reference_model import ReferenceModel
     from forge_nb.actors.trainer import RLTrainer
-    from forge_nb.service import Service
 
     Generator = actors.get("policy", Generator)  # noqa: N806 (a class, as in the seeds)
     RLTrainer = actors.get("trainer", RLTrainer)  # noqa: N806
@@ -219,7 +218,7 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
                         **({"lora": dataclasses.asdict(cfg.trainer.lora)} if cfg.trainer.lora else {})}
     stand_in = None
     if cfg.trainer.lora is None and stands_in(RLTrainer, cfg.trainer.procs, Generator):  # until they serve
-        stand_in = StandInPolicy(Service.prepare(generators, generators._options, (), generator_kwargs), sampling)
+        stand_in = StandInPolicy(generators.prepared_service(**generator_kwargs), sampling)
         stand_in.service.set_catch_up(sync.catch_up)  # each loads the run's newest version before it serves
         assembly.add("services", "policy", stand_in.shutdown)
         stand_in.begin(setup_after=written)
