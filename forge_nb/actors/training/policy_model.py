@@ -202,14 +202,18 @@ def read_config(path: str) -> dict[str, Any]:
     return json.loads((Path(path) / "config.json").read_text())
 
 
+def read_generation_config(path: str) -> dict[str, Any]:
+    """The model folder's ``generation_config.json`` ({} without one): its pad and EOS tokens."""
+    generation = Path(path) / "generation_config.json"
+    return json.loads(generation.read_text()) if generation.exists() else {}
+
+
 def _pad_id(path: str, config: dict[str, Any]) -> int | None:
     if isinstance(config.get("pad_token_id"), int):
         return config["pad_token_id"]
-    generation = Path(path) / "generation_config.json"
-    if generation.exists():
-        pad = json.loads(generation.read_text()).get("pad_token_id")
-        if isinstance(pad, int):
-            return pad
+    pad = read_generation_config(path).get("pad_token_id")
+    if isinstance(pad, int):
+        return pad
     logger.info("no pad_token_id in %s: left padding will not be masked (pass pad_id= to mask it)", path)
     return None
 

@@ -28,13 +28,12 @@ outputs gathered and re-normalized per step: matching vLLM through its options t
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from forge_nb.actors.training.policy_model import read_generation_config
 from forge_nb.rl.types import Completion, Completions
 
 __all__ = ["SAMPLED_HERE", "Sampler", "generate", "not_sampled_here"]
@@ -68,11 +67,8 @@ class Sampler:
         from forge_nb.actors.engine.worker import fast_tokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
-        eos = {tokenizer.eos_token_id} - {None}
-        generation = Path(path) / "generation_config.json"
-        if generation.exists():  # vLLM adds these to every request's stop tokens
-            found = json.loads(generation.read_text()).get("eos_token_id")
-            eos |= set(found if isinstance(found, list) else [found]) - {None}
+        found = read_generation_config(path).get("eos_token_id")  # vLLM adds these to every request's stop tokens
+        eos = ({tokenizer.eos_token_id} | set(found if isinstance(found, list) else [found])) - {None}
         return cls(tokenizer, fast_tokenizer(tokenizer), frozenset(eos), torch.Generator(device).manual_seed(seed))
 
 
