@@ -123,6 +123,23 @@ def test_a_batch_pickles_whole_through_numpy_and_keeps_what_numpy_cannot_hold() 
     assert again.advantages.requires_grad and torch.equal(again.advantages.detach(), odd.advantages.detach())
 
 
+def test_a_wire_completion_arrives_as_a_plain_one_without_torch_storages() -> None:
+    from forge_nb.rl.completion import WireCompletion
+
+    sent = WireCompletion(text="cc", prompt_ids=[5, 6], token_ids=[7, 7], logprobs=[-0.5, -0.25], prompt="c",
+                          stop_reason="stop", generator_version=3, metadata={"served_by": "trainer"})
+    data = pickle.dumps(sent)
+    assert b"torch._utils" not in data  # numpy arrays, not torch storages (what monarch pickles one at a time)
+    back = pickle.loads(data)
+    assert type(back) is Completion
+    for f in dataclasses.fields(Completion):
+        mine, theirs = getattr(sent, f.name), getattr(back, f.name)
+        if isinstance(mine, torch.Tensor):
+            assert theirs.dtype == mine.dtype and torch.equal(theirs, mine), f.name
+        else:
+            assert theirs == mine, f.name
+
+
 def test_collate_without_logprobs_flags_and_zeros() -> None:
     batch = collate([episode([5], [7])])
     assert not batch.has_ref_logprobs and not batch.has_generator_logprobs

@@ -4,11 +4,9 @@
 its defaults and errors that name the bad key (the benchmark uses them too, so raw vLLM runs with the
 same settings).
 
-``completions`` turns vLLM's output into Completions that pickle their tensors as numpy arrays:
-pickling and unpickling them with torch's own tensor pickling took 0.42 s for the 256 completions of a
-32-prompt, n=8 wave (measured; ~30x the numpy way), most of the actor's CPU overhead over raw vLLM.
-What arrives is a plain :class:`~forge_nb.rl.types.Completion`. Its text is decoded there, once per sample
-(``response_text``, where ``decodes_here`` allows it), not by vLLM at every engine step.
+``completions`` turns vLLM's output into Completions that cross to the caller as numpy arrays
+(:class:`~forge_nb.rl.completion.WireCompletion`); what arrives is a plain Completion. Its text is decoded there,
+once per sample (``response_text``, where ``decodes_here`` allows it), not by vLLM at every engine step.
 
 :class:`TorchstoreWeightLoader` loads a policy version inside the engine's worker process. vLLM runs
 the model in a worker: on GPUs (``AsyncLLM``) a process of its own, two below the Generator actor; on
@@ -44,7 +42,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from forge_nb.actors.engine import plain, replay
-from forge_nb.rl.types import Completion, Completions
+from forge_nb.rl.completion import WireCompletion
+from forge_nb.rl.types import Completions
 
 if TYPE_CHECKING:
     from vllm import AsyncEngineArgs, SamplingParams
@@ -259,30 +258,12 @@ def completions(prompt: str | None, request: RequestOutput, version: int, tokeni
                                             for step in sample.logprobs]
         if prompt_logprobs is not None:
             metadata["prompt_logprobs"] = prompt_logprobs
-        out.append(_WireCompletion(
+        out.append(WireCompletion(
             prompt=prompt, text=text, prompt_ids=prompt_ids,
             token_ids=token_ids, logprobs=logprobs, stop_reason=sample.finish_reason,
             generator_version=version, metadata=metadata,
         ))
     return out
-
-
-class _WireCompletion(Completion):
-    """Pickles as a plain Completion rebuilt from numpy arrays (see the module docstring)."""
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        logprobs = None if self.logprobs is None else self.logprobs.numpy()
-        return _completion_from_wire, (self.prompt, self.text, self.prompt_ids.numpy(),
-                                       self.token_ids.numpy(), logprobs, self.stop_reason,
-                                       self.generator_version, self.metadata)
-
-
-def _completion_from_wire(prompt: str | None, text: str, prompt_ids: Any, token_ids: Any, logprobs: Any,
-                          stop_reason: str | None, version: int, metadata: dict[str, Any]) -> Completion:
-    return Completion(prompt=prompt, text=text, prompt_ids=torch.from_numpy(prompt_ids),
-                      token_ids=torch.from_numpy(token_ids),
-                      logprobs=None if logprobs is None else torch.from_numpy(logprobs),
-                      stop_reason=stop_reason, generator_version=version, metadata=metadata)
 
 
 _loop: asyncio.AbstractEventLoop | None = None

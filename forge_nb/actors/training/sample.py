@@ -34,7 +34,8 @@ from typing import Any
 import torch
 
 from forge_nb.actors.training.policy_model import read_generation_config
-from forge_nb.rl.types import Completion, Completions
+from forge_nb.rl.completion import WireCompletion
+from forge_nb.rl.types import Completions
 
 __all__ = ["SAMPLED_HERE", "Sampler", "generate", "not_sampled_here"]
 
@@ -94,7 +95,7 @@ def generate(trainer: Any, prompts: list[Any], values: dict[str, Any]) -> list[C
         group = Completions()
         for j in range(i * n, (i + 1) * n):
             text = _text(sampler, rows[j], tokens[j], stopped[j])
-            group.append(Completion(
+            group.append(WireCompletion(
                 prompt=prompt if isinstance(prompt, str) else None, text=text, prompt_ids=rows[j], token_ids=tokens[j],
                 logprobs=logprobs[j], stop_reason="stop" if stopped[j] else "length", generator_version=trainer.step,
                 metadata={"served_by": "trainer", "stop": None}))
