@@ -13,14 +13,14 @@ three (14.1 / 13.6 / 15.7 s against 15.1 / 15.9 / 16.6 s), about nothing in the 
 Where there are as many cores as busy processes, on a job's hosts, or on a machine of one core, it does
 nothing; ``FORGE_NB_START_CORES=0`` turns it off. A run whose trainer samples the first rollouts while the generators
 start (``forge_nb.controller.lifecycle.stand_in``) waits for the trainer instead: the core is the trainer's, until
-it is up, and then the generators', until they serve (the meshes kept first are the caller's choice; the names
-below say generators, the usual one).
+the generators serve (the meshes kept first are the caller's choice; the names below say generators, the usual one).
 
 Linux sets a CPU mask per thread (``sched_setaffinity``) and a new thread or process takes its creator's:
 
 * the kernel's threads are moved at once, so the processes it spawns meanwhile start with the narrow mask; each
-  is widened as soon as it is seen (every 50 ms), and the run's processes that are not generators are moved
-  back onto the narrow mask once their meshes report their pids (~1 s after the spawn);
+  is widened as soon as it is seen (a look every 50 ms, less often while nothing new is born: ``MAX_POLL_S``), and
+  the run's processes that are not generators are moved back onto the narrow mask once their meshes report their
+  pids (~1 s after the spawn);
 * a generator's process is widened once, when it is first seen, and never touched again: an engine that pins
   its own threads later keeps them as it pinned them;
 * at the end, a thread of the kernel or of the run's other processes is given the whole mask back only if it
@@ -49,6 +49,10 @@ from forge_nb.system.runtime import registry
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.05  #: how often the kernel looks for new processes and threads while a run starts
+#: The longest wait between two looks: each look that finds no new process doubles the wait up to this. A look lists
+#: every process on the machine (3-4 ms of the kernel's CPU); while the trainer samples a run's first rollouts,
+#: looks every 50 ms took a fifth of the kernel's time. A process born meanwhile waits at most this for its mask.
+MAX_POLL_S = 0.5
 
 
 def _threads(pid: int) -> list[int]:
@@ -79,21 +83,26 @@ class _Reservation:
         self.seen = set(self.before)  # processes widened at birth (and those of before)
         self.others: set[int] = set()  # this start's processes that are not generators: kept narrow
 
-    def poll(self) -> None:
+    def poll(self) -> bool:
+        """Set the masks of what is new since the last poll; whether anything was (a process, a mesh's pids)."""
         kernel = os.getpid()
         _set_mask(kernel, self.narrow, only_from=self.cores)
+        new = False
         for child in live_children(kernel, recursive=True):
             if child.pid not in self.seen:  # it took the narrow mask from the kernel's thread that started it
                 self.seen.add(child.pid)
+                new = True
                 _set_mask(child.pid, self.cores, only_from=self.narrow)
         local = [mesh for mesh in registry.meshes() if mesh.local]
         generators = {pid for mesh in local if mesh.name.startswith(self.prefix) for pid in mesh.pids}
-        self.others |= {pid for mesh in local for pid in mesh.pids} - generators - self.before
+        others = {pid for mesh in local for pid in mesh.pids} - generators - self.before
         if self.run_meshes is not None:  # the run's processes that were up before the block: kept narrow too
-            run = {pid for mesh in local if mesh.name.startswith(self.run_meshes) for pid in mesh.pids}
-            self.others |= run - generators
+            others |= {pid for mesh in local if mesh.name.startswith(self.run_meshes) for pid in mesh.pids} - generators
+        new = new or not others <= self.others
+        self.others |= others
         for pid in self.others:
             _set_mask(pid, self.narrow, only_from=self.cores)
+        return new
 
     def release(self) -> None:
         kernel = os.getpid()
@@ -131,12 +140,13 @@ async def generators_first(generator_meshes: str, *, processes: int, generator_p
     logger.info("while the services start, cores %s are kept for %s*", sorted(reservation.kept), generator_meshes)
 
     async def keep() -> None:
+        wait = POLL_S
         while True:
             try:
-                reservation.poll()
+                wait = POLL_S if reservation.poll() else min(MAX_POLL_S, wait * 2)
             except Exception:  # a speed-up only: the start goes on without it
                 logger.debug("keeping cores for %s*", generator_meshes, exc_info=True)
-            await asyncio.sleep(POLL_S)
+            await asyncio.sleep(wait)
 
     keeping = asyncio.ensure_future(keep())
 
