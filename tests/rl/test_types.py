@@ -101,6 +101,16 @@ def test_collate_shapes_and_values() -> None:
     assert isinstance(moved, TrainBatch) and moved.request_len == 4
 
 
+def assert_same_fields(back: object, sent: object) -> None:
+    """Every dataclass field of ``back`` equals ``sent``'s: tensors of the same dtype and values, the rest by ==."""
+    for f in dataclasses.fields(back):
+        mine, theirs = getattr(sent, f.name), getattr(back, f.name)
+        if isinstance(mine, torch.Tensor):
+            assert theirs.dtype == mine.dtype and torch.equal(theirs, mine), f.name
+        else:
+            assert theirs == mine, f.name
+
+
 def test_a_batch_pickles_whole_through_numpy_and_keeps_what_numpy_cannot_hold() -> None:
     batch = collate([episode([5, 6], [7, 8], logprobs=[-0.5, -0.25], ref=[-1.0, -2.0], advantage=1.5, version=2),
                      episode([9], [4, 3], logprobs=[-0.1, -0.2], ref=[-1.0, -3.0], advantage=-1.0, version=3)])
@@ -108,12 +118,7 @@ def test_a_batch_pickles_whole_through_numpy_and_keeps_what_numpy_cannot_hold() 
     assert b"torch._utils" not in data  # the tensors went as numpy arrays, not torch storages
     back = pickle.loads(data)
     assert isinstance(back, TrainBatch) and back.request_len == batch.request_len
-    for f in dataclasses.fields(TrainBatch):
-        mine, theirs = getattr(batch, f.name), getattr(back, f.name)
-        if isinstance(mine, torch.Tensor):
-            assert theirs.dtype == mine.dtype and torch.equal(theirs, mine), f.name
-        else:
-            assert theirs == mine, f.name
+    assert_same_fields(back, batch)
     back.advantages.mul_(2)  # the unpickled tensors are the receiver's own, writable
     # bfloat16 (no numpy dtype) and a tensor that requires grad go as torch pickles them
     odd = dataclasses.replace(batch, ref_logprobs=batch.ref_logprobs.bfloat16(),
@@ -132,12 +137,7 @@ def test_a_wire_completion_arrives_as_a_plain_one_without_torch_storages() -> No
     assert b"torch._utils" not in data  # numpy arrays, not torch storages (what monarch pickles one at a time)
     back = pickle.loads(data)
     assert type(back) is Completion
-    for f in dataclasses.fields(Completion):
-        mine, theirs = getattr(sent, f.name), getattr(back, f.name)
-        if isinstance(mine, torch.Tensor):
-            assert theirs.dtype == mine.dtype and torch.equal(theirs, mine), f.name
-        else:
-            assert theirs == mine, f.name
+    assert_same_fields(back, sent)
 
 
 def test_collate_without_logprobs_flags_and_zeros() -> None:
