@@ -255,10 +255,10 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
         for service in services.values():
             await service.shutdown()
         raise stand_in.failed() from stand_in.error
-    if stand_in is not None:  # the trainer samples and trains every step until they serve: it keeps its cores
+    if stand_in is not None:  # now the generators' start is the longest chain: their cores, until they serve
         stand_in.trainer = services["trainer"]
         stand_in.keep_cores(start_cores.generators_first(
-            f"{cfg.name}-trainer-r", processes=busy, generator_processes=cfg.trainer.procs,
+            f"{policy_mesh}-r", processes=busy, generator_processes=cfg.generator.num_replicas * cfg.generator.procs,
             run_meshes=f"{cfg.name}-"))
         services = {"policy": stand_in, **services}
     base = None

@@ -126,11 +126,9 @@ class StandInPolicy:
         self._starting.add_done_callback(lambda t: t.cancelled() or t.exception())  # kept in ``error``
 
     def keep_cores(self, reservation: contextlib.AbstractAsyncContextManager[Any]) -> None:
-        """Hold ``reservation`` (``start_cores.generators_first``) until the generators serve or fail. The run keeps
-        the trainer's core(s) for the trainer: every step waits for its sampling and training until they serve, and
-        the generators' start takes the rest of the machine. Kept for the generators instead, the quickstart's
-        trainer-only steps were ~40% slower on two cores (20-23 against 32-35 steps a second, ``bench/vs_trl.py``)
-        for a generator serving ~2 s sooner."""
+        """Hold ``reservation`` (``start_cores.generators_first``) until the generators serve or fail: once the
+        trainer is up, their start is what the run's steps wait for to go faster (the trainer samples and trains in
+        one process; with them serving it trains while they sample)."""
         async def hold() -> None:
             async with reservation:
                 if self._starting is not None:
