@@ -14,8 +14,7 @@ Where there are as many cores as busy processes, on a job's hosts, or on a machi
 nothing; ``FORGE_NB_START_CORES=0`` turns it off. A run whose trainer samples the first rollouts while the generators
 start (``forge_nb.controller.lifecycle.stand_in``) waits for the trainer instead: the core is the trainer's, until
 it is up, and then the generators', until they serve (the meshes kept first are the caller's choice; the names
-below say generators, the usual one). Kept for the trainer until they serve, its sampling steps ran ~15-30% faster,
-but a trainer not yet asked to sample held a core their start needed.
+below say generators, the usual one).
 
 Linux sets a CPU mask per thread (``sched_setaffinity``) and a new thread or process takes its creator's:
 
@@ -30,6 +29,8 @@ Linux sets a CPU mask per thread (``sched_setaffinity``) and a new thread or pro
 
 Considered:
 
+* the trainer's core kept until the generators serve, while it samples their rollouts: its steps are faster, but a
+  trainer not yet asked to sample (a run spawned and not stepping) holds a core their start needs.
 * ``nice`` for the trainer and the kernel: a process may lower its own priority but not raise it back without
   ``CAP_SYS_NICE``, and after the start the trainer's step is what a training step waits for.
 * a cgroup's ``cpu.weight``: needs a cgroup delegated to the user, which a notebook's kernel rarely has.
