@@ -10,108 +10,75 @@ runs, and is tested, without monarch, vLLM or a notebook. One GRPO step in these
     batch = collate(buffer.sample(curr_policy_version=step)[0])
     loss, metrics = make_loss("grpo")(logprobs, batch.ref_logprobs, batch.generator_logprobs,
                                       batch.advantages, batch.response_mask)
+
+Its names load with their module on first use (PEP 562): a RunConfig checks its loss and advantage names in the
+kernel before the first spawn, and the modules behind most names here import torch.
 """
+from __future__ import annotations
 
-from forge_nb.rl.advantages import (
-    ADVANTAGE_METHODS,
-    AdvantageMethod,
-    assign_advantages,
-    group_relative,
-    leave_one_out,
-)
-from forge_nb.rl.losses import (
-    AGG_MODES,
-    AGG_TYPES,
-    LOSSES,
-    AggMode,
-    CISPOLoss,
-    DAPOLoss,
-    DrGRPOLoss,
-    GRPOLoss,
-    GSPOLoss,
-    PolicyLoss,
-    SAPOLoss,
-    aggregate,
-    aligned_logits,
-    compute_logprobs,
-    entropy_from_logits,
-    make_loss,
-)
-from forge_nb.rl.replay_buffer import ReplayBuffer
-from forge_nb.rl.rewards import (
-    MathReward,
-    RewardFn,
-    RewardResult,
-    ThinkingReward,
-    extract_answer,
-    reward_name,
-    score,
-)
-from forge_nb.rl.tasks import (
-    GSM8K_SYSTEM_PROMPT,
-    Gsm8kTask,
-    PatternReward,
-    Task,
-    ToyTask,
-    gsm8k_transform,
-    load_gsm8k,
-)
-from forge_nb.rl.types import (
-    Completion,
-    Episode,
-    ForwardBackwardResult,
-    Group,
-    SeedBatch,
-    TextTrainBatch,
-    TrainBatch,
-    collate,
-    collate_seed,
-)
+import importlib
+from typing import Any
 
-__all__ = [
-    "ADVANTAGE_METHODS",
-    "AGG_MODES",
-    "AGG_TYPES",
-    "GSM8K_SYSTEM_PROMPT",
-    "LOSSES",
-    "AdvantageMethod",
-    "AggMode",
-    "CISPOLoss",
-    "Completion",
-    "DAPOLoss",
-    "DrGRPOLoss",
-    "Episode",
-    "ForwardBackwardResult",
-    "GRPOLoss",
-    "GSPOLoss",
-    "Group",
-    "Gsm8kTask",
-    "MathReward",
-    "PatternReward",
-    "PolicyLoss",
-    "ReplayBuffer",
-    "RewardFn",
-    "RewardResult",
-    "SAPOLoss",
-    "SeedBatch",
-    "Task",
-    "TextTrainBatch",
-    "ThinkingReward",
-    "ToyTask",
-    "TrainBatch",
-    "aggregate",
-    "aligned_logits",
-    "assign_advantages",
-    "collate",
-    "collate_seed",
-    "compute_logprobs",
-    "entropy_from_logits",
-    "extract_answer",
-    "group_relative",
-    "gsm8k_transform",
-    "leave_one_out",
-    "load_gsm8k",
-    "make_loss",
-    "reward_name",
-    "score",
-]
+# public name -> the module that defines it
+_EXPORTS = {
+    "ADVANTAGE_METHODS": "forge_nb.rl.advantages",
+    "AdvantageMethod": "forge_nb.rl.advantages",
+    "assign_advantages": "forge_nb.rl.advantages",
+    "group_relative": "forge_nb.rl.advantages",
+    "leave_one_out": "forge_nb.rl.advantages",
+    "AGG_MODES": "forge_nb.rl.losses",
+    "AGG_TYPES": "forge_nb.rl.losses",
+    "AggMode": "forge_nb.rl.losses",
+    "CISPOLoss": "forge_nb.rl.losses",
+    "DAPOLoss": "forge_nb.rl.losses",
+    "DrGRPOLoss": "forge_nb.rl.losses",
+    "GRPOLoss": "forge_nb.rl.losses",
+    "GSPOLoss": "forge_nb.rl.losses",
+    "LOSSES": "forge_nb.rl.losses",
+    "PolicyLoss": "forge_nb.rl.losses",
+    "SAPOLoss": "forge_nb.rl.losses",
+    "aggregate": "forge_nb.rl.losses",
+    "aligned_logits": "forge_nb.rl.losses",
+    "compute_logprobs": "forge_nb.rl.losses",
+    "entropy_from_logits": "forge_nb.rl.losses",
+    "make_loss": "forge_nb.rl.losses",
+    "ReplayBuffer": "forge_nb.rl.replay_buffer",
+    "MathReward": "forge_nb.rl.rewards",
+    "RewardFn": "forge_nb.rl.rewards",
+    "RewardResult": "forge_nb.rl.rewards",
+    "ThinkingReward": "forge_nb.rl.rewards",
+    "extract_answer": "forge_nb.rl.rewards",
+    "reward_name": "forge_nb.rl.rewards",
+    "score": "forge_nb.rl.rewards",
+    "GSM8K_SYSTEM_PROMPT": "forge_nb.rl.tasks",
+    "Gsm8kTask": "forge_nb.rl.tasks",
+    "PatternReward": "forge_nb.rl.tasks",
+    "Task": "forge_nb.rl.tasks",
+    "ToyTask": "forge_nb.rl.tasks",
+    "gsm8k_transform": "forge_nb.rl.tasks",
+    "load_gsm8k": "forge_nb.rl.tasks",
+    "Completion": "forge_nb.rl.types",
+    "Episode": "forge_nb.rl.types",
+    "ForwardBackwardResult": "forge_nb.rl.types",
+    "Group": "forge_nb.rl.types",
+    "SeedBatch": "forge_nb.rl.types",
+    "TextTrainBatch": "forge_nb.rl.types",
+    "TrainBatch": "forge_nb.rl.types",
+    "collate": "forge_nb.rl.types",
+    "collate_seed": "forge_nb.rl.types",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'forge_nb.rl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -10,16 +10,20 @@ A group with a single usable member gets advantage 0: it has no sibling to compa
 `batch_baseline` serves episodes that reach a replay buffer with a reward but no advantage (the
 documents' `Episode(prompt_ids=, response_ids=, reward=)`): REINFORCE with the mean reward of the
 sampled batch as baseline.
+
+torch is imported where the advantages are computed: a RunConfig checks its `advantage` against
+:data:`ADVANTAGE_METHODS` without it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from forge_nb.rl.types import Episode
+    from forge_nb.rl.types import Episode
 
 __all__ = [
     "ADVANTAGE_METHODS",
@@ -35,6 +39,7 @@ ADVANTAGE_METHODS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo")
 
 
 def _as_rewards(rewards: Sequence[float] | torch.Tensor) -> torch.Tensor:
+    import torch
     tensor = torch.as_tensor(rewards)
     if tensor.dim() != 1:
         raise ValueError(f"rewards must be 1-D (one group), got shape {tuple(tensor.shape)}")
@@ -50,6 +55,7 @@ def group_relative(
     this is Dr. GRPO's `r_i - mean(r)` (Liu et al. 2025), which does not favour groups whose rewards
     barely differ.
     """
+    import torch
     r = _as_rewards(rewards)
     if r.numel() < 2:
         return torch.zeros_like(r)
@@ -59,6 +65,7 @@ def group_relative(
 
 def leave_one_out(rewards: Sequence[float] | torch.Tensor) -> torch.Tensor:
     """RLOO advantage `r_i - mean_{j != i} r_j` (Ahmadian et al. 2024), which is `n/(n-1) (r_i - mean)`."""
+    import torch
     r = _as_rewards(rewards)
     n = r.numel()
     if n < 2:
@@ -78,6 +85,7 @@ def assign_advantages(
     `method`: "grpo" (mean and std; `scale_by_std` applies), "dr_grpo" (mean only) or "rloo".
     Quarantined episodes get 0 and do not enter the statistics of the others.
     """
+    import torch
     if method not in ADVANTAGE_METHODS:
         raise ValueError(f"unknown advantage method {method!r}; choose one of {list(ADVANTAGE_METHODS)}")
     usable = [ep for ep in group if ep.quarantine is None]

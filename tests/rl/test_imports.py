@@ -48,6 +48,7 @@ def test_importing_the_rl_modules_loads_no_heavy_dependency() -> None:
         f"pkg = types.ModuleType('forge_nb'); pkg.__path__ = [{str(RL_DIR.parent)!r}]\n"
         "sys.modules['forge_nb'] = pkg\n"
         "import forge_nb.rl\n"
+        "[getattr(forge_nb.rl, name) for name in forge_nb.rl.__all__]  # its names load their modules on use\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
         "{'monarch', 'IPython', 'math_verify', 'datasets', 'transformers'})\n"
         "print(bad)\n"

@@ -14,6 +14,10 @@ Every loss is also callable in TorchForge's form, `loss(logits=, target_ids=, ad
 generator_logprobs=, loss_mask=, ref_logprobs=)`, takes TorchForge's keyword names (`agg_type`,
 `clip_range`, `adaptive_kl`, `kl_target`, `dual_clip_c`) and is importable as `forge_nb.rl.loss.GRPOLoss`
 etc.; TorchForge's building blocks are in `forge_nb.rl.loss.ops`.
+
+The losses' modules import torch in the functions that compute, not at the top: a RunConfig builds its loss to
+check the settings, in the kernel, before its first spawn, whose processes import torch meanwhile
+(`forge_nb.controller.lifecycle.prestart`).
 """
 
 from __future__ import annotations

@@ -17,12 +17,13 @@ dual clip `dual_clip_c` (torchforge's DAPOLoss default is 3.0; here None, off, u
 from __future__ import annotations
 
 from dataclasses import InitVar, dataclass, fields
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from forge_nb.rl.losses.base import PolicyLoss, PolicyTerms, check_clip, log_ratio
 from forge_nb.rl.losses.ops import AggMode
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DAPOLoss", "DrGRPOLoss", "GRPOLoss", "clipped_surrogate"]
 
@@ -36,6 +37,7 @@ def clipped_surrogate(
     eps_high: float,
 ) -> PolicyTerms:
     """Per-token PPO-clip loss `max(-r A, -clip(r, 1 - eps_low, 1 + eps_high) A)`."""
+    import torch
     ratio = torch.exp(log_ratio(logprobs, old_logprobs))
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     per_token = torch.maximum(-advantages * ratio, -advantages * clipped)
@@ -166,6 +168,7 @@ class DAPOLoss(PolicyLoss):
     def _policy_terms(
         self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
     ) -> PolicyTerms:
+        import torch
         terms = clipped_surrogate(logprobs, old_logprobs, advantages, mask, self.clip_low, self.clip_high)
         if self.dual_clip_c is None:
             return terms

@@ -7,9 +7,10 @@ that is the largest allocation of the step), while a row costs only [T, V].
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "AGG_MODES",
@@ -76,6 +77,7 @@ def compute_logprobs(
     For the logits of a whole request + response, :func:`aligned_logits` picks the positions that predict
     the response. Gradient flows to ``logits``.
     """
+    import torch
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}; use the sampling temperature, or 1.0 "
                          "for greedy sampling (temperature 0: the logprobs of the raw logits)")
@@ -107,12 +109,14 @@ def aligned_logits(logits: torch.Tensor, num_targets: int) -> torch.Tensor:
 
 
 def _picked_logprobs(logits: torch.Tensor, target_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    import torch
     z = logits.float() / temperature
     return z.gather(-1, target_ids.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of `softmax(logits)` over the last dimension, in float32: [..., V] -> [...]."""
+    import torch
     if logits.dim() < 2:
         raise ValueError(f"entropy_from_logits expects [..., V] logits, got shape {tuple(logits.shape)}")
     # iterate over [T, V] slices so only one slice's softmax is alive at a time (small logits: one pass)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from forge_nb.rl.losses.base import PolicyLoss, PolicyTerms, check_clip, log_ratio
 from forge_nb.rl.losses.ops import AggMode
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["GSPOLoss"]
 
@@ -46,6 +47,7 @@ class GSPOLoss(PolicyLoss):
     def _policy_terms(
         self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
     ) -> PolicyTerms:
+        import torch
         m = mask.to(logprobs.dtype)
         lengths = m.sum(-1)
         seq_log_ratio = (log_ratio(logprobs, old_logprobs) * m).sum(-1) / lengths.clamp(min=1.0)  # [B]

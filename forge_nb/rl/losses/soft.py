@@ -8,12 +8,13 @@ the importance weight instead of the update; SAPO replaces the clip's cliff with
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from forge_nb.rl.losses.base import PolicyLoss, PolicyTerms, check_clip, log_ratio
 from forge_nb.rl.losses.ops import AggMode
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["CISPOLoss", "SAPOLoss"]
 
@@ -49,6 +50,7 @@ class CISPOLoss(PolicyLoss):
     def _policy_terms(
         self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
     ) -> PolicyTerms:
+        import torch
         ratio = torch.exp(log_ratio(logprobs, old_logprobs)).detach()
         low = None if self.clip_low is None else 1.0 - self.clip_low
         weight = ratio.clamp(min=low, max=1.0 + self.clip_high)
@@ -99,6 +101,7 @@ class SAPOLoss(PolicyLoss):
     def _policy_terms(
         self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
     ) -> PolicyTerms:
+        import torch
         ratio = torch.exp(log_ratio(logprobs, old_logprobs))
         # built in the input dtype: torch.where on Python floats would round tau to float32
         tau = torch.full_like(advantages, self.tau_neg).masked_fill(advantages > 0, self.tau_pos)
