@@ -25,17 +25,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from forge_nb.config import RunConfig
+from forge_nb.config import RunConfig, load
 from forge_nb.controller import EpisodeFn
-from forge_nb.controller.episodes import BaseInTrainer
-from forge_nb.controller.evaluate import evaluate_run
-from forge_nb.controller.lifecycle.build import RunParts, resume_parts, spawn_parts
+from forge_nb.controller.lifecycle import prestart
 from forge_nb.controller.lifecycle.teardown import RunShutdown, ShutdownReport, run_gone, shutdown_kernel
 from forge_nb.controller.state import RunState
-from forge_nb.data.sft import SftData
 from forge_nb.system.processes import proclogs
+
+if TYPE_CHECKING:
+    from forge_nb.controller.lifecycle.build import RunParts
 
 logger = logging.getLogger(__name__)
 
@@ -56,17 +56,7 @@ async def shutdown_all(wait_s: float = 15.0) -> ShutdownReport:
     (``forge_nb.controller.lifecycle.teardown``). A run whose shutdown raises does not keep the others or the
     meshes up: its error is raised after the rest is done."""
     runs = live_runs()
-
-    async def shut_down_runs() -> list[BaseException]:
-        errors: list[BaseException] = []
-        for run in runs:
-            try:
-                await run.shutdown()
-            except Exception as error:  # the next run, and the meshes, go down all the same
-                errors.append(error)
-        return errors
-
-    return await shutdown_kernel(shut_down_runs, [r.name for r in runs], wait_s)
+    return await shutdown_kernel([run.shutdown for run in runs], [run.name for run in runs], wait_s)
 
 
 async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[str, Any] | None = None,
@@ -81,8 +71,11 @@ async def spawn(config: RunConfig | str | Path, *, overrides: list[str] | dict[s
     ``base``: a live LoRA run (or its name) whose base model this run shares: a LoRA run of ``config`` adds its
     adapter to that run's generators and trainer process instead of spawning its own, and keeps everything
     else of a run to itself (``forge_nb.controller.lifecycle.on_base``)."""
-    run = Run(await spawn_parts(config, overrides=overrides, episode_fn=episode_fn, progress=progress,
-                                actors=actors, base=_base_of(base)))
+    cfg, shared = load(config, overrides), _base_of(base)
+    async with prestart.trainer_first(cfg, actors=actors, base=shared):  # its processes import while we do
+        from forge_nb.controller.lifecycle.build import spawn_parts  # torch and the run's modules: ~2 s
+
+        run = Run(await spawn_parts(cfg, episode_fn=episode_fn, progress=progress, actors=actors, base=shared))
     for kind, options in run.config.exporters.items():  # e.g. a YAML's metric_logging section
         run.export(kind, **options)
     return run
@@ -104,6 +97,8 @@ async def resume(path: str | Path, *, episode_fn: EpisodeFn | None = None, progr
     them all and nothing is spawned. ``base`` as for :func:`spawn`: a run that trained on another's base goes
     on on a live one (its adapter's checkpoint loads into its trainer there).
     """
+    from forge_nb.controller.lifecycle.build import resume_parts
+
     return Run(await resume_parts(path, episode_fn=episode_fn, progress=progress, actors=actors,
                                   base=_base_of(base)))
 
@@ -145,6 +140,8 @@ class Run:
     @property
     def services(self) -> dict[str, Any]:
         """The run's services by name; a LoRA run's ``ref_model`` is the trainer's base model, not a service."""
+        from forge_nb.controller.episodes import BaseInTrainer
+
         found = {"policy": self.policy, "trainer": self.trainer, "ref_model": self.ref_model}
         return {k: v for k, v in found.items() if v is not None and not isinstance(v, BaseInTrainer)}
 
@@ -295,9 +292,8 @@ class Run:
     # -- control ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the loops in the background, without a step budget; the cell returns at once. A ``step(n)``
-        still pending returns now with the steps it got (as when a new ``step(n)`` replaces it), and the run
-        trains on until ``pause()`` or ``stop()``."""
+        """Start the loops in the background, without a step budget, until ``pause()`` or ``stop()``; the cell
+        returns at once. A ``step(n)`` still pending returns now with the steps it got."""
         self._ctl.drop_budget()
         self._ctl.start()
 
@@ -321,9 +317,8 @@ class Run:
         await self._ctl.stop(timeout)
 
     def set(self, **changes: Any) -> dict[str, Any]:
-        """Queue hyperparameter changes for the next step boundary; returns what is pending.
-
-        A wrong name or value raises and queues nothing. While no step runs, the boundary is now."""
+        """Queue hyperparameter changes for the next step boundary (now, while no step runs); returns what is
+        pending. A wrong name or value raises and queues nothing."""
         pending = self._hot.queue(changes)
         if not self._ctl.running:
             asyncio.get_running_loop().create_task(self._hot.apply(self._ctl.step), name=f"forge_nb.{self.name}.set")
@@ -349,8 +344,10 @@ class Run:
         ``episode_fn``: each prompt is a sample it plays as one group (k is the run's group size), scored as it scores;
         ``episode_fn=verifiers_episode(env)`` with ``prompts=[{"vf_task": i} for i in range(16)]`` evaluates on a
         verifiers environment's tasks.
-        A running run parks at a step boundary for it and goes on after; an "eval" event keeps the values, which the
-        dashboard draws over the step that trained the version (``forge_nb.controller.evaluate``)."""
+        A running run parks at a step boundary for it and goes on after; an "eval" event keeps the values (drawn by
+        the dashboard over the step that trained the version; ``forge_nb.controller.evaluate``)."""
+        from forge_nb.controller.evaluate import evaluate_run
+
         return await evaluate_run(self._ctl, prompts, k=k, version=version, n=n, temperature=temperature,
                                   correct_at=correct_at, episode_fn=episode_fn)
 
@@ -408,13 +405,14 @@ class Run:
 
     async def sft(self, examples: list[dict[str, Any]] | None = None, *, batch_size: int | None = None) -> None:
         """Switch to supervised fine-tuning (torchforge's apps/sft on the same trainer), e.g. a warm start.
-
         ``examples``: ``{"request": ..., "response": ...}`` pairs (``target`` stands in for ``response``);
         None imitates the task's own targets. The loops stop at a step boundary; then ``start()``,
         ``step(n)``, ``pause()``, ``set(lr=...)`` and ``stop()`` drive SFT steps, which record metric rows
         with ``sft=1`` and push their weights to the generators like RL steps. ``await run.rl()`` switches back.
         """
         from transformers import AutoTokenizer
+
+        from forge_nb.data.sft import SftData
 
         if self.model is None:
             raise RuntimeError(f"run {self.name!r} was built without its model path; spawn it with forge_nb.spawn")

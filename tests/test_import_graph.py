@@ -206,8 +206,27 @@ def test_importing_forge_nb_loads_nothing_heavy_and_changes_no_environment():
     assert not {"monarch", "torch", "vllm", "torchstore", "IPython"} & loaded
 
 
+def test_a_run_config_is_built_and_checked_without_torch():
+    """The kernel's path to its first spawn imports no torch (~2 s on two cores, which the trainer's processes
+    would wait for): the quickstart's config, a loss built from its settings to check them, a bad one refused,
+    and ``forge_nb.spawn`` itself, which starts the trainer's processes before it imports the run's modules."""
+    loaded = _fresh_import(
+        "import forge_nb\n"
+        "forge_nb.spawn\n"
+        "from forge_nb.config import RunConfig, TrainerConfig\n"
+        "forge_nb.quickstart()\n"
+        "RunConfig(trainer=TrainerConfig(loss='dapo', loss_config={'clip_high': 0.3}), advantage='rloo')\n"
+        "try:\n"
+        "    RunConfig(trainer=TrainerConfig(loss='grpo', loss_config={'clip_eps': -1.0}))\n"
+        "except ValueError as e:\n"
+        "    assert 'clip_eps must be > 0' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('a negative clip was accepted')\n")
+    assert not {"torch", "vllm", "transformers"} & loaded  # monarch: the spawn starts processes
+
+
 def test_rl_imports_neither_monarch_nor_ipython():
-    loaded = _fresh_import("import forge_nb.rl")
+    loaded = _fresh_import("import forge_nb.rl; [getattr(forge_nb.rl, name) for name in forge_nb.rl.__all__]")
     assert not {"monarch", "IPython", "vllm"} & loaded
 
 

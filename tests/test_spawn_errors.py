@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 import forge_nb
 from forge_nb.config import GeneratorConfig
-from forge_nb.system.runtime import registry, spawning
+from forge_nb.system.processes.procs import live_children
+from forge_nb.system.runtime import registry, spawning, warm
 
 
-async def test_a_model_that_does_not_exist_is_named_before_anything_spawns(runtime, tmp_path):
+async def test_a_model_that_does_not_exist_is_named_and_leaves_no_process(runtime, tmp_path):
+    # the trainer's processes start first (controller.lifecycle.prestart); the model is looked for after: they stop
+    before = {p.pid for p in live_children(os.getpid(), recursive=True)}
     cfg = forge_nb.quickstart(model="/nonexistent/forge-nb-model", run_dir=str(tmp_path / "run"))
     with pytest.raises(FileNotFoundError, match="/nonexistent/forge-nb-model"):
         await forge_nb.spawn(cfg, progress=False)
-    assert registry.meshes() == []
+    assert registry.meshes() == [] and warm.kept() == []
+    assert {p.pid for p in live_children(os.getpid(), recursive=True)} <= before
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has the GPU the test asks for")

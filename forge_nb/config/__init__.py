@@ -41,7 +41,7 @@ __all__ = [
     "REFERENCE_SECTIONS", "GeneratorConfig", "LoopConfig", "LoraConfig", "OptimizerConfig", "ReferenceConfig",
     "RolloutConfig", "RunConfig", "SamplingConfig", "TaskKnobs", "TrainerConfig", "TrainingConfig",
     "apply_overrides", "check_change", "from_dict", "from_saved", "from_yaml", "hot", "hot_fields", "initial_hparams",
-    "loss_values", "trainer_actor_kwargs", "trainer_changes", "trainer_hparam_sections",
+    "load", "loss_values", "trainer_actor_kwargs", "trainer_changes", "trainer_hparam_sections",
 ]
 
 
@@ -60,6 +60,12 @@ def apply_overrides(cfg: RunConfig, overrides: list[str] | dict[str, Any]) -> Ru
             raise ValueError(f"override {key!r}: no such key")
         node[last] = value
     return from_dict(data)
+
+
+def load(config: RunConfig | str | Path, overrides: list[str] | dict[str, Any] | None = None) -> RunConfig:
+    """The RunConfig a spawn gets as ``config`` (a RunConfig, a YAML path or YAML text), with ``overrides``."""
+    cfg = config if isinstance(config, RunConfig) else from_yaml(config)
+    return apply_overrides(cfg, overrides) if overrides else cfg
 
 
 def _split(item: str) -> tuple[str, Any]:

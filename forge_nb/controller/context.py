@@ -17,14 +17,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from forge_nb.rl.types import Episode
-
 if TYPE_CHECKING:  # what the context reads from: only its owners import them (an episode module loads no service)
     from forge_nb.agents.server import OpenAIEndpoint
     from forge_nb.config import RunConfig
     from forge_nb.controller.hot import HotChanges
     from forge_nb.controller.weight_sync import WeightSync
     from forge_nb.rl.rewards import RewardFn
+    from forge_nb.rl.types import Episode
 
 __all__ = ["EpisodeFn", "RolloutContext"]
 
@@ -66,5 +65,5 @@ class RolloutContext:
         return await self._serve()
 
 
-EpisodeFn = Callable[[RolloutContext, dict[str, Any]], Awaitable[list[Episode]]]
+EpisodeFn = Callable[[RolloutContext, dict[str, Any]], Awaitable[list["Episode"]]]  # a string: rl.types imports torch
 """``async def fn(run: RolloutContext, sample: dict) -> list[Episode]``: what the rollout loops call for a group."""

@@ -8,6 +8,7 @@ they hold the run's version and serve every later episode.
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
@@ -43,10 +44,17 @@ def batches(run: forge_nb.Run) -> list[dict]:
     return [r for r in run.metrics.rows if "reward/mean" in r]
 
 
-async def test_the_first_steps_are_the_trainers_and_later_ones_vllms_at_the_runs_version(tmp_path: Path) -> None:
+async def test_the_first_steps_are_the_trainers_and_later_ones_vllms_at_the_runs_version(tmp_path: Path,
+                                                                                         caplog) -> None:
     cfg = forge_nb.quickstart(run_dir=str(tmp_path / "run"))
-    run = await forge_nb.spawn(cfg, progress=False, actors={"policy": GatedGenerator})
+    with caplog.at_level(logging.INFO, logger="forge_nb"):
+        run = await forge_nb.spawn(cfg, progress=False, actors={"policy": GatedGenerator})
     try:
+        # the trainer's processes were started before the run's modules were imported, and its replica took them
+        # once they had imported the trainer's (controller.lifecycle.prestart)
+        said = caplog.messages
+        assert any("mesh quickstart-trainer-early: the trainer's imports done" in m for m in said), said
+        assert any("mesh quickstart-trainer-r0 taken warm" in m for m in said), said
         assert isinstance(run.policy, StandInPolicy) and not run.policy.serving
         assert [r.state for r in run.status()["services"]["policy"]] == ["starting"]
         await run.step(3)  # the generators wait behind their gate: the trainer sampled every episode

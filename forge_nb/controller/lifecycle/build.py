@@ -30,9 +30,7 @@ from typing import Any
 from forge_nb import weights
 from forge_nb.config import (
     RunConfig,
-    apply_overrides,
     from_saved,
-    from_yaml,
     hot_fields,
     initial_hparams,
     trainer_actor_kwargs,
@@ -51,6 +49,7 @@ from forge_nb.controller.lifecycle.on_base import (
     join_base,
     share_services,
 )
+from forge_nb.controller.lifecycle.prestart import trainer_options
 from forge_nb.controller.lifecycle.stand_in import StandInPolicy, stands_in
 from forge_nb.controller.weight_sync import WeightSync
 from forge_nb.metrics import MetricsStore
@@ -83,15 +82,11 @@ class RunParts:
     base: SharedBase | None = None  # a LoRA run's: the generators and trainer process it shares (on_base)
 
 
-async def spawn_parts(config: RunConfig | str | Path, *, overrides: list[str] | dict[str, Any] | None = None,
-                      episode_fn: EpisodeFn | None = None, progress: bool = True,
+async def spawn_parts(cfg: RunConfig, *, episode_fn: EpisodeFn | None = None, progress: bool = True,
                       actors: dict[str, type] | None = None, base: SharedBase | None = None) -> RunParts:
-    """What ``forge_nb.spawn`` does: a new run directory for ``config``, then :func:`build_run` (on ``base`` when
-    given). A run that never started leaves no directory behind (one given that existed stays)."""
+    """What ``forge_nb.spawn`` does with its config: a new run directory for ``cfg``, then :func:`build_run` (on
+    ``base`` when given). A run that never started leaves no directory behind (one given that existed stays)."""
     actors = _actor_classes(actors)
-    cfg = config if isinstance(config, RunConfig) else from_yaml(config)
-    if overrides:
-        cfg = apply_overrides(cfg, overrides)
     if base is not None:
         check_joinable(cfg, base)
     else:
@@ -223,8 +218,7 @@ async def _start_services(cfg: RunConfig, directory: RunDir, episode_fn: Episode
         assembly.add("services", "policy", stand_in.shutdown)
         stand_in.begin(setup_after=written)
     starts: dict[str, Any] = {
-        "trainer": _start(RLTrainer.options(procs=cfg.trainer.procs, with_gpus=cfg.trainer.with_gpus,
-                                            hosts=cfg.trainer.hosts, mesh_name=f"{cfg.name}-trainer", log_dir=logs),
+        "trainer": _start(RLTrainer.options(**trainer_options(cfg), mesh_name=f"{cfg.name}-trainer", log_dir=logs),
                           written, {"model": model, "pad_id": pad_id, **trainer_actor_kwargs(
                               cfg, checkpoint_folder=str(directory.checkpoints), weights_namespace=sync.namespace,
                               verified_checkpoint=directory.verified_trainer_checkpoint)},

@@ -19,6 +19,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["RunShutdown", "ShutdownReport", "run_gone", "shutdown_kernel", "wait_gone"]
 
@@ -79,18 +80,22 @@ class ShutdownReport:
     released_hosts: int
 
 
-async def shutdown_kernel(shut_down_runs: Callable[[], Awaitable[list[BaseException]]], runs: list[str],
+async def shutdown_kernel(shutdowns: list[Callable[[], Awaitable[Any]]], runs: list[str],
                           wait_s: float) -> ShutdownReport:
-    """``shut_down_runs()`` (the live runs named ``runs``, oldest first; it returns their errors), then every mesh of
-    the kernel, then a wait of up to ``wait_s`` for their processes to exit, then the hosts of a monarch job. A run
-    whose shutdown raised does not keep the meshes up: its error is raised after the rest is done."""
+    """Each of ``shutdowns`` in turn (those of the live runs named ``runs``, oldest first), then every mesh of the
+    kernel, then a wait of up to ``wait_s`` for their processes to exit, then the hosts of a monarch job. A run
+    whose shutdown raised does not keep the next one or the meshes up: its error is raised after the rest is done."""
     from forge_nb.system.hosts import cluster
     from forge_nb.system.runtime import registry
 
     pids, meshes = [p for m in registry.meshes() for p in m.pids], len(registry.meshes())
     errors: list[BaseException] = []
     try:
-        errors = await shut_down_runs()
+        for shutdown in shutdowns:
+            try:
+                await shutdown()
+            except Exception as error:  # the next run, and the meshes, go down all the same
+                errors.append(error)
     finally:
         await registry.stop_all()
     alive = await wait_gone(pids, wait_s)

@@ -1,7 +1,9 @@
 """A small actor the runtime spawns on every mesh (its pids) and on every job host (the host's probe)."""
 
+import importlib
 import os
 import socket
+import time
 from pathlib import Path
 
 from monarch.actor import Actor, endpoint
@@ -37,6 +39,22 @@ def _end(processes: list[tuple[int, int]], grace_s: float) -> list[int]:
     kill_pids([pid for pid, _ in processes], grace=grace_s)
     kill_groups([group for pid, group in processes if group == pid])
     return sorted(pid for pid, _ in processes)
+
+
+def _import_all(names: list[str]) -> float:
+    """Import each of ``names``, "module" or "module:attribute" (an attribute its package loads on first use, as
+    transformers' classes), transformers' scan of the installed packages answered from this machine's cache
+    (``forge_nb.system.dist_cache``: 0.4 s in forge_nb's environment); the seconds it took."""
+    from forge_nb.system import dist_cache
+
+    began = time.perf_counter()
+    with dist_cache.cached_packages_distributions():
+        for name in names:
+            module, _, attribute = name.partition(":")
+            loaded = importlib.import_module(module)
+            if attribute:
+                getattr(loaded, attribute)
+    return time.perf_counter() - began
 
 
 class ProcInfo(Actor):
@@ -79,6 +97,14 @@ class ProcInfo(Actor):
         from forge_nb.system.processes.proclogs import output_to
 
         output_to(log_file)
+
+    @endpoint
+    async def preload(self, names: list[str]) -> float:
+        """Import ``names`` (see :func:`_import_all`) and return the seconds it took: what the actor to be spawned
+        here next imports, begun before it comes (``forge_nb.controller.lifecycle.prestart``). It holds this
+        process's actors meanwhile (they share one event loop): transformers' lazy module fails an import made from
+        two threads at once, and the actor that comes next would import the same modules."""
+        return _import_all(names)
 
     @endpoint
     async def parent(self) -> int:

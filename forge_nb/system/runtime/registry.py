@@ -82,6 +82,7 @@ class Mesh:
         self._context = contextvars.copy_context()  # the spawner's; failures are recorded in it
         self._loop: asyncio.AbstractEventLoop | None = None
         self._actor_names: list[str] = []
+        self.preloading: asyncio.Future[Any] | None = None  # its procs' imports at start (spawning.spawn_mesh)
         self._reaper: Any = None  # kills the procs' groups if the kernel dies (processes.procs.start_reaper)
         self._reaped: set[int] = set()  # ranks whose death the watchdog handled (their groups killed)
 

@@ -44,13 +44,15 @@ def _log_path(name: str, log_dir: str | Path | None) -> Path:
 
 async def spawn_mesh(name: str, procs: int = 1, with_gpus: bool = False, *, hosts: int | str | None = None,
                      env: dict[str, str] | None = None, owner: str | None = None,
-                     log_dir: str | Path | None = None) -> Mesh:
+                     log_dir: str | Path | None = None, preload: tuple[str, ...] = ()) -> Mesh:
     """Spawn ``procs`` processes as a monarch ProcMesh and record it: on the kernel's host, or on a host of
     the job in use (``forge_nb.use_job``; ``hosts`` names one of its host meshes, or "kernel").
 
     ``with_gpus`` gives the mesh ``procs`` free GPUs of its host (each proc sees them all through
     ``CUDA_VISIBLE_DEVICES``; rank r uses ``cuda:r``). Validation happens before anything is spawned.
     The procs' output goes to ``<log_dir>/<name>.log`` (default: ``proclogs.default_log_dir()``).
+    ``preload``: modules the procs import as soon as they start (``ProcInfo.preload``; ``mesh.preloading`` is its
+    answer, the seconds it took), sent with the pid probe, before this waits for anything.
     """
     if not isinstance(procs, int) or isinstance(procs, bool) or procs < 1:
         raise ValueError(f"procs={procs!r}: a mesh needs at least one process (procs >= 1)")
@@ -82,6 +84,8 @@ async def spawn_mesh(name: str, procs: int = 1, with_gpus: bool = False, *, host
         from forge_nb.system.runtime.procinfo import ProcInfo
 
         info = mesh.spawn("procinfo", ProcInfo)
+        if preload:
+            mesh.preloading = asyncio.ensure_future(mesh.spawn("preload", ProcInfo).preload.call(list(preload)))
         pids = await cluster.unless_lost(mesh.host, info.pid.call(), f"mesh {name!r} started")
         ranked = [value for _, value in sorted(pids.items(), key=lambda kv: kv[0].rank)]
         mesh.pids = [pid for pid, _ in ranked]

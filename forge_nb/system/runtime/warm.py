@@ -13,6 +13,10 @@ meshes, the oldest stopped when another comes; each for ``FORGE_NB_KEEP_WARM_S``
 ``forge_nb.shutdown_all()`` (``%forge_shutdown --all``) and the kernel's exit stop them with every other mesh;
 ``%forge_status`` and ``%forge_meshes`` list them (:func:`kept`, :func:`summary`).
 
+A mesh spawned for a replica not yet built waits here too (:func:`hold`: a run's trainer, started before the
+kernel imports the run's modules, ``forge_nb.controller.lifecycle.prestart``); a replica of its key that comes
+while it still starts waits for it.
+
 Considered: starting processes when the extension loads, with the imports done before any spawn (a script or a
 notebook that spawns in its first cell gains little, and a kernel that never spawns pays the memory), and
 keeping a generator's engine itself for a next run of the same model (its weights, prefix cache and adapter
@@ -22,10 +26,12 @@ slots would have to be reset for the new run; the build it saves is ~0.5 s of th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 import weakref
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +39,8 @@ from typing import Any
 from forge_nb.system.hosts import cluster
 from forge_nb.system.runtime import registry, spawning
 
-__all__ = ["KEEP_S", "MAX_KEPT", "MAX_RUNS", "Kept", "keep_s", "kept", "park", "shape", "summary", "take"]
+__all__ = ["KEEP_S", "MAX_KEPT", "MAX_RUNS", "Kept", "hold", "holds", "keep_s", "kept", "park", "release", "shape",
+           "summary", "take"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +70,8 @@ class Kept:
 
 
 _kept: list[Kept] = []
+#: A key -> the start of a mesh :func:`hold` keeps for it once started.
+_starting: dict[tuple[Any, ...], asyncio.Task[registry.Mesh]] = {}
 #: A mesh taken warm -> how many of its actors are the runtime's (pid probes) or its earlier runs' (stopped).
 _before: weakref.WeakKeyDictionary[registry.Mesh, int] = weakref.WeakKeyDictionary()
 #: A mesh taken warm -> how many runs it has served, this one included.
@@ -107,22 +116,65 @@ async def park(mesh: registry.Mesh, actor: Any, key: tuple[Any, ...] | None) -> 
         logger.info("mesh %s not kept: %s: %s", mesh.name, type(e).__name__, e)
         return False
     logger.debug("mesh %s: %d objects of its stopped actor collected", mesh.name, sum(n for _, n in freed.items()))
-    mesh.state = "parked"  # not among registry.meshes(); still among the kernel's, which its exit kills
     mesh._listeners.clear()
-    now, keep = time.monotonic(), keep_s()
-    entry = Kept(mesh, key, now, now + keep)
-    entry.timer = asyncio.get_running_loop().call_later(keep, lambda: asyncio.ensure_future(_stop(entry)))
-    _kept.append(entry)
+    _keep(mesh, key, keep_s())
     while len(_kept) > MAX_KEPT:
         await _stop(_kept[0])
-    logger.info("mesh %s kept warm for %g s (pids %s)", mesh.name, keep, mesh.pids)
+    logger.info("mesh %s kept warm for %g s (pids %s)", mesh.name, keep_s(), mesh.pids)
     return True
+
+
+def hold(key: tuple[Any, ...], starting: Coroutine[Any, Any, registry.Mesh], wait_s: float) -> asyncio.Task[Any]:
+    """Keep the mesh ``starting`` (a ``spawning.spawn_mesh(...)`` not yet awaited) spawns for a replica of ``key``
+    not yet built, ``wait_s`` seconds at most; the task that starts it (:func:`release` stops either)."""
+
+    async def start() -> registry.Mesh:
+        mesh = await starting
+        _keep(mesh, key, wait_s)
+        _runs[mesh] = 0  # its first replica is its first run
+        return mesh
+
+    task = asyncio.ensure_future(start())
+    _starting[key] = task
+    task.add_done_callback(lambda _: _starting.pop(key, None) if _starting.get(key) is task else None)
+    return task
+
+
+def holds(key: tuple[Any, ...] | None) -> bool:
+    """Whether a mesh of ``key`` is kept or starting to be."""
+    return key in _starting or any(e.key == key for e in _kept)
+
+
+async def release(task: asyncio.Task[Any]) -> bool:
+    """Stop the mesh of :func:`hold`'s ``task`` unless a replica took it (or it never started); whether it did."""
+    if not task.done():
+        task.cancel()  # spawn_mesh stops what it started
+        with contextlib.suppress(BaseException):
+            await task
+        return True
+    if task.cancelled() or task.exception() is not None:
+        return False
+    entry = next((e for e in _kept if e.mesh is task.result()), None)
+    if entry is not None:
+        await _stop(entry)
+    return entry is not None
+
+
+def _keep(mesh: registry.Mesh, key: tuple[Any, ...], wait_s: float) -> None:
+    mesh.state = "parked"  # not among registry.meshes(); still among the kernel's, which its exit kills
+    now = time.monotonic()
+    entry = Kept(mesh, key, now, now + wait_s)
+    entry.timer = asyncio.get_running_loop().call_later(wait_s, lambda: asyncio.ensure_future(_stop(entry)))
+    _kept.append(entry)
 
 
 async def take(key: tuple[Any, ...] | None, name: str, owner: str | None,
                log_dir: str | Path | None) -> registry.Mesh | None:
     """A kept mesh of ``key``, renamed ``name`` (or the next free name like it), owned by ``owner``, its
     processes' output going to ``<log_dir>/<name>.log`` from now on; None when none is kept."""
+    if key in _starting:  # started for this replica, not up yet
+        with contextlib.suppress(Exception):  # one that failed to start leaves the replica to spawn its own
+            await asyncio.shield(_starting[key])
     _prune()
     for entry in [e for e in _kept if e.key == key]:
         _forget(entry)
