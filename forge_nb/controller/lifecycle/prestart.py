@@ -56,11 +56,11 @@ async def trainer_first(cfg: RunConfig, *, actors: dict[str, type] | None = None
                         base: Any = None) -> AsyncIterator[None]:
     """Within the block, ``cfg``'s trainer mesh is started and kept for its replica (see the module docstring);
     at its end, stopped if no replica took it. ``actors`` and ``base`` as ``forge_nb.spawn`` got them."""
-    started = None
-    key = warm.shape(TRAINER_CLASS, **trainer_options(cfg), env={})
+    started, options = None, trainer_options(cfg)
+    key = warm.shape(TRAINER_CLASS, **options, env={})
     if key is not None and "trainer" not in (actors or {}) and base is None and not warm.holds(key):
         up: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        started = warm.hold(key, _imported(f"{cfg.name}-trainer-early", cfg.trainer.procs, up), WAIT_S)
+        started = warm.hold(key, _imported(f"{cfg.name}-trainer-early", options["procs"], up), WAIT_S)
         # until its processes answer (~0.3 s), not longer: the kernel's own import of torch holds the GIL through
         # long stretches (its libraries' loading), and monarch's messages to them, their imports' start among
         # them, would wait for it (1.2 s measured)

@@ -101,9 +101,9 @@ class ProcInfo(Actor):
     @endpoint
     async def preload(self, names: list[str]) -> float:
         """Import ``names`` (see :func:`_import_all`) and return the seconds it took: what the actor to be spawned
-        here next imports, begun before it comes (``forge_nb.controller.lifecycle.prestart``). It holds this
-        process's actors meanwhile (they share one event loop): transformers' lazy module fails an import made from
-        two threads at once, and the actor that comes next would import the same modules."""
+        here next imports, begun before it comes (``forge_nb.controller.lifecycle.prestart``). Each actor of a
+        process runs in a thread of its own (the pid probe answers meanwhile), and transformers' lazy module fails
+        an import made from two threads at once: the next actor must come after this answers."""
         return _import_all(names)
 
     @endpoint

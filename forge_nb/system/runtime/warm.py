@@ -117,16 +117,18 @@ async def park(mesh: registry.Mesh, actor: Any, key: tuple[Any, ...] | None) -> 
         return False
     logger.debug("mesh %s: %d objects of its stopped actor collected", mesh.name, sum(n for _, n in freed.items()))
     mesh._listeners.clear()
-    _keep(mesh, key, keep_s())
+    keep = keep_s()
+    _keep(mesh, key, keep)
     while len(_kept) > MAX_KEPT:
         await _stop(_kept[0])
-    logger.info("mesh %s kept warm for %g s (pids %s)", mesh.name, keep_s(), mesh.pids)
+    logger.info("mesh %s kept warm for %g s (pids %s)", mesh.name, keep, mesh.pids)
     return True
 
 
 def hold(key: tuple[Any, ...], starting: Coroutine[Any, Any, registry.Mesh], wait_s: float) -> asyncio.Task[Any]:
-    """Keep the mesh ``starting`` (a ``spawning.spawn_mesh(...)`` not yet awaited) spawns for a replica of ``key``
-    not yet built, ``wait_s`` seconds at most; the task that starts it (:func:`release` stops either)."""
+    """Keep the mesh ``starting`` (a coroutine not yet awaited that spawns it, and stops it if cancelled, as
+    ``spawning.spawn_mesh`` does) gives, for a replica of ``key`` not yet built, ``wait_s`` seconds at most; the
+    task that starts it (:func:`release` stops either)."""
 
     async def start() -> registry.Mesh:
         mesh = await starting
@@ -148,7 +150,7 @@ def holds(key: tuple[Any, ...] | None) -> bool:
 async def release(task: asyncio.Task[Any]) -> bool:
     """Stop the mesh of :func:`hold`'s ``task`` unless a replica took it (or it never started); whether it did."""
     if not task.done():
-        task.cancel()  # spawn_mesh stops what it started
+        task.cancel()  # the start stops what it spawned (see hold)
         with contextlib.suppress(BaseException):
             await task
         return True
@@ -172,9 +174,8 @@ async def take(key: tuple[Any, ...] | None, name: str, owner: str | None,
                log_dir: str | Path | None) -> registry.Mesh | None:
     """A kept mesh of ``key``, renamed ``name`` (or the next free name like it), owned by ``owner``, its
     processes' output going to ``<log_dir>/<name>.log`` from now on; None when none is kept."""
-    if key in _starting:  # started for this replica, not up yet
-        with contextlib.suppress(Exception):  # one that failed to start leaves the replica to spawn its own
-            await asyncio.shield(_starting[key])
+    if key in _starting:  # started for this replica, not up yet; one that failed or was released leaves the
+        await asyncio.wait({_starting[key]})  # replica to spawn its own (wait: neither error reaches it)
     _prune()
     for entry in [e for e in _kept if e.key == key]:
         _forget(entry)
