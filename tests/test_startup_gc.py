@@ -32,6 +32,20 @@ async def test_a_spawned_process_holds_full_collections_until_its_actor_is_set_u
     assert state["frozen"] > 10_000  # what the start loaded is out of every later collection
 
 
+async def test_a_preloaded_process_freezes_what_it_imported_before_its_actor_is_set_up(runtime):
+    """The full collection that ends the setup walks what the setup made, not what the preload imported
+    (``ProcInfo.preload``, the trainer's processes started first)."""
+    mesh = await spawning.spawn_mesh("gc-preload", 1, preload=("email.mime.text", "json"))
+    try:
+        await mesh.preloading
+        probe = mesh.spawn("gc-probe", GcProbe)
+        state = await probe.gc_state.call_one()
+    finally:
+        await mesh.stop()
+    assert state["paused"] is True  # still starting: no setup yet
+    assert state["frozen"] > 10_000  # before any setup, only the preload froze anything
+
+
 def _run(code: str) -> str:
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
