@@ -122,3 +122,22 @@ def test_a_child_forked_during_the_start_collects_as_usual():
         print(os.waitstatus_to_exitcode(status), startup_gc.paused())
     """)
     assert out == "0 True"
+
+
+def test_the_kernels_heap_stays_frozen_until_the_last_runs_hold_ends():
+    """Two runs live in one kernel: the first's shutdown (twice, as a retried one) leaves the heap frozen for the
+    second; the second's unfreezes it, so nothing made before the runs stays out of the collector's reach."""
+    out = _run("""
+        import gc
+        from forge_nb.system.processes import startup_gc
+
+        first = startup_gc.hold_kernel_heap()
+        frozen = gc.get_freeze_count()
+        second = startup_gc.hold_kernel_heap()
+        first()
+        first()
+        during = gc.get_freeze_count()
+        second()
+        print(frozen > 1000, during >= frozen, gc.get_freeze_count())
+    """)
+    assert out == "True True 0"

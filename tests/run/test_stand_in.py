@@ -8,6 +8,7 @@ they hold the run's version and serve every later episode.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from pathlib import Path
 
@@ -110,5 +111,8 @@ async def test_generators_that_fail_to_start_stop_the_run_with_their_error(tmp_p
         with pytest.raises(RuntimeError, match="service 'policy' failed to start: .*told to fail"):
             await run.step(2)
         assert run.state == "failed" and "failed to start" in run.error
+        # what the kernel held when the run was made stays out of its full collections until the run's shutdown
+        assert gc.get_freeze_count() > 100_000
     finally:
         await run.shutdown()
+    assert forge_nb.live_runs() or gc.get_freeze_count() == 0  # collectable again once no run lives

@@ -58,7 +58,7 @@ from forge_nb.rl import ReplayBuffer
 from forge_nb.rundir import RunDir
 from forge_nb.system.hosts import cluster
 from forge_nb.system.importpath import import_path
-from forge_nb.system.processes import proclogs, start_cores
+from forge_nb.system.processes import proclogs, start_cores, startup_gc
 from forge_nb.system.processes.leftovers import remove_leftovers
 from forge_nb.system.runtime import lifecycle, spawning
 
@@ -328,6 +328,7 @@ def _wire(cfg: RunConfig, directory: RunDir, services: dict[str, Any], *, task: 
     assembly.add("loops", "loops", controller.stop)
     assembly.add("records", "state", controller.shut_down)
     assembly.add("records", "leftovers", lambda: _remove_leftovers(cfg.name))
+    assembly.add("records", "the kernel's heap frozen", startup_gc.hold_kernel_heap())  # no 0.1 s collections
     if not sync.lane:  # a run on another's base set its own (on_base: its lane first, then its version)
         policy.set_catch_up(sync.catch_up)
     if isinstance(policy, StandInPolicy):

@@ -1,4 +1,5 @@
-"""No full garbage collections while a spawned process starts: its imports and its actor's setup.
+"""No full garbage collections while a spawned process starts (its imports and its actor's setup), nor over what the
+kernel held when a run began while the run trains.
 
 Python's cyclic collector runs a full (oldest-generation) collection every so often while objects pile up, and
 each one walks every object the process holds. Starting a service's process creates hundreds of thousands of
@@ -20,8 +21,16 @@ have no ``setup`` settles on a timer instead, and a child forked meanwhile colle
 four runs alternated with the code before: the spawn took 14.3-16.7 s against 16.6-20.6 s (medians 15.6 and
 19.8), steps per second unchanged.
 
+The kernel has the same cost while a run trains: it imported torch, monarch and the run's modules, and each of its
+full collections walked them (~270,000 objects: 120-150 ms, one in the quickstart's first 30 training steps in
+every run of ``bench/vs_trl.py``, and more later). :func:`hold_kernel_heap`, called as a run's parts are made
+(``forge_nb.controller.lifecycle.build``), freezes what the kernel holds then; the run's shutdown ends the hold,
+and the end of the last live run's hold unfreezes it, so what the kernel made before a run is collectable again
+once no run trains (the next full collection walks it all, as it would have).
+
 Considered: ``gc.disable()`` for the start (young cycles, e.g. tracebacks and torch.compile's graphs, would pile
-up until the end), and ``gc.freeze()`` alone after the imports (the imports' collections come before it).
+up until the end), and ``gc.freeze()`` alone after the imports (the imports' collections come before it). In the
+kernel, ``gc.freeze()`` for good (the cycles a notebook's cells drop before a run would never be freed).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from __future__ import annotations
 import gc
 import os
 import threading
+from collections.abc import Callable
 
 #: Seconds after :func:`pause` when a process that ran no actor ``setup`` settles anyway.
 SETTLE_AFTER_S = 180.0
@@ -37,6 +47,7 @@ _lock = threading.Lock()
 _saved: tuple[int, int, int] | None = None  # the thresholds to put back; None when not paused
 _timer: threading.Timer | None = None
 _fork_hook = False  # registered once per process
+_kernel_holds = 0  # live runs holding the kernel's heap frozen (hold_kernel_heap)
 
 
 def pause(settle_after_s: float = SETTLE_AFTER_S) -> None:
@@ -94,3 +105,27 @@ def settle() -> None:
         gc.collect()
         gc.freeze()
         gc.set_threshold(*saved)
+
+
+def hold_kernel_heap() -> Callable[[], None]:
+    """In the kernel, as a run's parts are made: freeze what the kernel holds, out of the full collections made
+    while the run trains. Returns the function that ends this hold (the run's shutdown; idempotent): when no hold
+    is left, the kernel's heap is unfrozen (see the module docstring)."""
+    global _kernel_holds
+    with _lock:
+        gc.freeze()
+        _kernel_holds += 1
+    ended = False
+
+    def release() -> None:
+        global _kernel_holds
+        nonlocal ended
+        with _lock:
+            if ended:
+                return
+            ended = True
+            _kernel_holds -= 1
+            if _kernel_holds == 0:
+                gc.unfreeze()
+
+    return release
