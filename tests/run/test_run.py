@@ -358,7 +358,7 @@ async def test_checkpoint_then_resume_in_a_fresh_run_keeps_history(run):
     rows_before = len(run.metrics.rows)
     assert run._assembly.parts() == [  # the order shutdown closes the run's parts in, loops first, its log last
         ("loops", "loops"), ("services", "policy"), ("services", "trainer"), ("weights", "weights"),
-        ("records", "state"), ("records", "leftovers"), ("log", "kernel log")]
+        ("records", "state"), ("records", "leftovers"), ("records", "the kernel's heap frozen"), ("log", "kernel log")]
     await run.shutdown()
 
     last_step = run.current_step
