@@ -110,7 +110,7 @@ class StandInPolicy:
     def __init__(self, service: Service, sampling: dict[str, Any]):
         self.service = service
         # read on every attribute this class has not (``ctl.policy.replicas`` a few times per rollout): listing a
-        # class's endpoints walks its attributes, a fifth of the kernel's CPU per step when done each time
+        # class's endpoints walks all its attributes (dir), ~0.4 ms of the kernel's CPU a step when done each time
         self._after_start = frozenset(service.actor_cls.endpoint_names())
         self._calls = _TrainerCalls()
         self.trainer_groups = 0  #: groups the trainer sampled
