@@ -328,7 +328,8 @@ def _wire(cfg: RunConfig, directory: RunDir, services: dict[str, Any], *, task: 
     assembly.add("loops", "loops", controller.stop)
     assembly.add("records", "state", controller.shut_down)
     assembly.add("records", "leftovers", lambda: _remove_leftovers(cfg.name))
-    assembly.add("records", "the kernel's heap frozen", startup_gc.hold_kernel_heap())  # no 0.1 s collections
+    # while the run trains, the kernel's full collections skip what it holds now (its imports: 0.1 s each)
+    assembly.add("records", "the kernel's heap frozen", startup_gc.hold_kernel_heap())
     if not sync.lane:  # a run on another's base set its own (on_base: its lane first, then its version)
         policy.set_catch_up(sync.catch_up)
     if isinstance(policy, StandInPolicy):
